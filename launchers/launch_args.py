@@ -1,0 +1,154 @@
+"""Command-line parsing for `mmrun [mmrun options] [launcher options] SCRIPT [script args]`.
+
+The launcher options come from the table in `launchers/options.py`: every torchrun option in both
+spellings, every msrun option, `--opt=v` and `--opt v`. Everything after SCRIPT belongs to the script.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from mmrun.launchers.options import MSRUN, OPTIONS, TORCHRUN, LauncherOption
+from mmrun.launchers.translation import Value
+
+FRAMEWORKS = ("pytorch", "mindspore")
+AI_FRAMEWORK_FLAGS = ("--ai-framework", "--ai_framework")
+
+EXAMPLES = """\
+examples:
+  # 2 workers on this machine with torchrun (gloo on CPU, hccl on NPU, nccl on CUDA)
+  mmrun --nproc-per-node 2 models/pretrain_gpt.py --mock-data --train-iters 20
+
+  # the same job on MindSpore: msrun with --local_worker_num 2 --worker_num 2 --join True
+  mmrun --ai-framework mindspore --nproc-per-node 2 models/pretrain_gpt.py --mock-data --train-iters 20
+
+  # show the exact launcher command and environment, start nothing
+  mmrun --ai-framework mindspore --dry-run --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 train.py
+
+  # two nodes: run on each node with its own --node-rank
+  mmrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --master-addr 10.0.0.1 --master-port 6000 train.py
+
+subcommands (mmrun SUBCOMMAND --help for each):
+{subcommands}
+
+Exit status: 0 on success, 2 on a usage error, else the failing worker's own exit code
+(1 when it cannot be known). Docs: docs/launcher.md
+"""
+
+
+@dataclass
+class LaunchRequest:
+    ai_framework: str
+    framework_source: str  # "--ai-framework", "MMRUN_AI_FRAMEWORK" or "default"
+    given: dict[str, Value]  # launcher options the user gave, by dest, in order
+    spelled: dict[str, str]  # dest -> the flag as the user wrote it (for messages)
+    from_env: dict[str, str] = field(default_factory=dict)  # dest -> PET_* variable it came from
+    script: str = ""
+    script_args: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    on_unsupported: str = "error"
+    msadapter_path: str | None = None
+
+
+class _Record(argparse.Action):
+    """Keeps launcher options in the order given, with the spelling used."""
+
+    def __init__(self, option_strings, dest, launcher_option: LauncherOption, **kwargs):
+        self.launcher_option = launcher_option
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", {})
+        spelled = namespace.__dict__.setdefault("_spelled", {})
+        given[self.launcher_option.dest] = True if self.nargs == 0 else values
+        spelled[self.launcher_option.dest] = option_string
+
+
+def build_parser(subcommands: dict[str, tuple[str, str]] | None = None) -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {name:<16} {summary}" for name, (_, summary) in (subcommands or {}).items())
+    parser = argparse.ArgumentParser(
+        prog="mmrun",
+        usage="mmrun [--ai-framework pytorch|mindspore] [launcher options] SCRIPT [script args]\n"
+        "       mmrun {translate,analyse,features,env,preprocess-data} ...",
+        description="Start a training job with torchrun (PyTorch) or msrun (MindSpore) from one set of "
+        "torchrun-style options; options the chosen launcher cannot honour are refused with the reason.",
+        epilog=EXAMPLES.format(subcommands=listing),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    own = parser.add_argument_group("mmrun options")
+    own.add_argument(*AI_FRAMEWORK_FLAGS, dest="ai_framework", metavar="{pytorch,mindspore}", default=None,
+                     help="framework and launcher: pytorch (torchrun) or mindspore (msrun); default: $MMRUN_AI_FRAMEWORK, else pytorch")
+    own.add_argument("--dry-run", "--dry_run", action="store_true", help="print the launcher command and the environment changes; start nothing")
+    own.add_argument("--on-unsupported", "--on_unsupported", choices=("error", "warn"), default="error",
+                     help="options the launcher cannot honour: stop (error, default) or drop them with a warning")
+    own.add_argument("--msadapter-path", "--msadapter_path", default=None, metavar="DIR",
+                     help="MSAdapter source tree for user torch code on MindSpore (exported as MSADAPTER_PATH)")
+    own.add_argument("--version", action="store_true", help="print mmrun's version and exit")
+
+    groups = {TORCHRUN: parser.add_argument_group("torchrun options (both spellings; translated for msrun)"),
+              MSRUN: parser.add_argument_group("msrun options (translated for torchrun)")}
+    registered: set[str] = set()
+    for option in OPTIONS:
+        flags = [f for f in option.flags if f not in registered]
+        if not flags:
+            continue  # shared with torchrun (master_addr, ...): one argument serves both
+        registered.update(flags)
+        kwargs: dict = {"nargs": None if option.takes_value else 0, "dest": f"launcher_{option.dest}",
+                        "default": argparse.SUPPRESS, "help": option.help}
+        if option.takes_value:
+            kwargs["metavar"] = option.dest.upper()
+        groups[option.launcher].add_argument(*flags, action=_Record, launcher_option=option, **kwargs)
+
+    parser.add_argument("script", nargs="?", metavar="SCRIPT", help="training script (or module with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="arguments for the script, passed untouched")
+    return parser
+
+
+def parse(argv: list[str], parser: argparse.ArgumentParser | None = None, environ: dict[str, str] | None = None) -> LaunchRequest:
+    """Parse argv; usage errors exit 2 through argparse with a one-line message."""
+    parser = parser or build_parser()
+    env = os.environ if environ is None else environ
+    ns = parser.parse_args(argv)
+    if ns.script is None:
+        parser.error("no SCRIPT given; pass the training script after the launcher options (see --help)")
+
+    if ns.ai_framework is not None:
+        framework, source = ns.ai_framework, "--ai-framework"
+    elif env.get("MMRUN_AI_FRAMEWORK"):
+        framework, source = env["MMRUN_AI_FRAMEWORK"], "MMRUN_AI_FRAMEWORK"
+    else:
+        framework, source = "pytorch", "default"
+    if framework not in FRAMEWORKS:
+        parser.error(f"{source} {framework!r} is not a framework mmrun runs; choose one of: {', '.join(FRAMEWORKS)}")
+
+    given: dict[str, Value] = dict(getattr(ns, "_given", {}))
+    from_env: dict[str, str] = {}
+    # torchrun reads PET_<OPTION> for options not on the command line; honour that for msrun too.
+    for option in OPTIONS:
+        variable = "PET_" + option.dest.upper()
+        if option.launcher == TORCHRUN and option.dest not in given and env.get(variable):
+            given[option.dest] = True if not option.takes_value else env[variable]
+            from_env[option.dest] = variable
+
+    return LaunchRequest(
+        ai_framework=framework,
+        framework_source=source,
+        given=given,
+        spelled=dict(getattr(ns, "_spelled", {})),
+        from_env=from_env,
+        script=ns.script,
+        script_args=list(ns.script_args),
+        dry_run=ns.dry_run,
+        on_unsupported=ns.on_unsupported,
+        msadapter_path=ns.msadapter_path,
+    )
+
+
+def with_framework_arg(script_args: list[str], framework: str) -> list[str]:
+    """Append `--ai-framework X` unless the script's arguments already carry it (MindSpeed-style scripts read it)."""
+    for arg in script_args:
+        if arg in AI_FRAMEWORK_FLAGS or arg.startswith(tuple(f + "=" for f in AI_FRAMEWORK_FLAGS)):
+            return list(script_args)
+    return [*script_args, "--ai-framework", framework]

@@ -1,0 +1,106 @@
+"""Start a launcher, forward signals to it, and leave no process behind.
+
+Every process of a job carries `MMRUN_RUN_ID=<id>` in its environment (children inherit it), so the
+job's processes are found by that tag in /proc even when they left the launcher's process group: msrun
+was seen leaving workers and its scheduler behind after it exited.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+RUN_ID_VARIABLE = "MMRUN_RUN_ID"
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def tagged_processes(run_id: str, role: str | None = None) -> list[int]:
+    """PIDs whose environment carries this run's tag (and MS_ROLE=role, when given)."""
+    tag = f"{RUN_ID_VARIABLE}={run_id}".encode()
+    wanted_role = f"MS_ROLE={role}".encode() if role else None
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            variables = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        if tag in variables and (wanted_role is None or wanted_role in variables):
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def reap(run_id: str, grace: float = 5.0) -> list[int]:
+    """SIGTERM every tagged process, SIGKILL what is left after `grace` seconds; returns who was found."""
+    pids = tagged_processes(run_id)
+    if not pids:
+        return []
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and tagged_processes(run_id):
+        time.sleep(0.05)
+    _signal_all(tagged_processes(run_id), signal.SIGKILL)
+    # A killed process stays in /proc until its parent reaps it; zombies of our own child are reaped by wait().
+    return pids
+
+
+def wait_for_workers(run_id: str, poll: float = 0.2) -> None:
+    """Wait until no msrun worker of this run is alive (used when msrun itself did not join)."""
+    while tagged_processes(run_id, role="MS_WORKER"):
+        time.sleep(poll)
+
+
+class Supervisor:
+    """Runs one launcher command in its own session; SIGINT/SIGTERM to mmrun reach all its processes."""
+
+    def __init__(self, command: list[str], env: dict[str, str], run_id: str, shutdown_grace: float = 10.0):
+        self.command = command
+        self.env = {**env, RUN_ID_VARIABLE: run_id}
+        self.run_id = run_id
+        self.shutdown_grace = shutdown_grace
+        self.received: int | None = None
+        self.process: subprocess.Popen | None = None
+
+    def _forward(self, signum: int, _frame) -> None:
+        self.received = signum
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def run(self) -> int:
+        """The launcher's exit code; after a forwarded signal, 128 + signal number."""
+        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED_SIGNALS}
+        try:
+            # A new session: the launcher's own signal handling cannot reach mmrun, and the group is ours to kill.
+            self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+            deadline: float | None = None
+            while True:
+                try:
+                    code = self.process.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if self.received is None:
+                        continue
+                    deadline = deadline or time.monotonic() + self.shutdown_grace
+                    if time.monotonic() > deadline:  # the launcher did not stop its workers in time
+                        os.killpg(self.process.pid, signal.SIGKILL)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.received is not None:
+            reap(self.run_id, grace=2.0)
+            return 128 + self.received
+        return code

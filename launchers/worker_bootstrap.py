@@ -1,0 +1,104 @@
+"""What torchrun and msrun start in each worker when the job comes through `mmrun`.
+
+`python worker_bootstrap.py [-m] SCRIPT [args]`:
+1. exports the torch-style rank variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+   MASTER_PORT) that msrun does not set, derived from its RANK_ID/RANK_SIZE/DEVICE_ID/MS_SCHED_*;
+2. in msrun's scheduler process (MS_ROLE=MS_SCHED) runs only the scheduler, never the user's training body;
+3. runs SCRIPT as `__main__` (or a module with -m), exactly as `python SCRIPT args` would;
+4. records the worker's own exit code in $MMRUN_STATUS_DIR/rank_<RANK>.json, because torchrun turns
+   every failure into 1 and msrun hides the code in its logs.
+
+This file is run by path, so its folder lands on sys.path[0]; it is replaced by the script's folder
+before any user code runs. Only the standard library and mmrun.backend.rank_env are imported here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+STATUS_DIR_VAR = "MMRUN_STATUS_DIR"
+
+
+def _write_status(exit_code: int, error: str | None) -> None:
+    status_dir = os.environ.get(STATUS_DIR_VAR)
+    if not status_dir:
+        return
+    rank = os.environ.get("RANK", "0")
+    record = {
+        "rank": int(rank),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "exit_code": exit_code,
+        "time": time.time(),
+        "pid": os.getpid(),
+        "error": error,
+    }
+    path = os.path.join(status_dir, f"rank_{rank}.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the status is a diagnosis aid; never turn a worker's result into a bootstrap failure
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)  # what python itself does with sys.exit("message")
+    return 1
+
+
+def _run_scheduler() -> int:
+    os.environ.setdefault("MMRUN_AI_FRAMEWORK", "mindspore")
+    import mmrun.backend as backend
+
+    backend.init_distributed()  # in the scheduler this serves the cluster and returns when the job ends
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    from mmrun.backend.rank_env import read_rank_info, torch_style_variables
+
+    os.environ.update(torch_style_variables())
+    if read_rank_info().is_scheduler:
+        return _run_scheduler()
+
+    as_module = bool(argv) and argv[0] == "-m"
+    if as_module:
+        argv = argv[1:]
+    if not argv:
+        print("worker_bootstrap: no script given", file=sys.stderr)
+        return 2
+    target, args = argv[0], argv[1:]
+    sys.path[0] = os.getcwd() if as_module else os.path.dirname(os.path.abspath(target))
+    sys.argv = [target, *args]
+
+    code, error = 0, None
+    try:
+        if as_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except KeyboardInterrupt:
+        code, error = 130, "KeyboardInterrupt"
+    except BaseException:  # noqa: BLE001 - report any failure the way python would, then exit 1
+        error = traceback.format_exc()
+        sys.stderr.write(error)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write_status(code, error)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
