@@ -85,7 +85,7 @@ OPTIONS: tuple[LauncherOption, ...] = (
     _m("local_worker_num", True, "8", "local_worker_num", "workers on this node (torchrun's --nproc-per-node)"),
     _m("master_addr", True, "127.0.0.1", "same", "scheduler address"),
     _m("master_port", True, "8118", "same", "scheduler port"),
-    _m("node_rank", True, "-1", "node_rank", "rank of this node; -1 assigns automatically"),
+    _m("node_rank", True, "-1", "same", "rank of this node; -1 assigns automatically"),
     _m("log_dir", True, "", "same", "directory for worker_<rank>.log and scheduler.log"),
     _m("join", True, "False", "join", "wait for the workers (mmrun always waits)"),
     _m("cluster_time_out", True, "600", "cluster_time_out", "seconds to wait for the cluster to form (torchrun: --rdzv-conf join_timeout=)"),

@@ -237,7 +237,9 @@ def execute(plan: Plan) -> int:
     run_id = status_dir.parent.name
     failed = True
     try:
-        code = Supervisor(plan.command, env, run_id).run()
+        # msrun keeps the other workers (and its scheduler) waiting when one fails; torchrun stops them itself.
+        stop_when = (lambda: failure.first_failure(failure.read_statuses(status_dir)) is not None) if plan.launcher == MSRUN else None
+        code = Supervisor(plan.command, env, run_id, stop_when=stop_when).run()
         if plan.wait_for_msrun_workers and code == 0:
             wait_for_workers(run_id)
         reap(run_id)

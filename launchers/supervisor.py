@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 RUN_ID_VARIABLE = "MMRUN_RUN_ID"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -64,7 +65,9 @@ def wait_for_workers(run_id: str, poll: float = 0.2) -> None:
 class Supervisor:
     """Runs one launcher command in its own session; SIGINT/SIGTERM to mmrun reach all its processes."""
 
-    def __init__(self, command: list[str], env: dict[str, str], run_id: str, shutdown_grace: float = 10.0):
+    def __init__(self, command: list[str], env: dict[str, str], run_id: str, shutdown_grace: float = 10.0,
+                 stop_when: Callable[[], bool] | None = None):
+        self.stop_when = stop_when  # polled; True stops the whole job (msrun does not stop on a failed worker)
         self.command = command
         self.env = {**env, RUN_ID_VARIABLE: run_id}
         self.run_id = run_id
@@ -92,6 +95,11 @@ class Supervisor:
                     code = self.process.wait(timeout=0.5)
                     break
                 except subprocess.TimeoutExpired:
+                    if self.received is None and self.stop_when is not None and self.stop_when():
+                        self._forward(signal.SIGTERM, None)
+                        self.received = None  # a failure, not a user's signal: report the worker's code
+                        reap(self.run_id, grace=2.0)
+                        continue
                     if self.received is None:
                         continue
                     deadline = deadline or time.monotonic() + self.shutdown_grace

@@ -63,6 +63,9 @@ class Translation:
     env: dict[str, str] = field(default_factory=dict)  # variables to export for the workers
     notes: list[Note] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    # Target options filled in from defaults rather than from what was given (`mmrun translate` writes only
+    # the ones whose defaults differ between the launchers).
+    defaulted: set[str] = field(default_factory=set)
 
     def value(self, dest: str) -> Value | None:
         for option, value in self.options:
@@ -142,7 +145,10 @@ class _Context:
     out: Translation
 
     def flag(self, dest: str) -> str:
-        return self.spelled.get(dest) or "--" + dest.replace("_", "-")
+        if dest in self.spelled:
+            return self.spelled[dest]
+        option = BY_LAUNCHER[TORCHRUN].get(dest) or BY_LAUNCHER[MSRUN][dest]
+        return option.canonical_flag
 
     def emit(self, dest: str, value: Value) -> None:
         self.out.set(dest, value)
@@ -280,14 +286,6 @@ def _worker_num(ctx: _Context, option: LauncherOption, value: Value) -> None:
         ctx.refuse(option.dest, value, str(error).split(": ", 1)[1], "make --worker_num a multiple of --local_worker_num")
 
 
-def _node_rank(ctx: _Context, option: LauncherOption, value: Value) -> None:
-    if str(value).strip() == "-1":
-        ctx.note(option.dest, value, "automatic node rank; torchrun uses 0")
-        ctx.emit("node_rank", "0")
-    else:
-        ctx.emit("node_rank", value)
-
-
 def _join(ctx: _Context, option: LauncherOption, value: Value) -> None:
     if str(value) != "True":
         ctx.note(option.dest, value, "torchrun always waits for its workers")
@@ -317,7 +315,6 @@ RULES: dict[str, Rule] = {
     "local_ranks_filter": _local_ranks_filter,
     "local_worker_num": _local_worker_num,
     "worker_num": _worker_num,
-    "node_rank": _node_rank,
     "join": _join,
     "cluster_time_out": _cluster_time_out,
     "tail_worker_log": _tail_worker_log,
@@ -373,8 +370,10 @@ def to_msrun(given: Mapping[str, Value], *, spelled: Mapping[str, str] | None = 
     for dest, default in defaults.items():
         if out.value(dest) is None:
             out.set(dest, default)
+            out.defaulted.add(dest)
     if out.value("worker_num") is None:
         out.set("worker_num", vals.product(str(out.value("local_worker_num")), "1"))
+        out.defaulted.add("worker_num")
     _check_total(out, given)
     out.env["LOCAL_WORLD_SIZE"] = str(out.value("local_worker_num"))
     _order(out, _MSRUN_ORDER)
@@ -387,6 +386,9 @@ def to_torchrun(given: Mapping[str, Value], *, spelled: Mapping[str, str] | None
     # log_dir is spelled alike in both launchers; mmrun's own msrun default is not a user choice.
     if out.value("log_dir") == MSRUN_DEFAULT_LOG_DIR:
         out.options = [(o, v) for o, v in out.options if o.dest != "log_dir"]
+    if str(out.value("node_rank")) == "-1":  # msrun's automatic node rank; torchrun needs a number
+        out.set("node_rank", "0")
+        out.notes.append(Note("--node_rank", "-1", "automatic node rank; torchrun uses 0 (give each node its own --node-rank)"))
     _order(out, _TORCHRUN_ORDER)
     return out
 

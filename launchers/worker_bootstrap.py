@@ -97,7 +97,22 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     _write_status(code, error)
+    if code == 0 and os.environ.get("MS_ROLE") == "MS_WORKER":
+        _join_msrun_cluster()
     return code
+
+
+def _join_msrun_cluster() -> None:
+    """msrun's scheduler waits (up to --cluster_time_out, 600 s) for every worker to register.
+
+    A script that never initialised communication (a single-rank job, a data tool) would leave it
+    waiting; registering at the end lets the job finish. A failed worker skips this: msrun stops the
+    job on its own when a worker fails.
+    """
+    os.environ.setdefault("MMRUN_AI_FRAMEWORK", "mindspore")
+    import mmrun.backend as backend
+
+    backend.init_distributed()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,157 @@
+"""`mmrun translate SCRIPT`: print, write or check the msrun (or torchrun) form of a launch script."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from mmrun.launchers.translate.parse import ScriptSyntaxError
+from mmrun.launchers.translate.report import Report
+from mmrun.launchers.translate.rewrite import (
+    DEVICES, LAUNCHER_OF, ON_UNSUPPORTED, Options, TranslationRefused, translate_script,
+)
+
+EPILOG = """\
+examples:
+  mmrun translate pretrain_gpt.sh                      print the msrun form (report on stderr)
+  mmrun translate pretrain_gpt.sh -o pretrain_gpt_ms.sh
+  mmrun translate pretrain_gpt.sh --diff               show what would change
+  mmrun translate pretrain_gpt.sh --in-place           rewrite it, keeping pretrain_gpt.sh.bak
+  mmrun translate pretrain_gpt_ms.sh --to pytorch      back to torchrun (exact text for scripts mmrun wrote)
+  mmrun translate scripts/*.sh --check                 exit 1 if any script would change (CI)
+  mmrun translate pretrain_gpt.sh --on-unsupported comment --report json 2> report.json
+
+exit status: 0 translated (or nothing to do), 1 --check found a script that would change,
+2 usage error or a script that cannot be translated (the report says why, line by line).
+The script is parsed (tree-sitter-bash), never executed or sourced.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmrun translate",
+        description="Rewrite a torchrun training launch script into an msrun one (or back), changing only the bytes that must change.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("scripts", nargs="+", metavar="SCRIPT", help="launch script(s) to translate")
+    parser.add_argument("--to", choices=sorted(LAUNCHER_OF), default="mindspore",
+                        help="framework to translate to: mindspore (torchrun -> msrun, default) or pytorch (msrun -> torchrun)")
+    parser.add_argument("-o", "--output", metavar="OUT", help="write the translated script to OUT (never the input itself)")
+    parser.add_argument("--in-place", "--in_place", dest="in_place", action="store_true",
+                        help="rewrite SCRIPT, keeping the original as SCRIPT.bak")
+    parser.add_argument("--diff", action="store_true", help="print a unified diff instead of the script")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a script would change")
+    parser.add_argument("--report", choices=("text", "json"), default="text", help="report format on stderr (default text)")
+    parser.add_argument("--on-unsupported", "--on_unsupported", dest="on_unsupported", choices=ON_UNSUPPORTED, default="error",
+                        help="training flags the target framework/device does not support (feature gate): "
+                             "error stops (default), comment removes them and says why in a comment, remove removes them")
+    parser.add_argument("--device", choices=DEVICES, default="npu",
+                        help="device the job will run on, for the feature gate and msrun's --bind_core (default npu)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.output and args.in_place:
+        parser.error("-o/--output and --in-place exclude each other; pick one")
+    if args.output and len(args.scripts) > 1:
+        parser.error(f"-o/--output takes one SCRIPT. Received: {len(args.scripts)} scripts; use --in-place or one call per script")
+    if len(args.scripts) > 1 and not (args.check or args.diff or args.in_place):
+        parser.error(f"several scripts ({len(args.scripts)}) go with --check, --diff or --in-place; translate one at a time to print it")
+    if args.check and (args.output or args.in_place):
+        parser.error("--check writes nothing; drop -o/--output and --in-place")
+    options = Options(target=LAUNCHER_OF[args.to], device=args.device, on_unsupported=args.on_unsupported)
+    status = 0
+    for script in args.scripts:
+        status = max(status, _one(parser, script, args, options))
+    return status
+
+
+def _one(parser: argparse.ArgumentParser, script: str, args: argparse.Namespace, options: Options) -> int:
+    path = Path(script)
+    try:
+        source = path.read_bytes()
+    except IsADirectoryError:
+        return _usage(f"{script} is a directory. Received: {script!r}; give the path of a launch script")
+    except OSError as error:
+        return _usage(f"cannot read {script}: {error.strerror}. Received: {script!r}; give the path of a launch script")
+    try:
+        result = translate_script(source, options, script)
+    except ScriptSyntaxError as error:
+        report = Report(script, options.source, options.target)
+        report.refuse(error.line, str(error).split(": ", 1)[1])
+        _print_report(report, args.report)
+        return 2
+    except TranslationRefused as refused:
+        _print_report(refused.report, args.report)
+        return 2
+    _print_report(result.report, args.report)
+    if args.diff:
+        sys.stdout.write(_diff(script, source, result.output, options.target))
+    if args.check:
+        return 1 if result.changed else 0
+    if args.output:
+        out = Path(args.output)
+        if _same_file(out, path):
+            return _usage(f"-o {args.output} is the input script itself; use --in-place (it keeps {script}.bak) or another path")
+        _write(out, result.output, mode_from=path)
+    elif args.in_place:
+        if result.changed:
+            backup = Path(script + ".bak")
+            if backup.exists():
+                return _usage(f"{backup} already exists; move it away first (it may hold the original script)")
+            _write(backup, source, mode_from=path)
+            _write(path, result.output, mode_from=path)
+    elif not args.diff:
+        sys.stdout.buffer.write(result.output)
+        sys.stdout.flush()
+    return 0
+
+
+def _usage(message: str) -> int:
+    print(f"mmrun translate: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _print_report(report: Report, kind: str) -> None:
+    sys.stderr.write(report.json() + "\n" if kind == "json" else report.text())
+    sys.stderr.flush()
+
+
+def _diff(name: str, before: bytes, after: bytes, target: str) -> str:
+    return "".join(difflib.unified_diff(
+        before.decode("utf-8", errors="replace").splitlines(keepends=True),
+        after.decode("utf-8", errors="replace").splitlines(keepends=True),
+        fromfile=name, tofile=f"{name} ({target})",
+    ))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def _write(target: Path, data: bytes, mode_from: Path) -> None:
+    """Write atomically (a temporary file renamed over the target), keeping the input's permissions (+x)."""
+    directory = target.parent if str(target.parent) else Path(".")
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.chmod(temporary, os.stat(mode_from).st_mode & 0o7777)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

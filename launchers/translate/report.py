@@ -1,0 +1,107 @@
+"""The translation report: every change (line, before, after, why), every refusal, lint finding and note.
+
+Text lines read `path:line: kind: message`, TorchFix style, so editors jump to them; `--report json`
+gives the same content as one JSON object.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from mmrun.launchers.translate.lint import Finding
+
+
+@dataclass(frozen=True)
+class Change:
+    line: int
+    before: str
+    after: str
+    why: str
+
+    @property
+    def kind(self) -> str:
+        if not self.before:
+            return "add"
+        return "remove" if not self.after else "change"
+
+    def as_dict(self) -> dict:
+        return {"line": self.line, "kind": self.kind, "before": self.before, "after": self.after, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Message:
+    line: int
+    message: str
+
+    def as_dict(self) -> dict:
+        return {"line": self.line, "message": self.message}
+
+
+@dataclass
+class Report:
+    path: str
+    source: str  # the launcher translated from
+    target: str  # the launcher translated to
+    launches: int = 0  # launch lines translated
+    changes: list[Change] = field(default_factory=list)
+    refusals: list[Message] = field(default_factory=list)
+    lint: list[Finding] = field(default_factory=list)
+    notes: list[Message] = field(default_factory=list)
+    undo: str | None = None  # how the reverse was done: "record" (exact text restored) or None
+
+    def add_change(self, change: Change) -> None:
+        if change not in self.changes:
+            self.changes.append(change)
+
+    def add_note(self, line: int, message: str) -> None:
+        note = Message(line, message)
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def refuse(self, line: int, message: str) -> None:
+        refusal = Message(line, message)
+        if refusal not in self.refusals:
+            self.refusals.append(refusal)
+
+    def as_dict(self) -> dict:
+        return {
+            "script": self.path,
+            "from": self.source,
+            "to": self.target,
+            "launches": self.launches,
+            "translated": not self.refusals,
+            "changes": [] if self.refusals else [c.as_dict() for c in sorted(self.changes, key=lambda c: c.line)],
+            "refusals": [r.as_dict() for r in self.refusals],
+            "lint": [f.as_dict() for f in self.lint],
+            "notes": [n.as_dict() for n in self.notes],
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.as_dict(), ensure_ascii=False, indent=2)
+
+    def text(self) -> str:
+        lines = []
+        if self.refusals:
+            lines.append(f"{self.path}: not translated ({self.source} -> {self.target}): {len(self.refusals)} refusal(s)")
+        else:
+            lines.append(f"{self.path}: {self.source} -> {self.target}: {self.launches} launch line(s), {len(self.changes)} change(s)")
+        for refusal in self.refusals:
+            lines.append(f"{self.path}:{refusal.line}: error: {refusal.message}")
+        for change in [] if self.refusals else sorted(self.changes, key=lambda c: c.line):
+            if change.kind == "add":
+                what = _show(change.after)
+            elif change.kind == "remove":
+                what = _show(change.before)
+            else:
+                what = f"{_show(change.before)} -> {_show(change.after)}"
+            lines.append(f"{self.path}:{change.line}: {change.kind}: {what}: {change.why}")
+        for finding in self.lint:
+            lines.append(f"{self.path}:{finding.line}:{finding.column}: {finding.code} {finding.message}")
+        for note in self.notes:
+            lines.append(f"{self.path}:{note.line}: note: {note.message}")
+        return "\n".join(lines) + "\n"
+
+
+def _show(text: str) -> str:
+    """One line of shell text, newlines and continuations shown compactly."""
+    return "`" + " ".join(text.replace("\\\n", " ").split()) + "`"

@@ -1,0 +1,633 @@
+"""The rewrite: torchrun launch lines become msrun ones (and back), changing only the bytes that must change.
+
+Per launch line: read the launcher options wherever they are written (the line itself, a string or
+array variable, if/else definitions), translate them with the shared table (launchers/translation.py,
+the same rules and refusal messages as the `mmrun` launcher), then edit each option where it is
+written: rename in place, replace a computed value, remove what the target launcher lacks, add what
+it needs after the last option. `export LOCAL_WORLD_SIZE` and `--ai-framework` are added or removed,
+and the training arguments are checked against the feature gate.
+
+The way back is exact for scripts mmrun produced: `marker.py` keeps a header line (and, only where
+the reverse rules would not give the original text back, an undo record) and verifies it.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass, field, replace
+
+from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
+from mmrun.launchers.translate import lint as lints
+from mmrun.launchers.translate.edits import Edit, EditConflict, apply_edits
+from mmrun.launchers.translate.launch_forms import Launch, LauncherArgs, OptionUse, find_launches, read_args
+from mmrun.launchers.translate.parse import Node, Script, parse_script
+from mmrun.launchers.translate.report import Change, Report
+from mmrun.launchers.translate.values import ScriptValues
+from mmrun.launchers.translate.words import MAX_ALTERNATIVES, Container, Definitions, ExpansionRefused, Word, Words
+from mmrun.launchers.translation import Refusal, Translation, to_msrun, to_torchrun
+
+FRAMEWORK_OF: dict[str, str] = {MSRUN: "mindspore", TORCHRUN: "pytorch"}
+LAUNCHER_OF: dict[str, str] = {"mindspore": MSRUN, "pytorch": TORCHRUN}
+OTHER: dict[str, str] = {MSRUN: TORCHRUN, TORCHRUN: MSRUN}
+ON_UNSUPPORTED: tuple[str, ...] = ("error", "comment", "remove")
+DEVICES: tuple[str, ...] = ("npu", "cuda", "cpu")
+FRAMEWORK_FLAGS: tuple[str, ...] = ("--ai-framework", "--ai_framework")
+MARKER_PREFIX = "# mmrun translate"
+
+# msrun options the Ascend guide (seed 003) adds beyond the translation: dest -> (value, devices).
+MSRUN_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"bind_core": ("True", ("npu",))}
+# Defaults the shared translation fills in that a script must still write, because the launchers differ
+# (msrun: 8 workers, no join, no log dir). master_addr/master_port/node_rank defaults are left implicit:
+# they do not change a job that did not set them.
+KEEP_DEFAULTS: frozenset[str] = frozenset({"local_worker_num", "worker_num", "log_dir", "join"})
+# Added options written `--flag=value`, as the guide writes them.
+INLINE_ADDED: frozenset[str] = frozenset({"bind_core"})
+
+# Why an option became another: (source dest, target dest) -> reason for the report.
+WHY_RENAMED: dict[tuple[str, str], str] = {
+    ("nproc_per_node", "local_worker_num"): "msrun calls the workers per node --local_worker_num",
+    ("nnodes", "worker_num"): "msrun takes the total number of workers over all nodes: --nproc_per_node x --nnodes",
+    ("local_worker_num", "nproc_per_node"): "torchrun calls the workers per node --nproc_per_node",
+    ("worker_num", "nnodes"): "torchrun takes the number of nodes: --worker_num / --local_worker_num",
+    ("rdzv_endpoint", "master_addr"): "msrun's scheduler listens on --master_addr/--master_port",
+    ("rdzv_endpoint", "master_port"): "msrun's scheduler listens on --master_addr/--master_port",
+    ("standalone", "master_addr"): "one node: msrun's scheduler on this host, at msrun's default port (a script cannot pick a free one)",
+    ("standalone", "master_port"): "one node: msrun's scheduler on this host, at msrun's default port (a script cannot pick a free one)",
+    ("rdzv_conf", "cluster_time_out"): "msrun's time to wait for the cluster is --cluster_time_out",
+    ("cluster_time_out", "rdzv_conf"): "torchrun's time to wait for the nodes is --rdzv_conf join_timeout=",
+    ("local_ranks_filter", "tail_worker_log"): "msrun shows one worker's log on the console with --tail_worker_log",
+    ("tail_worker_log", "local_ranks_filter"): "torchrun shows selected ranks' output with --local_ranks_filter",
+}
+WHY_ADDED: dict[str, str] = {
+    "local_worker_num": "msrun starts 8 workers per node unless told; torchrun's default was 1",
+    "worker_num": "msrun expects 8 workers in total unless told",
+    "log_dir": "msrun writes each worker's output to <log_dir>/worker_<rank>.log (the Ascend guide's msrun_log)",
+    "join": "torchrun waits for its workers; msrun returns at once unless --join True (a `| tee` would capture nothing and the exit code would be lost)",
+    "bind_core": "the Ascend guide binds CPU cores to NPU workers (added for --device npu only)",
+    "nproc_per_node": "msrun's default of 8 workers per node, written out (torchrun's default is 1)",
+    "nnodes": "msrun's default of 8 workers in total, written out",
+}
+WHY_DROPPED: dict[str, str] = {
+    "log_dir": "msrun_log is the log directory written for msrun; torchrun shows the workers' output itself",
+    "join": "torchrun always waits for its workers",
+    "max_restarts": "msrun never restarts workers, which is what 0 restarts asks for",
+}
+WHY_LAUNCHER: dict[str, str] = {
+    MSRUN: "msrun starts the workers for the MindSpore backend (seed 003)",
+    TORCHRUN: "torchrun starts the workers for the PyTorch backend",
+}
+
+def _splits(value: str) -> bool:
+    """An unquoted expansion bash would split and glob (shellcheck SC2086); `$((...))` yields one number."""
+    return "$" in value and not re.fullmatch(r"\$\(\(.*\)\)", value, flags=re.S)
+
+
+_GAP = re.compile(r"[ \t]*(?:\\\r?\n[ \t]*|\r?\n[ \t]*)*")
+_NEEDS_QUOTES = re.compile(r"[\s;&|<>'\"`]")
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str = MSRUN  # launcher to translate to: MSRUN or TORCHRUN
+    device: str = "npu"  # the device the training flags are checked for (feature gate)
+    on_unsupported: str = "error"  # error | comment | remove
+    gate: bool = True  # check training flags (off only while computing or checking an undo record)
+
+    def __post_init__(self) -> None:
+        if self.target not in OTHER:
+            raise ValueError(f"target must be {MSRUN} or {TORCHRUN}. Received: {self.target!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}. Received: {self.device!r}")
+        if self.on_unsupported not in ON_UNSUPPORTED:
+            raise ValueError(f"on_unsupported must be one of {', '.join(ON_UNSUPPORTED)}. Received: {self.on_unsupported!r}")
+
+    @property
+    def source(self) -> str:
+        return OTHER[self.target]
+
+
+class TranslationRefused(Exception):
+    """The script cannot be translated; `report.refusals` says why, one line each."""
+
+    def __init__(self, report: Report):
+        self.report = report
+        first = report.refusals[0]
+        super().__init__(f"{report.path}:{first.line}: {first.message}")
+
+
+@dataclass
+class Result:
+    source: bytes
+    output: bytes
+    report: Report
+
+    @property
+    def changed(self) -> bool:
+        return self.output != self.source
+
+
+def translate_script(source: bytes, options: Options | None = None, path: str = "<script>") -> Result:
+    """Translate a launch script; raises ScriptSyntaxError or TranslationRefused. Never runs the script."""
+    from mmrun.launchers.translate import marker
+
+    return marker.translate_with_marker(source, options or Options(), path)
+
+
+def translate_rules(source: bytes, options: Options, path: str) -> tuple[bytes, Report]:
+    """The rule-based rewrite alone (no header, no undo record)."""
+    return _Rewriter(source, options, path).run()
+
+
+# ------------------------------------------------------------------------------------ the rewriter
+
+
+@dataclass
+class _Removal:
+    container: Container
+    indices: set[int] = field(default_factory=set)
+
+
+class _Rewriter:
+    def __init__(self, source: bytes, options: Options, path: str):
+        self.source = source
+        self.options = options
+        self.target = options.target
+        self.script: Script = parse_script(source, path)
+        self.defs = Definitions(self.script)
+        self.words = Words(self.script, self.defs)
+        self.report = Report(path, options.source, options.target)
+        self.edits: list[Edit] = []
+        self.removals: dict[int, _Removal] = {}
+        self.exports: dict[int, str] = {}  # insertion offset -> LOCAL_WORLD_SIZE value written there
+        self.lint_roots: list[Node] = []
+        self.backend_findings: list[lints.Finding] = []
+
+    # ---------------------------------------------------------------- driver
+
+    def run(self) -> tuple[bytes, Report]:
+        launches = find_launches(self.script, self.words)
+        todo = [launch for launch in launches if launch.launcher == self.options.source]
+        for launch in launches:
+            if launch.launcher == self.target:
+                self.report.add_note(self._line(launch.command.start_byte), f"already a {self.target} launch; left as it is")
+        if not launches:
+            self.report.add_note(1, f"no {self.options.source} launch line found (looked for {self._forms()}); nothing to translate")
+        for launch in todo:
+            self._launch(launch)
+        if todo:
+            self._drop_marker_lines()
+            if self.target == TORCHRUN:
+                self._drop_local_world_size()
+        self.report.launches = len(todo)
+        self.report.lint = sorted(
+            lints.broken_continuations(self.script) + lints.array_as_scalar(self.script, self.defs)
+            + self.backend_findings + lints.unset_variables(self.script, self.defs, self.lint_roots),
+            key=lambda f: (f.line, f.column, f.code),
+        )
+        if self.report.refusals:
+            raise TranslationRefused(self.report)
+        try:
+            output = apply_edits(self.source, self.edits + self._removal_edits())
+        except EditConflict as conflict:
+            self.report.refuse(self._line(conflict.second.start),
+                               "two launch lines need different rewrites of the same text (a variable shared by launches with "
+                               "different options); give each launch its own variable")
+            raise TranslationRefused(self.report) from None
+        return output, self.report
+
+    def _forms(self) -> str:
+        return "torchrun, python -m torch.distributed.run|launch" if self.options.source == TORCHRUN else "msrun, python -m mindspore.parallel.cluster.run"
+
+    def _line(self, offset: int) -> int:
+        return self.script.line_of(offset)
+
+    # ---------------------------------------------------------------- one launch line
+
+    def _launch(self, launch: Launch) -> None:
+        line = self._line(launch.command.start_byte)
+        self.lint_roots.append(launch.statement)  # the whole line: `| tee logs/${logfile}.log` included
+        try:
+            alternatives = self._alternatives(launch)
+        except ExpansionRefused as error:
+            self.report.refuse(line, str(error))
+            return
+        parsed = [read_args(launch, alternative) for alternative in alternatives]
+        refused = len(self.report.refusals)
+        for args in parsed:
+            for word, message in args.problems:
+                self.report.refuse(self._line(word.start), message)
+            if args.script is None:
+                self.report.refuse(line, f"no training script follows the {launch.launcher} options; "
+                                         f"write it as `{launch.launcher} [options] SCRIPT [arguments]`")
+        if len(self.report.refusals) > refused:
+            return
+        self._rename_launcher(launch)
+        if launch.legacy and not any(u.option is None for args in parsed for u in args.uses):
+            self.report.add_note(line, "torch.distributed.launch without --use_env passed --local-rank=N to the training script; "
+                                       "the target launcher passes no such argument: the script must read its rank from the environment")
+        for args in parsed:
+            self._options(launch, args)
+        training = list({id(w): w for args in parsed for w in args.training}.values())
+        self._framework_flag(launch, training)
+        self._gate(training)
+
+    def _alternatives(self, launch: Launch) -> list[list[Word]]:
+        """The launch's words after expansion, once per combination of if/else definitions of its option variables."""
+        flat = [(i, w) for i, arg in enumerate(launch.args) for w in self.words.expand(arg, union=True)[0]]
+        for _, word in flat:
+            if word.container.kind != "command":
+                self.lint_roots.append(word.container.node)
+        probe = read_args(launch, [w for _, w in flat])
+        last = next((i for i, w in flat if w is probe.script), len(launch.args) - 1)
+        heads = [self.words.expand(arg, union=False) for arg in launch.args[:last + 1]]
+        tail = [w for i, w in flat if i > last]
+        combinations = list(itertools.islice(itertools.product(*heads), MAX_ALTERNATIVES + 1))
+        if len(combinations) > MAX_ALTERNATIVES:
+            raise ExpansionRefused(f"the launcher options have more than {MAX_ALTERNATIVES} possible values (if/else definitions); simplify them")
+        return [[w for part in combination for w in part] + tail for combination in combinations]
+
+    def _rename_launcher(self, launch: Launch) -> None:
+        start, end = launch.name_span
+        before = self.script.text(start, end)
+        if launch.form in ("torchrun", "msrun") and launch.name_word.static:
+            after = before[: len(before) - len(launch.form)] + self.target  # keep a directory: /opt/env/bin/msrun
+        else:
+            after = self.target
+        why = WHY_LAUNCHER[self.target]
+        if launch.dropped:
+            why += f"; python's own options {' '.join(launch.dropped)} are dropped (msrun starts `python SCRIPT` itself)"
+        self._edit(start, end, after, Change(self._line(start), before, after, why))
+
+    # ---------------------------------------------------------------- launcher options
+
+    def _options(self, launch: Launch, args: LauncherArgs) -> None:
+        uses = [u for u in args.uses if u.option is not None]
+        for legacy in (u for u in args.uses if u.option is None):
+            self._remove_use(legacy, "torch.distributed.launch's --use_env: msrun passes no --local-rank argument, so there is nothing to switch off")
+        given: dict[str, str | bool] = {}
+        spelled: dict[str, str] = {}
+        for use in uses:
+            given[use.dest] = use.value
+            spelled[use.dest] = use.flag
+        filled = self._fill(given)
+        position = max((u.start for u in uses), default=launch.command.start_byte)
+        values = ScriptValues(self.script, self.defs, position)
+        translate = to_msrun if self.target == MSRUN else to_torchrun
+        try:
+            full = translate(given, spelled=spelled, values=values)
+        except ValueError as error:
+            self.report.refuse(self._line(position), str(error))
+            return
+        if full.module:
+            module_use = next(u for u in uses if u.dest == "module")
+            refusal = Refusal(module_use.flag, None, MSRUN, "msrun starts each worker as `python SCRIPT`, it cannot run a module",
+                              "pass the module's file path as SCRIPT, or launch with `mmrun --ai-framework mindspore -m MODULE`, whose worker bootstrap runs modules")
+            self.report.refuse(self._line(module_use.start), str(refusal))
+        for refusal in full.refusals:
+            use = next((u for u in uses if u.flag == refusal.flag), None)
+            self.report.refuse(self._line(use.start if use else position), str(refusal))
+        if full.module or full.refusals:
+            return
+        source_of = self._attribute(given, full, translate, spelled, values)
+        outputs: dict[str | None, list[str]] = {}
+        for option, _ in full.options:
+            if option.dest in full.defaulted and option.dest not in KEEP_DEFAULTS:
+                continue
+            outputs.setdefault(source_of.get(option.dest), []).append(option.dest)
+        notes = {note.flag: note for note in full.notes}
+        for use in uses:
+            produced = outputs.get(use.dest, [])
+            note = notes.pop(use.flag, None)
+            if not produced:
+                self._remove_use(use, note.message if note else WHY_DROPPED.get(use.dest, f"{self.target} has no equivalent"))
+            elif len(produced) == 1:
+                self._rewrite_use(use, produced[0], full, note.message if note else None)
+            else:
+                self._replace_use(use, produced, full)
+        for note in notes.values():
+            self.report.add_note(self._line(position), str(note))
+        added = outputs.get(None, []) + [d for source in filled for d in outputs.get(source, [])]
+        self._add_options(launch, uses, added, full)
+        if self.target == MSRUN:
+            self._export_local_world_size(launch, uses, outputs, full)
+
+    def _fill(self, given: dict[str, str | bool]) -> list[str]:
+        """Options the target needs that the script leaves to defaults; returns their dests (no use in the script)."""
+        filled = []
+        if self.target == MSRUN:
+            for dest, (value, devices) in MSRUN_EXTRAS.items():
+                if self.options.device in devices and dest not in given:
+                    given[dest] = value
+                    filled.append(dest)
+        else:
+            # msrun's own defaults (8 and 8), which the shared translation does not assume for msrun input.
+            for dest in ("local_worker_num", "worker_num"):
+                if dest not in given:
+                    given[dest] = str(BY_LAUNCHER[MSRUN][dest].default)
+                    filled.append(dest)
+        return filled
+
+    def _attribute(self, given, full: Translation, translate, spelled, values) -> dict[str, str]:
+        """target dest -> the given option that produced it (leave each one out and see what changes)."""
+        affects: dict[str, set[str]] = {}
+        for source in given:
+            rest = {k: v for k, v in given.items() if k != source}
+            try:
+                without = translate(rest, spelled=spelled, values=values)
+            except ValueError:
+                continue
+            affects[source] = {option.dest for option, value in full.options if option.dest not in full.defaulted
+                               and (option.dest in without.defaulted or without.value(option.dest) != value)}
+        source_of: dict[str, str] = {}
+        for option, _ in full.options:
+            dest = option.dest
+            if dest in full.defaulted:
+                continue
+            if dest in given:
+                source_of[dest] = dest  # spelled alike in both launchers (--master_addr)
+                continue
+            # The most specific source: --nnodes changes only --worker_num, --nproc_per_node changes both.
+            candidates = [s for s in given if dest in affects.get(s, ())]
+            if candidates:
+                source_of[dest] = min(candidates, key=lambda s: len(affects[s]))
+        return source_of
+
+    def _flag(self, option: LauncherOption) -> str:
+        # torchrun accepts both spellings; scripts (and the seeds) mostly use underscores, which msrun shares.
+        return "--" + option.dest if option.launcher == TORCHRUN else option.canonical_flag
+
+    def _rewrite_use(self, use: OptionUse, dest: str, full: Translation, note: str | None) -> None:
+        option = BY_LAUNCHER[self.target][dest]
+        value = full.value(dest)
+        flag = use.flag if use.flag in option.flags else self._flag(option)
+        if option.takes_value and use.value_span is None:
+            self._replace_use(use, [dest], full)
+            return
+        edits = []
+        if flag != use.flag:
+            edits.append(Edit(*use.flag_span, flag.encode()))
+        new_value = None
+        if option.takes_value and str(value) != str(use.value):
+            new_value = self._render_value(str(value), use)
+            edits.append(Edit(*use.value_span, new_value.encode()))
+        if not edits:
+            return
+        before = self._use_text(use)
+        if use.inline:
+            after = flag + "=" + (new_value if new_value is not None else str(use.value))
+        elif option.takes_value:
+            after = flag + " " + (new_value if new_value is not None else use.value_word.raw)
+        else:
+            after = flag
+        why = WHY_RENAMED.get((use.dest, dest)) or note or (f"{self.target} spells it {flag}" if flag != use.flag else f"{self.target} needs {after}")
+        for edit in edits:
+            self.edits.append(edit)
+        self.report.add_change(Change(self._line(use.start), before, after, why))
+
+    def _replace_use(self, use: OptionUse, dests: list[str], full: Translation) -> None:
+        texts = [self._option_text(BY_LAUNCHER[self.target][d], full.value(d), use.container, inline=use.inline) for d in dests]
+        after = self._sep_around(use.words[0], use.words[-1]).join(texts)
+        why = WHY_RENAMED.get((use.dest, dests[0]), f"{self.target} expresses {use.flag} as {' '.join(texts)}")
+        self._edit(use.start, use.end, after, Change(self._line(use.start), self._use_text(use), after, why))
+
+    def _remove_use(self, use: OptionUse, why: str) -> None:
+        self._remove_words(use.words)
+        self.report.add_change(Change(self._line(use.start), self._use_text(use), "", why))
+
+    def _add_options(self, launch: Launch, uses: list[OptionUse], dests: list[str], full: Translation) -> None:
+        if not dests:
+            return
+        inline = bool(uses) and uses[-1].inline  # follow the script's style: --flag=value or --flag value
+        container = uses[-1].container if uses else launch.container
+        texts = [self._option_text(BY_LAUNCHER[self.target][d], full.value(d), container, inline=inline or d in INLINE_ADDED) for d in dests]
+        if uses:
+            anchor = uses[-1]
+            offset, sep = anchor.end, self._sep_around(anchor.words[0], anchor.words[-1])
+        else:
+            offset = launch.name_span[1]
+            words = launch.container.words
+            index = launch.container.index(launch.name_word)
+            following = next((w for w in words[index + 1:] if w.start >= offset), None)
+            sep = self._valid_sep(self.script.text(offset, following.start), launch.container) if following else " "
+        self.edits.append(Edit(offset, offset, "".join(sep + t for t in texts).encode()))
+        for dest, text in zip(dests, texts):
+            self.report.add_change(Change(self._line(offset), "", text, WHY_ADDED.get(dest, f"{self.target} needs it")))
+
+    def _option_text(self, option: LauncherOption, value, container: Container, inline: bool = False) -> str:
+        flag = self._flag(option)
+        if not option.takes_value:
+            return flag
+        text = str(value)
+        if _NEEDS_QUOTES.search(text) or (container.kind != "string" and _splits(text)):
+            text = '"' + text.replace('"', '\\"') + '"'
+        return f"{flag}={text}" if inline else f"{flag} {text}"
+
+    def _render_value(self, value: str, use: OptionUse) -> str:
+        word = use.value_word
+        if word is None or (word.container.kind == "string" and not word.quote):
+            return value  # inside a quoted definition: its quotes cover the value
+        if use.inline:
+            return f'"{value}"' if not word.quote and _splits(value) else value
+        if word.quote == "'" and "$" not in value:
+            return f"'{value}'"
+        if word.quote or _NEEDS_QUOTES.search(value) or _splits(value):
+            return f'"{value}"'
+        return value
+
+    def _use_text(self, use: OptionUse) -> str:
+        return " ".join(w.raw for w in use.words)
+
+    # ---------------------------------------------------------------- LOCAL_WORLD_SIZE
+
+    def _export_local_world_size(self, launch: Launch, uses: list[OptionUse], outputs, full: Translation) -> None:
+        value = full.env.get("LOCAL_WORLD_SIZE")
+        if value is None:
+            return
+        line = self._line(launch.command.start_byte)
+        if self.defs.is_set("LOCAL_WORLD_SIZE"):
+            self.report.add_note(line, "LOCAL_WORLD_SIZE is already set in the script; msrun does not set it, so check it equals --local_worker_num")
+            return
+        holder = next((u for u in uses if "local_worker_num" in outputs.get(u.dest, [])), uses[-1] if uses else None)
+        statement = holder.container.statement if holder is not None else launch.statement
+        text = f"export LOCAL_WORLD_SIZE={value}"
+        offset, inserted = self._after_assignments(statement, text)
+        if self.exports.get(offset, value) != value:
+            self.report.refuse(line, "launch lines sharing one place for `export LOCAL_WORLD_SIZE` need different values; give each its own definitions")
+            return
+        if offset in self.exports:
+            return
+        self.exports[offset] = value
+        self._edit(offset, offset, inserted, Change(self._line(offset), "", text, "msrun does not set LOCAL_WORLD_SIZE for its workers; Megatron reads it"))
+
+    def _after_assignments(self, statement: Node, text: str) -> tuple[int, str]:
+        """Where a new statement goes: after the assignments just above `statement` (the guide's layout), else above it."""
+        indent = self.script.indent_of(statement.start_byte)
+        previous = statement.prev_named_sibling
+        while previous is not None and previous.type == "comment":
+            previous = previous.prev_named_sibling
+        if previous is not None and previous.type in ("variable_assignment", "variable_assignments", "declaration_command") \
+                and self._line(previous.end_byte - 1) < self._line(statement.start_byte):
+            return self.script.line_end(previous.end_byte - 1), f"{indent}{text}\n"
+        return self._above(statement, text)
+
+    def _above(self, statement: Node, text: str) -> tuple[int, str]:
+        start = statement.start_byte
+        line_start = self.script.line_start(start)
+        if self.script.text(line_start, start).strip():
+            return start, f"{text}; "  # the statement shares its line with another
+        return line_start, f"{self.script.indent_of(start)}{text}\n"
+
+    def _drop_local_world_size(self) -> None:
+        """torchrun sets LOCAL_WORLD_SIZE for every worker, so the export msrun needed is dead code."""
+        for node in self.script.walk():
+            if node.type != "declaration_command" or self.script.node_text(node.children[0]) != "export":
+                continue
+            named = node.named_children
+            if len(named) != 1 or named[0].type != "variable_assignment":
+                continue
+            name = named[0].child_by_field_name("name")
+            if name is None or self.script.node_text(name) != "LOCAL_WORLD_SIZE":
+                continue
+            span = self._own_lines(node)
+            if span is None:
+                self.report.add_note(self._line(node.start_byte), "export LOCAL_WORLD_SIZE shares its line with other commands; left in place (torchrun overrides it)")
+                continue
+            self._edit(*span, "", Change(self._line(node.start_byte), self.script.node_text(node), "", "torchrun sets LOCAL_WORLD_SIZE for every worker itself"))
+
+    def _drop_marker_lines(self) -> None:
+        for node in self.script.walk():
+            if node.type == "comment" and self.script.node_text(node).startswith(MARKER_PREFIX):
+                span = self._own_lines(node)
+                if span is not None:
+                    self.edits.append(Edit(span[0], span[1], b""))
+
+    def _own_lines(self, node: Node) -> tuple[int, int] | None:
+        start = self.script.line_start(node.start_byte)
+        end = self.script.line_end(max(node.end_byte - 1, node.start_byte))
+        if self.script.text(start, node.start_byte).strip() or self.script.text(node.end_byte, end).strip():
+            return None
+        return start, end
+
+    # ---------------------------------------------------------------- training arguments
+
+    def _framework_flag(self, launch: Launch, training: list[Word]) -> None:
+        framework = FRAMEWORK_OF[self.target]
+        found = []
+        for index, word in enumerate(training):
+            flag, eq, value = word.text.partition("=")
+            if flag not in FRAMEWORK_FLAGS:
+                continue
+            if eq:
+                found.append(([word], value, (word.end - len(value.encode()) - (1 if word.quote else 0), word.end - (1 if word.quote else 0))))
+            elif index + 1 < len(training):
+                following = training[index + 1]
+                found.append(([word, following], following.text, (following.start, following.end)))
+        if self.target == MSRUN:
+            for words, value, span in found:
+                if value != framework:
+                    self._edit(*span, framework, Change(self._line(span[0]), value, framework, "the training script runs on the MindSpore backend"))
+            if not found:
+                last = launch.container.words[-1]
+                sep = self._line_sep(launch.container)
+                text = f"--ai-framework {framework}"
+                self._edit(last.end, last.end, sep + text, Change(self._line(last.end), "", text,
+                           "selects the MindSpore backend in the training script (seed 003)"))
+        else:
+            for words, value, _ in found:
+                if value == FRAMEWORK_OF[MSRUN]:
+                    self._remove_words(words)
+                    self.report.add_change(Change(self._line(words[0].start), " ".join(w.raw for w in words), "",
+                                                  "PyTorch is the training script's default backend"))
+
+    def _gate(self, training: list[Word]) -> None:
+        if not self.options.gate or not training:
+            return
+        from mmrun.backend.features import check_flags  # framework-free; loads the YAML table
+
+        framework, device = FRAMEWORK_OF[self.target], self.options.device
+        for decision in check_flags([w.text for w in training], framework, device):
+            if decision.status == "supported" or decision.span is None:
+                continue
+            words = training[decision.span[0]:decision.span[1]]
+            start = words[0].start
+            if decision.automatic:
+                if decision.flag == "--distributed-backend":
+                    self.backend_findings.append(lints.Finding(self._line(start), self.script.column_of(start), "MT003", decision.line()))
+                else:
+                    self.report.add_note(self._line(start), decision.line())
+                continue
+            message = (f"{decision.received} ({decision.title}) is not supported with the {decision.framework} backend on "
+                       f"{decision.device}: {decision.reason}." + (f" Hint: {decision.hint}." if decision.hint else ""))
+            if not decision.value_known:
+                self.report.add_note(self._line(start), f"{message} Its value is set when the script runs, so it is not checked here")
+                continue
+            if self.options.on_unsupported == "error":
+                self.report.refuse(self._line(start), f"{message} Or pass --on-unsupported comment|remove to take it out of the script")
+                continue
+            spans = [decision.span, *decision.companion_spans]
+            removed = [w for a, b in spans for w in training[a:b]]
+            self._remove_words(removed)
+            before = " ".join(w.raw for w in removed)
+            self.report.add_change(Change(self._line(start), before, "", message))
+            if self.options.on_unsupported == "comment":
+                offset, text = self._above(words[0].container.statement, f"{MARKER_PREFIX}: removed `{before}`: {message}")
+                self.edits.append(Edit(offset, offset, text.encode()))
+
+    # ---------------------------------------------------------------- edit helpers
+
+    def _edit(self, start: int, end: int, new: str, change: Change) -> None:
+        self.edits.append(Edit(start, end, new.encode()))
+        self.report.add_change(change)
+
+    def _remove_words(self, words: list[Word]) -> None:
+        for word in words:
+            removal = self.removals.setdefault(id(word.container), _Removal(word.container))
+            removal.indices.add(word.container.index(word))
+
+    def _removal_edits(self) -> list[Edit]:
+        """Removed words with the whitespace before them (or after, for a container's first word), run by run."""
+        edits = []
+        for removal in self.removals.values():
+            words = removal.container.words
+            indices = sorted(removal.indices)
+            runs = [list(group) for _, group in itertools.groupby(indices, key=lambda i, c=itertools.count(): i - next(c))]
+            for run in runs:
+                first, last = run[0], run[-1]
+                if first > 0:
+                    edits.append(Edit(words[first - 1].end, words[last].end, b""))
+                elif last + 1 < len(words):
+                    edits.append(Edit(words[first].start, words[last + 1].start, b""))
+                else:
+                    edits.append(Edit(words[first].start, words[last].end, b""))
+        return edits
+
+    def _sep_around(self, first: Word, last: Word) -> str:
+        """The separator the container uses before this option (or after it, if it comes first)."""
+        container = first.container
+        words = container.words
+        index = container.index(first)
+        if index > 0:
+            gap = self.script.text(words[index - 1].end, first.start)
+        else:
+            end_index = container.index(last)
+            gap = self.script.text(last.end, words[end_index + 1].start) if end_index + 1 < len(words) else " "
+        return self._valid_sep(gap, container)
+
+    def _line_sep(self, container: Container) -> str:
+        """` \\<newline>    ` when the command ends with one argument (or flag and value) on its own line, else a space."""
+        words = container.words
+        first = len(words) - 1
+        while first > 0 and "\n" not in self.script.text(words[first - 1].end, words[first].start):
+            first -= 1
+        last_line = words[first:]
+        if first > 0 and (len(last_line) == 1 or (len(last_line) == 2 and last_line[0].text.startswith("-"))):
+            return self._valid_sep(self.script.text(words[first - 1].end, words[first].start), container)
+        return " "
+
+    def _valid_sep(self, gap: str, container: Container) -> str:
+        if gap and _GAP.fullmatch(gap) and (container.kind != "command" or "\n" not in gap.replace("\\\n", "").replace("\\\r\n", "")):
+            return gap
+        if "\n" in gap and container.kind in ("array", "string"):
+            return "\n" + gap.rsplit("\n", 1)[1]  # after a comment: a new line at the next word's indentation
+        return " "

@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+WORKERS = Path(__file__).parent / "workers"
+MMRUN = [sys.executable, "-m", "mmrun.launchers.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Processes whose environment carries this test's marker (every descendant inherits it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"MMRUN_TEST_MARKER={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture
+def job_env(tmp_path):
+    """An environment for one mmrun job: a unique marker to find its processes, an output folder."""
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "PET_")) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(MMRUN_TEST_MARKER=marker, OUT=str(tmp_path), PYTHONUNBUFFERED="1")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    yield env
+    leftovers = marked_processes(marker)
+    for pid in leftovers:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    assert not leftovers, f"processes left behind by the job: {leftovers}"
+
+
+def run_mmrun(args: list[str], env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*MMRUN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def jobs():
+    """The helpers above, for tests (conftest modules are not importable under --import-mode=importlib)."""
+    class Jobs:
+        mmrun = MMRUN
+        workers = WORKERS
+        free_port = staticmethod(free_port)
+        marked_processes = staticmethod(marked_processes)
+        run = staticmethod(run_mmrun)
+    return Jobs
