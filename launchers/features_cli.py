@@ -127,7 +127,7 @@ def render_markdown(framework: str | None = None, device: str | None = None, tab
     header, rows = _rows(table, framework, device, markdown=True)
     if framework or device:
         return _md_table(header, rows) + "\n\n" + LEGEND + "\n"
-    example_args = "--fp16 --use-flash-attn --tensor-model-parallel-size 2 --distributed-backend nccl --ckpt-format torch"
+    example_args = "--transformer-impl local --bf16 --use-flash-attn --tensor-model-parallel-size 2 --distributed-backend nccl --ckpt-format torch"
     example_cmd = f'mmrun features --ai-framework mindspore --device cpu --check "{example_args}"'
     check_error, _ = _check_lines(example_args, "mindspore", "cpu", "error")
     out = [

@@ -21,7 +21,7 @@ from mmrun.launchers.ascend_env import check_ascend_env
 from mmrun.launchers.options import MSRUN, TORCHRUN
 from mmrun.launchers.supervisor import Supervisor, reap, wait_for_workers
 from mmrun.launchers.translation import Note, Refusal, Translation, to_msrun, to_torchrun
-from mmrun.launchers.worker_bootstrap import STATUS_DIR_VAR
+from mmrun.launchers.worker_bootstrap import NODE_RANK_VAR, STATUS_DIR_VAR
 
 BOOTSTRAP = str(Path(__file__).with_name("worker_bootstrap.py"))
 LAUNCHER_MODULES = {TORCHRUN: "torch.distributed.run", MSRUN: "mindspore.parallel.cluster.run"}
@@ -32,7 +32,7 @@ LAUNCHER_OF = {"pytorch": TORCHRUN, "mindspore": MSRUN}
 INHERITED_JOB_VARIABLES = (
     "MS_ROLE", "MS_NODE_ID", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_TOPO_TIMEOUT",
     "RANK_ID", "RANK_SIZE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", STATUS_DIR_VAR,
+    "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", STATUS_DIR_VAR, NODE_RANK_VAR,
 )
 
 
@@ -133,6 +133,8 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
         plan.env_set[AUTOLOAD_VAR] = probe[AUTOLOAD_VAR]
         plan.notes.append(Note("torch_npu", None, f"is installed but unusable for the workers: {reason}"))
 
+    if launcher == MSRUN:
+        plan.env_set[NODE_RANK_VAR] = str(translation.value("node_rank"))
     plan.env_removed = [name for name in INHERITED_JOB_VARIABLES if name in env and name not in plan.env_set]
 
     port = str(translation.value("master_port") or "29500")

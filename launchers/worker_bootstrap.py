@@ -21,6 +21,7 @@ import time
 import traceback
 
 STATUS_DIR_VAR = "MMRUN_STATUS_DIR"
+NODE_RANK_VAR = "MMRUN_NODE_RANK"
 
 
 def _write_status(exit_code: int, error: str | None) -> None:
@@ -56,6 +57,10 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _run_scheduler() -> int:
+    # msrun starts a scheduler on every node whose address is --master_addr; when several "nodes" share
+    # one host (tests, or a node list that names the master twice) only node rank 0 may serve.
+    if os.environ.get(NODE_RANK_VAR, "0") not in ("0", "-1"):
+        return 0
     os.environ.setdefault("MMRUN_AI_FRAMEWORK", "mindspore")
     import mmrun.backend as backend
 

@@ -1,1 +1,32 @@
+"""The MindSpore backend (CPU, GPU or Ascend; PyNative mode, MindSpore's default).
 
+Importing this package imports mindspore, puts MSAdapter on sys.path when one was given
+(`--msadapter-path` / MSADAPTER_PATH) and sets the device: MindSpore fixes the device at the first
+kernel it runs, so it is set here, before any user tensor exists. Its submodules have the same names
+and public functions as `mmrun.backend.torch`'s.
+"""
+from __future__ import annotations
+
+from mmrun.backend import selection
+from mmrun.backend.errors import FrameworkNotInstalledError
+
+NAME = "mindspore"
+
+try:
+    import mindspore
+except ModuleNotFoundError as exc:
+    if exc.name != "mindspore":
+        raise
+    raise FrameworkNotInstalledError(NAME, "mindspore", selection.choice().source) from None
+
+
+def version() -> str:
+    return mindspore.__version__
+
+
+from mmrun.backend.mindspore import device, distributed, msadapter, seeding  # noqa: E402  (needs mindspore above)
+
+__all__ = ["NAME", "version", "device", "distributed", "msadapter", "seeding"]
+
+msadapter.activate_if_requested()
+device.detect()

@@ -97,8 +97,10 @@ def apply_edits(module: cst.Module, edits: list[Edit], import_name: str | None) 
 
 
 def unified_diff(path: str, old: str, new: str) -> str:
+    """A diff `git apply` takes for relative paths (a/ b/ prefixes); absolute paths as they are."""
+    before, after = (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+                                        fromfile=before, tofile=after))
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:

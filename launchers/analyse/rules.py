@@ -249,8 +249,14 @@ def select_rules(rules: Iterable[Rule], *, target: str = "both", select: Iterabl
 
 @dataclass
 class RuleIndex:
-    """Rules arranged for lookups during the walk: by exact name, by pattern prefix, by method."""
+    """Rules arranged for lookups during the walk: by exact name, by pattern prefix, by method.
+
+    The tables hold every rule, so that which rule a name belongs to (the most specific entry)
+    does not depend on the selection: with `--select MM102`, `torch.cuda.synchronize` is still
+    MM101's and is not reported. `selected` says which codes are reported.
+    """
     rules: tuple[Rule, ...]
+    selected: frozenset[str]
     fixes_enabled: bool
     exact: dict[str, Rule] = field(default_factory=dict)        # qualified name -> rule (name kind)
     prefixes: dict[str, Rule] = field(default_factory=dict)     # "torch.cuda" -> rule for torch.cuda.*
@@ -260,7 +266,7 @@ class RuleIndex:
     methods_attr: dict[str, Rule] = field(default_factory=dict)
     strings: list[tuple[Rule, re.Pattern[str]]] = field(default_factory=list)
     compares: list[tuple[Rule, re.Pattern[str]]] = field(default_factory=list)
-    name_triggers: frozenset[str] = frozenset()   # identifiers a matching chain or its import must contain
+    literals: tuple[str, ...] = ()                # substrings a matching string literal contains
     trigger_re: re.Pattern[bytes] | None = None   # pre-filter over the raw file
 
     def lookup_name(self, qualified: str) -> tuple[Rule, str] | None:
@@ -295,13 +301,20 @@ def _string_regex(rule: Rule) -> re.Pattern[str]:
     return re.compile("|".join(re.escape(n) for n in rule.names))
 
 
-def build_index(rules: Iterable[Rule], *, fixes_enabled: bool = True) -> RuleIndex:
-    """Index the selected rules; `trigger_re` matches a file only if some rule could fire in it."""
-    index = RuleIndex(rules=tuple(rules), fixes_enabled=fixes_enabled)
+def build_index(rules: Iterable[Rule], *, selected: Iterable[str] | None = None,
+                fixes_enabled: bool = True) -> RuleIndex:
+    """Index the rule table; report only `selected` codes (default: all).
+
+    `trigger_re` matches a file only if some selected rule could fire in it.
+    """
+    rules = tuple(rules)
+    chosen = frozenset(r.code for r in rules) if selected is None else frozenset(selected)
+    index = RuleIndex(rules=rules, selected=chosen, fixes_enabled=fixes_enabled)
     words: set[str] = set()        # identifiers (need word boundaries)
+    methods: set[str] = set()      # method names (follow a dot)
     literals: set[str] = set()     # string contents
-    name_triggers: set[str] = set()
-    for rule in index.rules:
+    for rule in rules:
+        live = rule.code in chosen
         if rule.kind in ("name", "keyword-arg"):
             target = index.keyword_args if rule.kind == "keyword-arg" else index.exact
             for name in rule.names:
@@ -311,25 +324,30 @@ def build_index(rules: Iterable[Rule], *, fixes_enabled: bool = True) -> RuleInd
                 else:
                     target.setdefault(name, rule)
                     trigger = name.rsplit(".", 1)[-1]
-                words.add(trigger)
-                name_triggers.add(trigger)
+                if live:
+                    words.add(trigger)
         elif rule.kind == "import":
             for name in rule.names:
                 index.imports.setdefault(name, rule)
-                words.add(name.split(".")[0])
+                if live:
+                    words.add(name.split(".")[0])
         elif rule.kind == "method":
             table = index.methods_call if rule.call else index.methods_attr
             for name in rule.names:
                 table.setdefault(name, rule)
-                words.add(name)
+                if live:
+                    methods.add(name)
         else:
             (index.strings if rule.kind == "string" else index.compares).append((rule, _string_regex(rule)))
-            literals.update(rule.names or (_literal_prefix(rule.pattern or ""),))
-    index.name_triggers = frozenset(name_triggers)
+            if live:
+                literals.update(rule.names or (_literal_prefix(rule.pattern or ""),))
+    index.literals = tuple(sorted(literals))
     # A rule can only fire where its trigger word is spelled out: a qualified name's last part
     # appears at the use or in the import that binds an alias, an import names its module, a
-    # method is called by name, a string contains its literal. Star imports are not resolved.
+    # method follows a dot, a string contains its literal. (Star imports are not resolved, and a
+    # literal spelled with escapes such as "\x63uda" is not matched, with or without the filter.)
     alternatives = [rb"\b" + re.escape(w.encode()) + rb"\b" for w in sorted(words)]
+    alternatives += [rb"\.[\s\\]*" + re.escape(m.encode()) + rb"\b" for m in sorted(methods)]
     alternatives += [re.escape(s.encode()) for s in sorted(literals)]
     index.trigger_re = re.compile(b"|".join(alternatives)) if alternatives else None
     return index

@@ -52,7 +52,8 @@ def discover(paths: Iterable[str]) -> list[tuple[str, str]]:
     return sorted(found.items(), key=lambda item: item[1])
 
 
-def analyse_source(data: bytes, display: str, index: RuleIndex, *, fix: bool = False) -> FileResult:
+def analyse_source(data: bytes, display: str, index: RuleIndex, *, fix: bool = False,
+                   reference: bool = False) -> FileResult:
     """Analyse one file's bytes. Never raises for bad input: the result's `error` says why."""
     result = FileResult(path=display, lines=data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1))
     if index.trigger_re is None or index.trigger_re.search(data) is None:
@@ -60,22 +61,33 @@ def analyse_source(data: bytes, display: str, index: RuleIndex, *, fix: bool = F
     try:
         module = cst.parse_module(data)
     except cst.ParserSyntaxError as exc:
-        result.error = f"{display}:{exc.raw_line}:{exc.raw_column}: cannot parse ({exc.message.splitlines()[0]}); skipped"
+        detail = exc.message.splitlines()[0].removeprefix("parser error: ")
+        if len(detail) > 100:
+            detail = detail[:97] + "..."
+        result.error = f"{display}: cannot parse ({detail}); skipped"
         return result
     except (UnicodeDecodeError, SyntaxError, LookupError, RecursionError) as exc:
         result.error = f"{display}: cannot parse ({type(exc).__name__}: {exc}); skipped"
         return result
     result.parsed = True
     try:
-        analysis = FileAnalysis(module, index)
+        analysis = FileAnalysis(module, index, force_scope=reference)
         analysis.walk()
         analysis.resolve()
         if not analysis.hits and not analysis.import_fix_edits:
             return result
-        positions = analysis.positions()
+        wanted = [hit.node for hit in analysis.hits]
+        anchor = -1
+        if fix:
+            wanted += [e.anchor or e.node for hit in analysis.hits for e in hit.edits]
+            wanted += [e.anchor or e.node for e in analysis.import_fix_edits]
+            anchor = fixes.import_anchor(module)
+            if anchor >= 0:
+                wanted.append(module.body[anchor])
+        positions = analysis.positions(wanted)
         result.findings = _findings(display, analysis, positions)
         if fix:
-            _apply_fixes(result, module, analysis, positions)
+            _apply_fixes(result, module, analysis, positions, anchor)
     except RecursionError:
         result.error = f"{display}: nesting too deep to analyse; skipped"
         result.findings = []
@@ -86,7 +98,7 @@ def _findings(display: str, analysis: FileAnalysis, positions) -> list[Finding]:
     out = []
     for hit in analysis.hits:
         rule = hit.rule
-        start = positions[hit.node].start
+        start = positions[id(hit.node)].start
         message = rule.format_message(hit.name, hit.key)
         level = rule.level
         if hit.guarded:
@@ -100,7 +112,8 @@ def _findings(display: str, analysis: FileAnalysis, positions) -> list[Finding]:
     return out
 
 
-def _apply_fixes(result: FileResult, module: cst.Module, analysis: FileAnalysis, positions) -> None:
+def _apply_fixes(result: FileResult, module: cst.Module, analysis: FileAnalysis, positions,
+                 anchor: int) -> None:
     edits = [e for hit in analysis.hits for e in hit.edits] + analysis.import_fix_edits
     if not edits:
         return
@@ -115,11 +128,10 @@ def _apply_fixes(result: FileResult, module: cst.Module, analysis: FileAnalysis,
     changes = []
     for e in edits:
         if e.before or e.after:
-            changes.append(Change(result.path, positions[e.anchor or e.node].start.line, e.code,
+            changes.append(Change(result.path, positions[id(e.anchor or e.node)].start.line, e.code,
                                   e.before, e.after))
     if import_name:
-        anchor = fixes.import_anchor(module)
-        line = positions[module.body[anchor]].end.line + 1 if anchor >= 0 else 1
+        line = positions[id(module.body[anchor])].end.line + 1 if anchor >= 0 else 1
         code = next(e.code for e in edits if e.add_import == import_name)
         changes.append(Change(result.path, line, code, "", f"import {import_name}"))
     changes.sort(key=lambda c: (c.line, c.code))
@@ -157,9 +169,10 @@ _WORKER_FIX = False
 
 
 def make_index(config: RunConfig) -> RuleIndex:
-    rules = select_rules(load_rules(config.rules_path), target=config.target,
-                         select=config.select, ignore=config.ignore)
-    return build_index(rules, fixes_enabled=config.target in ("npu", "both"))
+    rules = load_rules(config.rules_path)
+    chosen = select_rules(rules, target=config.target, select=config.select, ignore=config.ignore)
+    return build_index(rules, selected=[r.code for r in chosen],
+                       fixes_enabled=config.target in ("npu", "both"))
 
 
 def _init_worker(config: RunConfig) -> None:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameSource, ScopeProvider
 
+from libcst._position import CodeRange
+
+from .positions import node_ranges
 from .rules import Rule, RuleIndex
 
 # Fields that never hold code the rules look at (whitespace, punctuation, comments).
@@ -23,17 +26,18 @@ _SKIP_FIELDS = frozenset({
     "lpar", "rpar", "leading_lines", "lines_after_decorators", "trailing_whitespace", "header",
     "footer", "comma", "semicolon", "equal", "colon", "dot", "star", "operator", "relative",
     "asynchronous", "newline", "indent", "default_indent", "default_newline", "encoding",
-    "has_trailing_newline", "whitespace_between", "start", "end", "whitespace",
+    "has_trailing_newline", "whitespace_between", "start", "end", "whitespace", "lbrace",
+    "rbrace", "lbracket", "rbracket", "trailing_comma",
 })
-# Fields that hold only code, where a type's other fields are names being defined.
+# Fields to walk for types whose other fields hold no code (Arg.keyword is a name, not a use).
 _ONLY_FIELDS: dict[type, tuple[str, ...]] = {
-    cst.Arg: ("value",),                       # not the keyword name
-    cst.Param: ("annotation", "default"),      # not the parameter name
-    cst.FunctionDef: ("decorators", "params", "returns", "body"),
-    cst.ClassDef: ("decorators", "bases", "keywords", "body"),
-    cst.ExceptHandler: ("type", "body"),
+    cst.Arg: ("value",),
+    cst.Param: ("name", "annotation", "default"),
+    cst.FunctionDef: ("decorators", "name", "params", "returns", "body"),
+    cst.ClassDef: ("decorators", "name", "bases", "keywords", "body"),
+    cst.ExceptHandler: ("type", "name", "body"),
     cst.Decorator: ("decorator",),
-    cst.AsName: (),
+    cst.AsName: ("name",),
     cst.Global: (),
     cst.Nonlocal: (),
     cst.Import: (),
@@ -46,6 +50,30 @@ _ONLY_FIELDS: dict[type, tuple[str, ...]] = {
     cst.Imaginary: (),
     cst.Ellipsis: (),
 }
+# Fields whose names are bound (assigned) rather than read: a name bound anywhere other than by
+# a module-level import is resolved with ScopeProvider instead of the import table.
+_STORE_FIELDS: dict[type, frozenset[str]] = {
+    cst.AssignTarget: frozenset({"target"}),
+    cst.AnnAssign: frozenset({"target"}),
+    cst.AugAssign: frozenset({"target"}),
+    cst.For: frozenset({"target"}),
+    cst.CompFor: frozenset({"target"}),
+    cst.NamedExpr: frozenset({"target"}),
+    cst.Del: frozenset({"target"}),
+    cst.AsName: frozenset({"name"}),
+    cst.Param: frozenset({"name"}),
+    cst.FunctionDef: frozenset({"name"}),
+    cst.ClassDef: frozenset({"name"}),
+    cst.MatchAs: frozenset({"name"}),
+    cst.MatchStar: frozenset({"name"}),
+    cst.MatchMapping: frozenset({"rest"}),
+    cst.TypeVar: frozenset({"name"}),
+    cst.ParamSpec: frozenset({"name"}),
+    cst.TypeVarTuple: frozenset({"name"}),
+}
+# Store context passes through unpacking targets (`a, (b, *c) = ...`) but not into `x.y = ...`.
+_STORE_THROUGH = frozenset({cst.Tuple, cst.List, cst.StarredElement, cst.Element})
+_NEW_SCOPES = frozenset({cst.FunctionDef, cst.ClassDef, cst.Lambda})
 _FIELD_CACHE: dict[type, tuple[str, ...]] = {}
 
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
@@ -120,35 +148,45 @@ class _ImportRecord:
     aliases: list[tuple[str, str, bool]]  # (imported dotted name, bound local name, has `as`)
     guarded: bool
     star: bool = False
+    nested: bool = False            # inside a def, class or lambda
 
 
 class FileAnalysis:
     """Analyse one parsed module against a RuleIndex; `hits` after `run()`."""
 
-    def __init__(self, module: cst.Module, index: RuleIndex) -> None:
+    def __init__(self, module: cst.Module, index: RuleIndex, *, force_scope: bool = False) -> None:
         self.module = module
         self.index = index
         self.chains: list[_Chain] = []
+        self.bindings: set[str] = set()   # names bound other than by an import
         self.imports: list[_ImportRecord] = []
         self.hits: list[Hit] = []
         self._compare_ids: set[int] = set()
         self._skip_string_ids: set[int] = set()
-        self._literals = tuple({lit for rule, _ in index.strings + index.compares
-                                for lit in (rule.names or (_prefix_literal(rule),))})
+        self._literals = index.literals
         self._wrapper: MetadataWrapper | None = None
+        self._scopes = None
         self.import_fix_edits: list[Edit] = []
+        self.force_scope = force_scope   # tests: resolve every name with ScopeProvider
+        self.used_scope = False
 
     # ------------------------------------------------------------------ the walk
     def walk(self) -> None:
-        stack: list[tuple] = [(self.module, None, None, False, False)]
+        """Collect imports, name chains, bindings and string matches in one traversal."""
+        # Stack entries: node, parent, enclosing statement, inside a try that catches ImportError,
+        # inside an annotation, in a binding position, inside a def/class/lambda.
+        stack: list[tuple] = [(self.module, None, None, False, False, False, False)]
         pop, push = stack.pop, stack.append
-        chains = self.chains
+        chains, bindings = self.chains, self.bindings
         for_strings = bool(self._literals)
         while stack:
-            node, parent, stmt, guarded, annot = pop()
+            node, parent, stmt, guarded, annot, store, nested = pop()
             tp = type(node)
             if tp is cst.Name:
-                chains.append(_Chain(node, parent, stmt, [node]))
+                if store:
+                    bindings.add(node.value)
+                else:
+                    chains.append(_Chain(node, parent, stmt, [node]))
                 continue
             if tp is cst.Attribute:
                 names = []
@@ -163,7 +201,7 @@ class FileAnalysis:
                 else:
                     # `f(x).cuda()`: the method part is a candidate; walk into the receiver.
                     chains.append(_Chain(node, parent, stmt, [node.attr], receiver=node.value))
-                    push((node.value, node, stmt, guarded, annot))
+                    push((node.value, node, stmt, guarded, annot, False, nested))
                 continue
             if tp is cst.SimpleString or tp is cst.FormattedString:
                 if for_strings and not annot and id(node) not in self._skip_string_ids:
@@ -171,7 +209,10 @@ class FileAnalysis:
                 if tp is cst.SimpleString:
                     continue
             elif tp is cst.Import or tp is cst.ImportFrom:
-                self._record_import(node, guarded)
+                self._record_import(node, guarded, nested)
+                continue
+            elif tp is cst.Global or tp is cst.Nonlocal:
+                bindings.update(item.name.value for item in node.names)
                 continue
             elif tp is cst.Comparison:
                 self._mark_compared(node)
@@ -183,28 +224,35 @@ class FileAnalysis:
             elif tp is cst.Try or tp is cst.TryStar:
                 # Imports inside a try that catches ImportError are optional dependencies.
                 catches = any(_catches_import_error(h) for h in node.handlers)
-                children = [(node.body, node, node, guarded or catches, annot)]
-                children += [(h, node, node, guarded, annot) for h in node.handlers]
+                children = [(node.body, node, node, guarded or catches, annot, False, nested)]
+                children += [(h, node, node, guarded, annot, False, nested) for h in node.handlers]
                 if node.orelse is not None:
-                    children.append((node.orelse, node, node, guarded, annot))
+                    children.append((node.orelse, node, node, guarded, annot, False, nested))
                 if node.finalbody is not None:
-                    children.append((node.finalbody, node, node, guarded, annot))
+                    children.append((node.finalbody, node, node, guarded, annot, False, nested))
                 for child in reversed(children):
                     push(child)
                 continue
             if isinstance(node, _STATEMENTS):
                 stmt = node
+            store_fields = _STORE_FIELDS.get(tp)
+            keep_store = store and tp in _STORE_THROUGH
+            inner = nested or tp in _NEW_SCOPES
             kids = []
             for name in _fields(tp):
                 value = getattr(node, name)
+                child_store = keep_store or (store_fields is not None and name in store_fields)
+                # A def's decorators, defaults and annotations run in the enclosing scope.
+                child_nested = inner if name in ("body", "params") else nested
                 if isinstance(value, cst.CSTNode):
-                    kids.append(value)
+                    kids.append((value, node, stmt, guarded, annot, child_store, child_nested))
                 elif type(value) is tuple or type(value) is list:
-                    kids.extend(v for v in value if isinstance(v, cst.CSTNode))
+                    kids.extend((v, node, stmt, guarded, annot, child_store, child_nested)
+                                for v in value if isinstance(v, cst.CSTNode))
             for kid in reversed(kids):
-                push((kid, node, stmt, guarded, annot))
+                push(kid)
 
-    def _record_import(self, node: cst.Import | cst.ImportFrom, guarded: bool) -> None:
+    def _record_import(self, node: cst.Import | cst.ImportFrom, guarded: bool, nested: bool) -> None:
         if type(node) is cst.Import:
             aliases = []
             for alias in node.names:
@@ -213,12 +261,12 @@ class FileAnalysis:
                     aliases.append((full, alias.asname.name.value, True))
                 else:
                     aliases.append((full, full.split(".")[0], False))
-            self.imports.append(_ImportRecord(node, None, False, aliases, guarded))
+            self.imports.append(_ImportRecord(node, None, False, aliases, guarded, nested=nested))
             return
         module = dotted(node.module) if node.module is not None else None
         relative = bool(node.relative)
         if isinstance(node.names, cst.ImportStar):
-            self.imports.append(_ImportRecord(node, module, relative, [], guarded, star=True))
+            self.imports.append(_ImportRecord(node, module, relative, [], guarded, star=True, nested=nested))
             return
         aliases = []
         for alias in node.names:
@@ -227,7 +275,7 @@ class FileAnalysis:
                 aliases.append((name, alias.asname.name.value, True))
             else:
                 aliases.append((name, name, False))
-        self.imports.append(_ImportRecord(node, module, relative, aliases, guarded))
+        self.imports.append(_ImportRecord(node, module, relative, aliases, guarded, nested=nested))
 
     def _mark_compared(self, node: cst.Comparison) -> None:
         operands = [node.left] + [target.comparator for target in node.comparisons]
@@ -273,13 +321,17 @@ class FileAnalysis:
                 return
 
     # ------------------------------------------------------------------ resolution
-    def _alias_paths(self) -> tuple[dict[str, list[str]], set[str]]:
-        """Local name -> possible absolute import paths; and every name bound by any import."""
+    def _alias_paths(self) -> tuple[dict[str, list[str]], set[str], set[str]]:
+        """Import table: local name -> absolute import paths; names any import binds; and the
+        names the table alone resolves exactly as ScopeProvider would."""
         paths: dict[str, list[str]] = {}
         bound: set[str] = set()
+        unsure: set[str] = set(self.bindings)
         for rec in self.imports:
             for full, local, has_as in rec.aliases:
                 bound.add(local)
+                if rec.relative or rec.nested:
+                    unsure.add(local)
                 if rec.relative:
                     continue
                 if rec.module is None:
@@ -287,7 +339,11 @@ class FileAnalysis:
                     paths.setdefault(local, []).append(full if has_as else local)
                 else:
                     paths.setdefault(local, []).append(f"{rec.module}.{full}")
-        return paths, bound
+        # A name bound only by module-level imports that all agree resolves to that path in every
+        # scope of the file; anything else (shadowing, function-level imports, try/except
+        # alternatives) goes to ScopeProvider.
+        exact = {name for name, found in paths.items() if name not in unsure and len(set(found)) == 1}
+        return paths, bound, exact
 
     def _could_match(self, paths: list[str], rest: list[str]) -> bool:
         index = self.index
@@ -298,18 +354,26 @@ class FileAnalysis:
         return False
 
     def _scope_names(self, node: cst.CSTNode) -> list[str]:
-        if self._wrapper is None:
-            self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-            self._scopes = self._wrapper.resolve(ScopeProvider)
+        """Qualified names through imports, from ScopeProvider (resolved once per file)."""
+        if self._scopes is None:
+            self._scopes = self._metadata().resolve(ScopeProvider)
+            self.used_scope = True
         scope = self._scopes.get(node)
         if scope is None:
             return []
-        return sorted(q.name for q in scope.get_qualified_names_for(node)
-                      if q.source is QualifiedNameSource.IMPORT)
+        return sorted({q.name for q in scope.get_qualified_names_for(node)
+                       if q.source is QualifiedNameSource.IMPORT})
+
+    def _metadata(self) -> MetadataWrapper:
+        if self._wrapper is None:
+            self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
+        return self._wrapper
 
     def resolve(self) -> None:
         index = self.index
-        paths, bound = self._alias_paths()
+        paths, bound, exact = self._alias_paths()
+        if self.force_scope:
+            exact = set()
         self._import_hits()
         fixed_locals = self._import_rewrites() if index.fixes_enabled else set()
         methods_call, methods_attr = index.methods_call, index.methods_attr
@@ -326,6 +390,7 @@ class FileAnalysis:
                 continue
             base = names[0].value
             if base not in bound:
+                # No import binds the base name: it cannot resolve to a library name.
                 if method_rule is not None:
                     self._method_hit(method_rule, chain, paths)
                 continue
@@ -333,7 +398,10 @@ class FileAnalysis:
             maybe_rule = base in paths and self._could_match(paths[base], rest)
             if not maybe_rule and method_rule is None:
                 continue
-            qualified_names = self._scope_names(chain.node)
+            if base in exact:
+                qualified_names = [".".join([paths[base][0]] + rest)]
+            else:
+                qualified_names = self._scope_names(chain.node)
             if not qualified_names:
                 if method_rule is not None:
                     self._method_hit(method_rule, chain, paths)
@@ -349,6 +417,8 @@ class FileAnalysis:
                     if found is not None:
                         self._name_hit(found[0], qualified, found[1], chain, base in fixed_locals)
                         break
+        # Which rule a name belongs to was decided on the whole table; report the selected ones.
+        self.hits = [hit for hit in self.hits if hit.rule.code in index.selected]
 
     def _import_hits(self) -> None:
         index = self.index
@@ -379,7 +449,8 @@ class FileAnalysis:
             for alias, (name, local, _) in zip(node.names, rec.aliases):
                 old = f"{rec.module}.{name}"
                 rule = self.index.exact.get(old)
-                if rule is None or rule.fix is None or rule.fix.kind != "rename" or old not in rule.renames:
+                if (rule is None or rule.fix is None or rule.fix.kind != "rename" or old not in rule.renames
+                        or rule.code not in self.index.selected):
                     break
                 new_module, _, new_name = rule.renames[old].rpartition(".")
                 new_modules.add(new_module)
@@ -423,7 +494,10 @@ class FileAnalysis:
         self.hits.append(hit)
 
     def _name_hit(self, rule: Rule, qualified: str, key: str, chain: _Chain, import_fixed: bool) -> None:
-        hit = Hit(rule, chain.node, qualified, rule.confidence, key=key)
+        # `torch.cuda.Stream.wait_stream` is reported as torch.cuda.Stream; a pattern match
+        # (`torch.cuda.*`) by its full name.
+        shown = key if key in rule.names else qualified
+        hit = Hit(rule, chain.node, shown, rule.confidence, key=key)
         fix = rule.fix
         if not self.index.fixes_enabled or fix is None:
             pass
@@ -469,10 +543,12 @@ class FileAnalysis:
         self.hits.append(Hit(rule, chain.node, qualified, confidence))
 
     # ------------------------------------------------------------------ positions
-    def positions(self):
-        if self._wrapper is None:
-            self._wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-        return self._wrapper.resolve(PositionProvider)
+    def positions(self, nodes: list[cst.CSTNode]) -> dict[int, CodeRange]:
+        """id(node) -> range for `nodes` (PositionProvider's numbers; see positions.py)."""
+        if self.force_scope:   # tests: the reference implementation
+            computed = self._metadata().resolve(PositionProvider)
+            return {id(n): computed[n] for n in nodes}
+        return node_ranges(self.module, nodes)
 
     def imports_module(self, prefix: str) -> bool:
         for rec in self.imports:
@@ -480,11 +556,6 @@ class FileAnalysis:
             if any(n == prefix or n.startswith(prefix + ".") for n in names if n):
                 return True
         return False
-
-
-def _prefix_literal(rule: Rule) -> str:
-    from .rules import _literal_prefix
-    return _literal_prefix(rule.pattern or "")
 
 
 def _catches_import_error(handler: cst.ExceptHandler) -> bool:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from mmrun.launchers.translate.parse import ScriptSyntaxError
 from mmrun.launchers.translate.report import Report
-from mmrun.launchers.translate.rewrite import (
-    DEVICES, LAUNCHER_OF, ON_UNSUPPORTED, Options, TranslationRefused, translate_script,
-)
+from mmrun.launchers.translate.rewrite import Options, TranslationRefused, translate_script
+from mmrun.launchers.translate.rules import DEVICES, LAUNCHER_OF, ON_UNSUPPORTED
 
 EPILOG = """\
 examples:
@@ -47,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a script would change")
     parser.add_argument("--report", choices=("text", "json"), default="text", help="report format on stderr (default text)")
     parser.add_argument("--on-unsupported", "--on_unsupported", dest="on_unsupported", choices=ON_UNSUPPORTED, default="error",
-                        help="training flags the target framework/device does not support (feature gate): "
-                             "error stops (default), comment removes them and says why in a comment, remove removes them")
+                        help="training flags the target framework/device does not support (feature gate): error (default) "
+                             "stops on unsupported ones and warns about fallbacks; comment removes both and says why in a "
+                             "comment; remove removes both")
     parser.add_argument("--device", choices=DEVICES, default="npu",
                         help="device the job will run on, for the feature gate and msrun's --bind_core (default npu)")
     return parser

@@ -30,6 +30,9 @@ WRAPPERS: dict[str, dict[str, int]] = {  # wrapper -> its options and how many v
     "time": {"-p": 0},
     "stdbuf": {"-i": 1, "-o": 1, "-e": 1},
 }
+# Commands that start a program somewhere among their arguments, with options we do not model (srun -N 2,
+# numactl --cpunodebind=0, timeout 3600): the launcher is the first argument that names one.
+SCANNED_WRAPPERS: frozenset[str] = frozenset({"srun", "numactl", "taskset", "timeout", "nice", "ionice", "chrt"})
 # Python's own options before `-m` (values they take).
 PYTHON_OPTIONS: dict[str, int] = {"-u": 0, "-O": 0, "-OO": 0, "-B": 0, "-E": 0, "-s": 0, "-S": 0, "-I": 0, "-b": 0, "-X": 1, "-W": 1}
 # torch.distributed.launch's own flag on top of torchrun's options.
@@ -126,6 +129,11 @@ def _launch(script: Script, words: Words, node: Node) -> Launch | None:
                 position += 1 + options[text]
             else:
                 break
+    if position < len(container.words) and container.words[position].static \
+            and os.path.basename(container.words[position].text) in SCANNED_WRAPPERS:
+        position = next((i for i, w in enumerate(container.words) if i > position and w.static
+                         and (os.path.basename(w.text) in EXECUTABLES or re.fullmatch(r"python[0-9.]*", os.path.basename(w.text)))),
+                        len(container.words))
     if position >= len(container.words):
         return None
     first = container.words[position]
@@ -188,7 +196,7 @@ def read_args(launch: Launch, alternative: list[Word]) -> LauncherArgs:
         if option.takes_value and eq:
             value_start = flag_span[1] + (0 if eq == "glued" else 1)
             value_end = word.end - (1 if word.quote else 0)
-            value_text = inline_value if word.static else word.raw.encode()[value_start - word.start:value_end - word.start].decode()
+            value_text = inline_value if word.static else _unquoted(word.raw.encode()[value_start - word.start:value_end - word.start].decode())
             uses.append(OptionUse(option, flag, [word], flag_span, value_text, (value_start, value_end), word, True))
             index += 1
         elif option.takes_value:
@@ -212,3 +220,10 @@ def _find(table: dict[str, LauncherOption], flag: str) -> LauncherOption | None:
         if flag in option.flags:
             return option
     return None
+
+
+def _unquoted(text: str) -> str:
+    """`"$GPUS"` -> `$GPUS`: the value's shell text without the quotes that only wrap it (`--opt="$GPUS"`)."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'" and text[0] not in text[1:-1]:
+        return text[1:-1]
+    return text

@@ -23,9 +23,8 @@ from dataclasses import dataclass, replace
 
 from mmrun.launchers.options import MSRUN, TORCHRUN
 from mmrun.launchers.translate.parse import ScriptSyntaxError
-from mmrun.launchers.translate.rewrite import (
-    FRAMEWORK_OF, MARKER_PREFIX, Options, Result, TranslationRefused, translate_rules,
-)
+from mmrun.launchers.translate.rewrite import Options, Result, TranslationRefused, line_ending, translate_rules
+from mmrun.launchers.translate.rules import FRAMEWORK_OF, MARKER_PREFIX
 
 _LAUNCHERS = f"({TORCHRUN}|{MSRUN})"
 HEADER = re.compile(rf"^{MARKER_PREFIX}: {_LAUNCHERS} -> {_LAUNCHERS} \(([^)\n]*)\)[^\n]*$".encode(), re.M)
@@ -70,7 +69,9 @@ def translate_with_marker(source: bytes, options: Options, path: str) -> Result:
         if restored is not None:
             output, report = restored
             report.undo = "record"
-            report.add_note(header.line, "gave back the script mmrun translated from: the rules plus the undo record, "
+            restored_lines = sum(len(hunk[2]) for hunk in header.hunks or [])
+            detail = f"the changes above, then {restored_lines} line(s) restored from the undo record" if header.hunks else "the changes above"
+            report.add_note(header.line, f"gave back the script mmrun translated from ({detail}), "
                                          "verified by translating it forward again")
             return Result(source, output, report)
         stale = header.line
@@ -104,10 +105,11 @@ def _with_marker(output: bytes, source: bytes, options: Options, path: str) -> b
         undo = f"undo: mmrun translate --to {FRAMEWORK_OF[options.source]}"
     except (ScriptSyntaxError, TranslationRefused):
         hunks, undo = [], "no automatic undo"
-    lines = [f"{MARKER_PREFIX}: {options.source} -> {options.target} ({settings}); {undo}\n"]
+    eol = line_ending(source)
+    lines = [f"{MARKER_PREFIX}: {options.source} -> {options.target} ({settings}); {undo}{eol}"]
     if hunks:
         text = json.dumps(hunks, ensure_ascii=not _is_utf8(source), separators=(",", ":"))
-        lines.append(f"{MARKER_PREFIX} undo: {text}\n")
+        lines.append(f"{MARKER_PREFIX} undo: {text}{eol}")
     marker = "".join(lines).encode("utf-8", errors="surrogateescape")
     if output.startswith(b"#!"):
         first = _lines(output)[0]

@@ -19,8 +19,6 @@ BLOCKS = frozenset({
     "program", "compound_statement", "do_group", "if_statement", "elif_clause", "else_clause",
     "case_item", "subshell", "function_definition",
 })
-# Wrappers between a command and its statement: `cmd 2>&1 | tee log`, `a && b`, `! cmd`.
-STATEMENT_WRAPPERS = frozenset({"redirected_statement", "pipeline", "list", "negated_command", "variable_assignments", "declaration_command"})
 
 
 class ScriptSyntaxError(ValueError):

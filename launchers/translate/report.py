@@ -1,4 +1,4 @@
-"""The translation report: every change (line, before, after, why), every refusal, lint finding and note.
+"""The translation report: every change (line, before, after, why), every refusal, lint finding, warning and note.
 
 Text lines read `path:line: kind: message`, TorchFix style, so editors jump to them; `--report json`
 gives the same content as one JSON object.
@@ -46,6 +46,7 @@ class Report:
     changes: list[Change] = field(default_factory=list)
     refusals: list[Message] = field(default_factory=list)
     lint: list[Finding] = field(default_factory=list)
+    warnings: list[Message] = field(default_factory=list)  # the job may not run as written; the translation went on
     notes: list[Message] = field(default_factory=list)
     undo: str | None = None  # how the reverse was done: "record" (exact text restored) or None
 
@@ -57,6 +58,11 @@ class Report:
         note = Message(line, message)
         if note not in self.notes:
             self.notes.append(note)
+
+    def warn(self, line: int, message: str) -> None:
+        warning = Message(line, message)
+        if warning not in self.warnings:
+            self.warnings.append(warning)
 
     def refuse(self, line: int, message: str) -> None:
         refusal = Message(line, message)
@@ -73,6 +79,7 @@ class Report:
             "changes": [] if self.refusals else [c.as_dict() for c in sorted(self.changes, key=lambda c: c.line)],
             "refusals": [r.as_dict() for r in self.refusals],
             "lint": [f.as_dict() for f in self.lint],
+            "warnings": [w.as_dict() for w in self.warnings],
             "notes": [n.as_dict() for n in self.notes],
         }
 
@@ -97,6 +104,8 @@ class Report:
             lines.append(f"{self.path}:{change.line}: {change.kind}: {what}: {change.why}")
         for finding in self.lint:
             lines.append(f"{self.path}:{finding.line}:{finding.column}: {finding.code} {finding.message}")
+        for warning in self.warnings:
+            lines.append(f"{self.path}:{warning.line}: warning: {warning.message}")
         for note in self.notes:
             lines.append(f"{self.path}:{note.line}: note: {note.message}")
         return "\n".join(lines) + "\n"

@@ -13,9 +13,8 @@ the reverse rules would not give the original text back, an undo record) and ver
 from __future__ import annotations
 
 import itertools
-import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
 from mmrun.launchers.translate import lint as lints
@@ -25,58 +24,18 @@ from mmrun.launchers.translate.parse import Node, Script, parse_script
 from mmrun.launchers.translate.report import Change, Report
 from mmrun.launchers.translate.values import ScriptValues
 from mmrun.launchers.translate.words import MAX_ALTERNATIVES, Container, Definitions, ExpansionRefused, Word, Words
+from mmrun.launchers.translate.rules import (
+    DEVICES, FRAMEWORK_FLAGS, FRAMEWORK_OF, INLINE_ADDED, KEEP_DEFAULTS, MARKER_PREFIX, MSRUN_EXTRAS, ON_UNSUPPORTED,
+    OTHER, WHY_ADDED, WHY_DROPPED, WHY_LAUNCHER, WHY_RENAMED,
+)
 from mmrun.launchers.translation import Refusal, Translation, to_msrun, to_torchrun
 
-FRAMEWORK_OF: dict[str, str] = {MSRUN: "mindspore", TORCHRUN: "pytorch"}
-LAUNCHER_OF: dict[str, str] = {"mindspore": MSRUN, "pytorch": TORCHRUN}
-OTHER: dict[str, str] = {MSRUN: TORCHRUN, TORCHRUN: MSRUN}
-ON_UNSUPPORTED: tuple[str, ...] = ("error", "comment", "remove")
-DEVICES: tuple[str, ...] = ("npu", "cuda", "cpu")
-FRAMEWORK_FLAGS: tuple[str, ...] = ("--ai-framework", "--ai_framework")
-MARKER_PREFIX = "# mmrun translate"
 
-# msrun options the Ascend guide (seed 003) adds beyond the translation: dest -> (value, devices).
-MSRUN_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"bind_core": ("True", ("npu",))}
-# Defaults the shared translation fills in that a script must still write, because the launchers differ
-# (msrun: 8 workers, no join, no log dir). master_addr/master_port/node_rank defaults are left implicit:
-# they do not change a job that did not set them.
-KEEP_DEFAULTS: frozenset[str] = frozenset({"local_worker_num", "worker_num", "log_dir", "join"})
-# Added options written `--flag=value`, as the guide writes them.
-INLINE_ADDED: frozenset[str] = frozenset({"bind_core"})
+def line_ending(source: bytes) -> str:
+    """The script's own line ending, for the lines we add (a CRLF script stays CRLF)."""
+    first = source.split(b"\n", 1)[0]
+    return "\r\n" if first.endswith(b"\r") else "\n"
 
-# Why an option became another: (source dest, target dest) -> reason for the report.
-WHY_RENAMED: dict[tuple[str, str], str] = {
-    ("nproc_per_node", "local_worker_num"): "msrun calls the workers per node --local_worker_num",
-    ("nnodes", "worker_num"): "msrun takes the total number of workers over all nodes: --nproc_per_node x --nnodes",
-    ("local_worker_num", "nproc_per_node"): "torchrun calls the workers per node --nproc_per_node",
-    ("worker_num", "nnodes"): "torchrun takes the number of nodes: --worker_num / --local_worker_num",
-    ("rdzv_endpoint", "master_addr"): "msrun's scheduler listens on --master_addr/--master_port",
-    ("rdzv_endpoint", "master_port"): "msrun's scheduler listens on --master_addr/--master_port",
-    ("standalone", "master_addr"): "one node: msrun's scheduler on this host, at msrun's default port (a script cannot pick a free one)",
-    ("standalone", "master_port"): "one node: msrun's scheduler on this host, at msrun's default port (a script cannot pick a free one)",
-    ("rdzv_conf", "cluster_time_out"): "msrun's time to wait for the cluster is --cluster_time_out",
-    ("cluster_time_out", "rdzv_conf"): "torchrun's time to wait for the nodes is --rdzv_conf join_timeout=",
-    ("local_ranks_filter", "tail_worker_log"): "msrun shows one worker's log on the console with --tail_worker_log",
-    ("tail_worker_log", "local_ranks_filter"): "torchrun shows selected ranks' output with --local_ranks_filter",
-}
-WHY_ADDED: dict[str, str] = {
-    "local_worker_num": "msrun starts 8 workers per node unless told; torchrun's default was 1",
-    "worker_num": "msrun expects 8 workers in total unless told",
-    "log_dir": "msrun writes each worker's output to <log_dir>/worker_<rank>.log (the Ascend guide's msrun_log)",
-    "join": "torchrun waits for its workers; msrun returns at once unless --join True (a `| tee` would capture nothing and the exit code would be lost)",
-    "bind_core": "the Ascend guide binds CPU cores to NPU workers (added for --device npu only)",
-    "nproc_per_node": "msrun's default of 8 workers per node, written out (torchrun's default is 1)",
-    "nnodes": "msrun's default of 8 workers in total, written out",
-}
-WHY_DROPPED: dict[str, str] = {
-    "log_dir": "msrun_log is the log directory written for msrun; torchrun shows the workers' output itself",
-    "join": "torchrun always waits for its workers",
-    "max_restarts": "msrun never restarts workers, which is what 0 restarts asks for",
-}
-WHY_LAUNCHER: dict[str, str] = {
-    MSRUN: "msrun starts the workers for the MindSpore backend (seed 003)",
-    TORCHRUN: "torchrun starts the workers for the PyTorch backend",
-}
 
 def _splits(value: str) -> bool:
     """An unquoted expansion bash would split and glob (shellcheck SC2086); `$((...))` yields one number."""
@@ -157,6 +116,7 @@ class _Rewriter:
         self.defs = Definitions(self.script)
         self.words = Words(self.script, self.defs)
         self.report = Report(path, options.source, options.target)
+        self.eol = line_ending(source)
         self.edits: list[Edit] = []
         self.removals: dict[int, _Removal] = {}
         self.exports: dict[int, str] = {}  # insertion offset -> LOCAL_WORLD_SIZE value written there
@@ -170,7 +130,7 @@ class _Rewriter:
         todo = [launch for launch in launches if launch.launcher == self.options.source]
         for launch in launches:
             if launch.launcher == self.target:
-                self.report.add_note(self._line(launch.command.start_byte), f"already a {self.target} launch; left as it is")
+                self.report.add_note(self._line(launch.command.start_byte), f"this launch line already uses {self.target}; left as it is")
         if not launches:
             self.report.add_note(1, f"no {self.options.source} launch line found (looked for {self._forms()}); nothing to translate")
         for launch in todo:
@@ -468,7 +428,7 @@ class _Rewriter:
             previous = previous.prev_named_sibling
         if previous is not None and previous.type in ("variable_assignment", "variable_assignments", "declaration_command") \
                 and self._line(previous.end_byte - 1) < self._line(statement.start_byte):
-            return self.script.line_end(previous.end_byte - 1), f"{indent}{text}\n"
+            return self.script.line_end(previous.end_byte - 1), f"{indent}{text}{self.eol}"
         return self._above(statement, text)
 
     def _above(self, statement: Node, text: str) -> tuple[int, str]:
@@ -476,7 +436,7 @@ class _Rewriter:
         line_start = self.script.line_start(start)
         if self.script.text(line_start, start).strip():
             return start, f"{text}; "  # the statement shares its line with another
-        return line_start, f"{self.script.indent_of(start)}{text}\n"
+        return line_start, f"{self.script.indent_of(start)}{text}{self.eol}"
 
     def _drop_local_world_size(self) -> None:
         """torchrun sets LOCAL_WORLD_SIZE for every worker, so the export msrun needed is dead code."""
@@ -560,10 +520,16 @@ class _Rewriter:
             message = (f"{decision.received} ({decision.title}) is not supported with the {decision.framework} backend on "
                        f"{decision.device}: {decision.reason}." + (f" Hint: {decision.hint}." if decision.hint else ""))
             if not decision.value_known:
-                self.report.add_note(self._line(start), f"{message} Its value is set when the script runs, so it is not checked here")
+                self.report.warn(self._line(start), f"{message} Its value is set when the script runs, so it is not checked here")
                 continue
             if self.options.on_unsupported == "error":
-                self.report.refuse(self._line(start), f"{message} Or pass --on-unsupported comment|remove to take it out of the script")
+                if decision.status == "unsupported":
+                    self.report.refuse(self._line(start), f"{message} Or pass --on-unsupported comment|remove to take it out of the script")
+                else:
+                    # A fallback can still run: the training entry switches it off under its own --on-unsupported warn.
+                    self.report.warn(self._line(start), f"{message} The job stops on it unless the training script runs with "
+                                                        f"--on-unsupported warn (the feature then off); translate with "
+                                                        f"--on-unsupported comment|remove to take it out of the script")
                 continue
             spans = [decision.span, *decision.companion_spans]
             removed = [w for a, b in spans for w in training[a:b]]

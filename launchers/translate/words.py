@@ -125,13 +125,16 @@ class Definitions:
         if name_node is None:
             return
         name = self.script.node_text(name_node)
-        if name in ("read", "mapfile", "readarray", "getopts", "printf"):
-            args = [self.script.node_text(a) for a in node.children_by_field_name("argument")]
+        if name not in ("read", "mapfile", "readarray", "getopts", "printf"):
+            return
+        args = [self.script.node_text(a) for a in node.children_by_field_name("argument")]
+        if name == "printf":  # printf -v NAME ...
+            names = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-v"]
+        elif name == "read":
             names = [a for a in args if a.isidentifier()]
-            if name == "read":
-                self.other_setters.update(names)
-            elif names:
-                self.other_setters.add(names[-1])
+        else:  # mapfile/readarray/getopts: the last name
+            names = [a for a in args if a.isidentifier()][-1:]
+        self.other_setters.update(n for n in names if n.isidentifier())
 
     def get(self, name: str) -> list[Definition]:
         return self.by_name.get(name, [])

@@ -1,0 +1,126 @@
+"""Framework-neutral checkpoints: safetensors tensors with torch-style names plus a small JSON file.
+
+A checkpoint is a directory:
+
+    model.safetensors       parameter name -> array (`wte.weight`, `h.0.attn.c_attn.bias`, ...)
+    optimizer.safetensors   `<param>.exp_avg`, `<param>.exp_avg_sq` (only if an optimizer state was given)
+    meta.json               {"format": "mmrun-checkpoint", "version": 1, "optimizer": {"step", "lr"}, ...}
+
+Both frameworks read and write it (through numpy; bf16 is stored as float32, an exact upcast, and
+cast back to each parameter's dtype on load). No pickle anywhere. Saving is atomic: everything is
+written into a temporary directory beside the target, which replaces the target only when complete,
+so an interrupted save never leaves a half-written checkpoint under the final name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+FORMAT = "mmrun-checkpoint"
+VERSION = 1
+MODEL_FILE, OPTIMIZER_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "meta.json"
+
+
+@dataclass
+class Checkpoint:
+    model: dict[str, np.ndarray]
+    optimizer: dict[str, Any] | None  # {"step", "lr", "tensors": {name: array}}, as optimizer.load_state_dict takes
+    meta: dict[str, Any] = field(default_factory=dict)  # everything else saved in meta.json
+
+
+def _arrays(state: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in state.items():
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"{what} entry {name!r} is a {type(value).__name__}, not a numpy array; convert "
+                            "with tensors.state_dict_to_numpy() first")
+        out[name] = np.ascontiguousarray(value)
+    return out
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
+                    optimizer: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None) -> Path:
+    """Write a checkpoint directory atomically; returns its path. `optimizer` is an optimizer's
+    state_dict() with numpy tensors; `meta` must be JSON-serialisable (iteration, RNG seeds, args...)."""
+    target = Path(path)
+    model_arrays = _arrays(model, "model state")
+    info: dict[str, Any] = {"format": FORMAT, "version": VERSION, **dict(meta or {})}
+    opt_arrays = None
+    if optimizer is not None:
+        opt_arrays = _arrays(optimizer["tensors"], "optimizer state")
+        info["optimizer"] = {k: v for k, v in optimizer.items() if k != "tensors"}
+    text = json.dumps(info, indent=2, sort_keys=True)  # fails here, before any file is written, if not JSON-able
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        save_file(model_arrays, str(tmp / MODEL_FILE), metadata={"format": FORMAT})
+        if opt_arrays is not None:
+            save_file(opt_arrays, str(tmp / OPTIMIZER_FILE), metadata={"format": FORMAT})
+        (tmp / META_FILE).write_text(text + "\n", encoding="utf-8")
+        for name in os.listdir(tmp):
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if target.exists():
+            # A directory cannot be replaced in one rename; move the old one aside first, drop it after.
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.replace(target, old / target.name)
+            os.replace(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint directory written by save_checkpoint (by either framework)."""
+    root = Path(path)
+    meta_path = root / META_FILE
+    if not meta_path.is_file() or not (root / MODEL_FILE).is_file():
+        raise FileNotFoundError(f"{root} is not an mmrun checkpoint (needs {MODEL_FILE} and {META_FILE}); "
+                                "pass the directory save_checkpoint wrote")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise ValueError(f"{meta_path} has format {meta.get('format')!r} version {meta.get('version')!r}; "
+                         f"this mmrun reads {FORMAT!r} version {VERSION}")
+    optimizer = None
+    if "optimizer" in meta:
+        optimizer = {**meta.pop("optimizer"), "tensors": load_file(str(root / OPTIMIZER_FILE))}
+    for key in ("format", "version"):
+        meta.pop(key)
+    return Checkpoint(model=load_file(str(root / MODEL_FILE)), optimizer=optimizer, meta=meta)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Replace a small text file atomically (e.g. a `latest_checkpointed_iteration.txt` tracker)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,92 @@
+"""Which device this MindSpore process runs on: Ascend, else GPU, else CPU, or MMRUN_MS_DEVICE."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import mindspore
+
+from mmrun.backend import cann, checks, rank_env
+from mmrun.backend.errors import UsageError
+from mmrun.backend.info import DeviceInfo
+
+DEVICE_VAR = "MMRUN_MS_DEVICE"
+# accepted spelling (lower case) -> MindSpore's device target, in detection order
+TARGETS: dict[str, str] = {"ascend": "Ascend", "gpu": "GPU", "cpu": "CPU"}
+
+_lock = threading.Lock()
+_detected: DeviceInfo | None = None
+
+
+@contextmanager
+def _quiet_logging() -> Iterator[None]:
+    # MindSpore logs two warnings for every device it probes and does not find.
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _runtime_present(target: str) -> bool:
+    """A cheap look for the device's runtime before asking MindSpore (whose probe is noisy)."""
+    if target == "Ascend":
+        return cann.cann_location() is not None
+    if target == "GPU":
+        return os.path.exists("/dev/nvidiactl")
+    return True
+
+
+def _available(target: str) -> bool:
+    if target == "CPU":
+        return True
+    probe = {"Ascend": mindspore.device_context.ascend, "GPU": mindspore.device_context.gpu}[target]
+    return bool(probe.is_available())
+
+
+def _target() -> str:
+    forced = os.environ.get(DEVICE_VAR, "").strip()
+    if forced:
+        target = TARGETS.get(forced.lower())
+        if target is None:
+            raise UsageError(
+                f"{DEVICE_VAR} must be one of {', '.join(TARGETS.values())}. Received: {DEVICE_VAR}={forced!r}"
+            )
+        # Not silenced: when a forced device is missing, MindSpore's own warnings say why.
+        if not _available(target):
+            raise UsageError(
+                f"{DEVICE_VAR}={forced} but this MindSpore cannot use {target} here (see MindSpore's warning above); "
+                f"unset {DEVICE_VAR} to detect the device, or install the {target} runtime"
+            )
+        return target
+    for target in TARGETS.values():
+        if _runtime_present(target):
+            with _quiet_logging():
+                if _available(target):
+                    return target
+    return "CPU"
+
+
+def detect() -> DeviceInfo:
+    """The device target ("Ascend" | "GPU" | "CPU"), its local index and its communication backend.
+
+    Detected once per process and set with mindspore.set_device at that time. No device_id is
+    passed: under msrun MindSpore negotiates it itself, and a single process gets device 0.
+    """
+    global _detected
+    with _lock:
+        if _detected is None:
+            target = _target()
+            mindspore.set_device(target)
+            index = 0 if target == "CPU" else rank_env.read_rank_info().local_rank
+            _detected = DeviceInfo(target, index, checks.dist_backend("mindspore", target))
+        return _detected
+
+
+def default_device() -> str:
+    """Where new tensors go, in MindSpore's spelling (the device is process-wide there)."""
+    return detect().kind

@@ -1,0 +1,149 @@
+"""Functional ops on the mindspore backend: torch's names, signatures and semantics.
+
+Same public names as `mmrun.backend.torch.ops`. Every function here runs in PyNative and under
+`mindspore.jit` on CPU: several `mint` ops have no CPU kernel in MindSpore 2.10 (measured, see
+docs/portable-api.md), so each op below uses the spelling that does. `like=` arguments exist for torch's
+devices; MindSpore has one global device and ignores them.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import mindspore as ms
+from mindspore import mint
+from mindspore import ops as _ops
+
+Tensor = ms.Tensor
+
+_softmax = mint.nn.functional.softmax
+_linear = mint.nn.functional.linear
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    return mint.matmul(a, b)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias, weight shaped (out_features, in_features) as in torch."""
+    return _linear(x, weight, bias)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return _softmax(x, dim=dim)
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    # mint.nn.functional.log_softmax has no CPU kernel (LogSoftmaxExt).
+    return _ops.log_softmax(x, dim)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """Exact (erf) GELU by default, as torch; approximate="tanh" for the GPT-2 tanh form."""
+    # mint.nn.functional.gelu has no CPU kernel; ops.gelu does, with torch's `approximate` names.
+    return _ops.gelu(x, approximate=approximate)
+
+
+def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """logits (N, C), integer target (N,); reduction "mean" | "sum" | "none" (per-item, 0 where ignored)."""
+    # mint.nn.functional.cross_entropy has no CPU kernel; ops.cross_entropy has torch's semantics.
+    return _ops.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+
+
+def causal_mask(seq_len: int, like: Tensor | None = None) -> Tensor:
+    """Bool (seq_len, seq_len), True above the diagonal: the future positions a token must not see."""
+    return mint.triu(mint.ones((seq_len, seq_len), dtype=ms.bool_), 1)
+
+
+def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
+    # mint has no masked_fill in 2.10.
+    return _ops.masked_fill(x, mask, value)
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    # mint.nn.functional.dropout has no CPU kernel. The early return also keeps p=0 free under jit.
+    if not training or p == 0.0:
+        return x
+    return _ops.dropout(x, p=p, training=True)
+
+
+def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    # ops.layer_norm and mint's LayerNorm dispatch to LayerNormExt, which has no CPU kernel; the LayerNorm
+    # primitive (what nn.LayerNorm uses) has one. eps is explicit: nn.LayerNorm's default is 1e-7, torch's 1e-5.
+    begin_axis = -len(normalized_shape)
+    y, _, _ = _ops.LayerNorm(begin_norm_axis=begin_axis, begin_params_axis=begin_axis, epsilon=eps)(x, weight, bias)
+    return y
+
+
+def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    """Rows of `weight` (num_embeddings, dim) picked by integer `ids`."""
+    # mint.nn.functional.embedding / mint.index_select have no CPU kernel; gather does.
+    return _ops.gather(weight, ids, 0)
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int = 0) -> Tensor:
+    """NCHW input, weight (out_channels, in_channels, kh, kw), zero padding on every side."""
+    # mint.nn.functional.conv2d has no CPU kernel (Conv2DExt). ops.conv2d needs pad_mode="pad" for padding.
+    if padding == 0:
+        return _ops.conv2d(x, weight, bias, stride=stride, pad_mode="valid")
+    return _ops.conv2d(x, weight, bias, stride=stride, pad_mode="pad", padding=padding)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    return mint.cat(tuple(tensors), dim)
+
+
+def split(x: Tensor, split_size: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    # Not mint.split: it returns views, and in PyNative a transpose/permute of such a view gets a wrong
+    # gradient (MindSpore 2.10, CPU; measured, see docs/portable-api.md). ops.split copies.
+    return _ops.split(x, split_size, dim)
+
+
+def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    return mint.reshape(x, tuple(shape))
+
+
+def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    # Under jit, Tensor.transpose(-1, -2) fails; mint.transpose takes torch's (dim0, dim1).
+    return mint.transpose(x, dim0, dim1)
+
+
+def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
+    return mint.permute(x, tuple(dims))
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return mint.flatten(x, start_dim, end_dim)
+
+
+def arange(n: int, dtype=ms.int64, like: Tensor | None = None) -> Tensor:
+    # mint.arange has no CPU kernel.
+    return _ops.arange(0, n, dtype=dtype)
+
+
+def zeros(shape: Sequence[int], dtype=ms.float32, like: Tensor | None = None) -> Tensor:
+    return mint.zeros(tuple(shape), dtype=dtype)
+
+
+def ones(shape: Sequence[int], dtype=ms.float32, like: Tensor | None = None) -> Tensor:
+    return mint.ones(tuple(shape), dtype=dtype)
+
+
+def sum(x: Tensor, dim: int | None = None) -> Tensor:  # noqa: A001 - torch's name, on purpose
+    if dim is None:
+        return mint.sum(x)
+    return mint.sum(x, dim)
+
+
+def mean(x: Tensor, dim: int | None = None) -> Tensor:
+    if dim is None:
+        return mint.mean(x)
+    return mint.mean(x, dim)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    return mint.sqrt(x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    return mint.tanh(x)

@@ -1,0 +1,132 @@
+"""Process groups and the collectives training needs, on torch.distributed.
+
+One signature on both frameworks: collectives return a new tensor and leave their input alone, and
+in a single process (no group) they are the identity, so a script runs unchanged with or without a
+launcher.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from mmrun.backend import checks, object_codec, rank_env
+from mmrun.backend.errors import DistributedNotInitializedError
+from mmrun.backend.torch import device
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_distributed(backend: str | None = None, *, single_process_group: bool = False) -> None:
+    """Create the default process group when the world size is above 1 (no-op when one exists).
+
+    `single_process_group=True` also creates a one-rank group when there is no launcher, for
+    libraries that insist on torch.distributed being initialised (megatron-core's parallel_state).
+    """
+    if dist.is_initialized():
+        return
+    info = rank_env.read_rank_info()
+    if info.world_size <= 1 and not single_process_group:
+        return
+    name = checks.dist_backend("pytorch", device.detect().kind, backend)
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        # env:// under torchrun reuses the agent's TCP store at MASTER_ADDR:MASTER_PORT; a tcp:// URL
+        # to the same port would try to open a second store there.
+        init_method = "env://"
+    elif info.world_size <= 1:
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+    else:
+        init_method = f"tcp://{info.master_addr}:{info.master_port}"
+    dist.init_process_group(name, init_method=init_method, rank=info.rank, world_size=info.world_size)
+
+
+def destroy_distributed() -> None:
+    """Tear the process group down (torch warns at exit about groups left alive)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    return dist.is_initialized()
+
+
+def backend_name() -> str:
+    """The process group's backend, or the one init_distributed() would pick on this device."""
+    return str(dist.get_backend()) if dist.is_initialized() else device.detect().dist_backend
+
+
+def get_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else rank_env.read_rank_info().rank
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else rank_env.read_rank_info().world_size
+
+
+def _grouped() -> bool:
+    """True when collectives must talk to other ranks; an error if they should but cannot."""
+    if dist.is_initialized():
+        return True
+    info = rank_env.read_rank_info()
+    if info.world_size > 1:
+        raise DistributedNotInitializedError(
+            f"a collective was called on rank {info.rank} of {info.world_size} before the process group "
+            "exists; call mmrun.backend.init_distributed() first"
+        )
+    return False
+
+
+def all_reduce(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Sum or mean over ranks, as a new tensor (mean is always floating point, even in one process)."""
+    checks.reduce_op(op)
+    out = x.clone()
+    world = 1
+    if _grouped():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        world = dist.get_world_size()
+    # mean = sum / world: ReduceOp.AVG exists only for NCCL, and one code path keeps ranks identical.
+    return out / world if op == "mean" else out
+
+
+def broadcast(x: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Rank `src`'s value on every rank, as a new tensor."""
+    out = x.clone()
+    if _grouped():
+        dist.broadcast(out, src=src)
+    return out
+
+
+def barrier() -> None:
+    if _grouped():
+        dist.barrier()
+
+
+def _comm_device() -> torch.device:
+    # gloo moves CPU tensors; nccl and hccl only device tensors.
+    return torch.device("cpu") if backend_name() == "gloo" else device.default_device()
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's `obj` (JSON values), in rank order. Built from two tensor all_gathers, without pickle."""
+    payload = object_codec.encode(obj)
+    if not _grouped():
+        return [object_codec.decode(payload)]
+    where = _comm_device()
+    world = dist.get_world_size()
+    size = torch.tensor([payload.size], dtype=torch.int64, device=where)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = int(max(int(s.item()) for s in sizes))
+    padded = np.zeros(longest, dtype=np.uint8)
+    padded[: payload.size] = payload
+    chunks = [torch.zeros(longest, dtype=torch.uint8, device=where) for _ in range(world)]
+    dist.all_gather(chunks, torch.from_numpy(padded).to(where))
+    return [object_codec.decode(c.cpu().numpy()[: int(s.item())]) for c, s in zip(chunks, sizes)]

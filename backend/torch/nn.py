@@ -1,0 +1,85 @@
+"""Layers and initialisers on the torch backend: torch.nn itself, with signatures cut to the portable set.
+
+Same public names and signatures as `mmrun.backend.mindspore.nn`. Each layer subclasses the torch layer
+and only narrows its constructor, so forward passes are torch's own code (no abstraction cost) and
+parameter names are torch's (`weight`, `bias`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+Module = torch.nn.Module
+ModuleList = torch.nn.ModuleList
+Parameter = torch.nn.Parameter
+
+
+class Linear(torch.nn.Linear):
+    """y = x @ weight.T + bias; weight (out_features, in_features), torch's default init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+
+
+class Embedding(torch.nn.Embedding):
+    """A (num_embeddings, embedding_dim) lookup table, initialised N(0, 1) as in torch."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """LayerNorm over the last dimension, eps 1e-5, `weight` ones and `bias` zeros."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__(normalized_shape, eps=eps, bias=bias)
+
+
+class Dropout(torch.nn.Dropout):
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__(p)
+
+
+class GELU(torch.nn.GELU):
+    """Exact (erf) GELU by default; approximate="tanh" for the tanh form."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__(approximate=approximate)
+
+
+class Conv2d(torch.nn.Conv2d):
+    """NCHW convolution, square kernel/stride/padding, torch's default init."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 padding: int = 0, bias: bool = True) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
+
+
+# Initialisers: in place on a parameter, from the framework's seeded RNG (seeding.seed_everything).
+
+@torch.no_grad()
+def normal_(param: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+    return param.normal_(mean, std)
+
+
+@torch.no_grad()
+def zeros_(param: torch.Tensor) -> torch.Tensor:
+    return param.zero_()
+
+
+@torch.no_grad()
+def ones_(param: torch.Tensor) -> torch.Tensor:
+    return param.fill_(1.0)
+
+
+def init_method_normal(std: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Megatron's init_method_normal: N(0, std)."""
+    return lambda param: normal_(param, 0.0, std)
+
+
+def scaled_init_method_normal(std: float, num_layers: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Megatron's scaled init for output projections (attention proj, MLP fc2): N(0, std / sqrt(2 * num_layers))."""
+    scaled = std / math.sqrt(2.0 * num_layers)
+    return lambda param: normal_(param, 0.0, scaled)

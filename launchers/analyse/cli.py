@@ -1,0 +1,178 @@
+"""`mmrun analyse PATH...`: find code that will not run on Ascend NPUs or MindSpore; fix what is safe."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import fixes, report
+from .findings import Change, Finding
+from .rules import RuleError, TARGETS, expand_prefixes, load_rules
+from .runner import PathError, RunConfig, default_jobs, discover, run, stderr_progress
+
+EPILOG = """\
+examples:
+  mmrun analyse train.py                          findings as path:line:col: CODE message, then a summary
+  mmrun analyse src/ --target mindspore           only what blocks the MindSpore backend
+  mmrun analyse src/ --select MM1,MM302 -j 2      CUDA APIs and the NCCL backend, two processes
+  mmrun analyse src/ --format csv --output report/  unsupported_api.csv, cuda_op_list.csv, ... in report/
+  mmrun analyse src/ --format sarif > analyse.sarif
+  mmrun analyse train.py --fix                    print the safe NPU rewrites as a unified diff
+  mmrun analyse src/ --fix --write                apply them; change_list.csv lists every change
+
+Findings marked (possible) are method calls on a receiver that cannot be resolved statically
+(x.cuda() on an unknown x); [*] marks findings --fix rewrites. Fixes are NPU migrations: .cuda()
+-> .npu(), torch.cuda.X -> torch.npu.X where torch_npu has X, "cuda" -> "npu", "nccl" -> "hccl",
+a TODO comment above torch.nn.DataParallel, and `import torch_npu` where an NPU API is introduced.
+
+exit status: 0 no error-level findings (left), 1 error-level findings remain, 2 usage error.
+The analysed code is parsed (LibCST), never imported or executed.
+"""
+
+
+class UsageError(Exception):
+    """A bad command line: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print the whole usage block first
+        raise UsageError(f"{message} (see mmrun analyse --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mmrun analyse",
+        description="Find code that will not run on Ascend NPUs (torch_npu) or on MindSpore (MSAdapter), "
+                    "and rewrite what is safe to rewrite.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or folders (searched for *.py)")
+    parser.add_argument("--target", choices=TARGETS + ("both",), default="both",
+                        help="what the code should run on: npu (torch + torch_npu), mindspore, or both (default)")
+    parser.add_argument("--select", action="append", default=[], metavar="CODES",
+                        help="only these code prefixes, comma-separated (MM1,MM302); repeatable")
+    parser.add_argument("--ignore", action="append", default=[], metavar="CODES",
+                        help="skip these code prefixes, comma-separated; repeatable")
+    parser.add_argument("--format", choices=report.FORMATS, default="text", help="report format (default text)")
+    parser.add_argument("--output", metavar="DIR",
+                        help="write the report into DIR (csv: one file per report, as Ascend's analysis tool "
+                             "does; text/json/sarif: analyse.txt/.json/.sarif) and the change list with --fix")
+    parser.add_argument("--fix", action="store_true", help="print the safe rewrites as a unified diff")
+    parser.add_argument("--write", action="store_true",
+                        help="with --fix: apply the rewrites to the files and write change_list.csv")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="worker processes (default 1; 0 = one per CPU); output order does not depend on it")
+    return parser
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _codes(values: list[str]) -> list[str]:
+    return [c for value in values for c in value.split(",") if c.strip()]
+
+
+def _usage(message: str) -> int:
+    print(f"mmrun analyse: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        return _usage(str(exc))
+    except RuleError as exc:
+        print(f"mmrun analyse: the rule table is broken: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.write and not args.fix:
+        raise UsageError("--write applies fixes: use it with --fix")
+    if args.jobs < 0:
+        raise UsageError(f"--jobs must be 0 (one per CPU) or more. Received: {args.jobs}")
+    rules = load_rules()
+    select, ignore = _codes(args.select), _codes(args.ignore)
+    try:
+        expand_prefixes(select + ignore, rules)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    output = Path(args.output) if args.output else None
+    if output is not None and output.exists() and not output.is_dir():
+        raise UsageError(f"--output must be a folder. Received: {args.output} (a file)")
+    try:
+        items = discover(args.paths)
+    except PathError as exc:
+        raise UsageError(str(exc)) from None
+    if output is not None:
+        output.mkdir(parents=True, exist_ok=True)
+
+    config = RunConfig(target=args.target, select=tuple(select), ignore=tuple(ignore), fix=args.fix)
+    jobs = args.jobs or default_jobs()
+    result = run(items, config, jobs=jobs, progress=stderr_progress())
+    for error in result.errors:
+        print(error, file=sys.stderr)
+    by_code = {rule.code: rule for rule in rules}
+    findings = report.sort_findings(result.findings)
+    files = len(result.files)
+
+    if args.fix:
+        return _fix(result, findings, {display: path for path, display in items}, args, output)
+
+    lines = sum(r.lines for r in result.files)
+    if args.format == "text":
+        text = report.render_text(findings, by_code, files=files)
+    elif args.format == "json":
+        text = report.render_json(findings, by_code, files=files, lines=lines, target=args.target,
+                                  parse_errors=result.errors)
+    elif args.format == "sarif":
+        text = report.render_sarif(findings, by_code)
+    else:
+        text = report.render_csv(findings)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        if args.format == "csv":
+            written = report.write_csv_set(output, findings)
+        else:
+            path = output / report.REPORT_NAMES[args.format]
+            path.write_text(text, encoding="utf-8")
+            written = [path]
+        for line in report.summary_lines(findings, by_code, files=files):
+            print(line)
+        print(f"report: {', '.join(str(p) for p in written)}")
+    print(f"mmrun analyse: {_n(files, 'file')}, {_n(lines, 'line')} in {result.seconds:.1f} s", file=sys.stderr)
+    return 1 if report.error_count(findings) else 0
+
+
+def _fix(result, findings: list[Finding], real: dict[str, str], args: argparse.Namespace,
+         output: Path | None) -> int:
+    if args.target == "mindspore":
+        print("mmrun analyse: --fix rewrites for NPUs (torch_npu); with --target mindspore there is "
+              "nothing it can rewrite safely", file=sys.stderr)
+    changed = [r for r in result.files if r.new_source is not None]
+    changes: list[Change] = [c for r in changed for c in r.changes]
+    if args.write:
+        for r in changed:
+            fixes.write_atomically(real[r.path], r.new_source)
+            print(f"rewrote {r.path} ({_n(len(r.changes), 'change')})")
+    else:
+        for r in changed:
+            sys.stdout.write(r.diff)
+    if changes and (args.write or output is not None):
+        where = (output or Path.cwd()) / "change_list.csv"
+        where.write_text(report.render_change_list(changes), encoding="utf-8")
+        print(f"mmrun analyse: change list: {where}", file=sys.stderr)
+    # What remains after the rewrites: findings no fix removes.
+    remaining = [f for f in findings if not (f.fixable and any(r.path == f.path for r in changed))]
+    errors = report.error_count(remaining)
+    verb = "applied" if args.write else "proposed"
+    print(f"mmrun analyse: {_n(len(changes), 'change')} {verb} in {_n(len(changed), 'file')}; "
+          f"{_n(len(remaining), 'finding')} left ({_n(errors, 'error')}); run without --fix to list them",
+          file=sys.stderr)
+    return 1 if errors else 0

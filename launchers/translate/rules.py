@@ -1,0 +1,58 @@
+"""What the rewrite adds, keeps and drops beyond the shared option table, and the reasons the report gives.
+
+Data only: the option translation itself is launchers/translation.py, shared with the `mmrun` launcher.
+"""
+from __future__ import annotations
+
+from mmrun.launchers.options import MSRUN, TORCHRUN
+
+FRAMEWORK_OF: dict[str, str] = {MSRUN: "mindspore", TORCHRUN: "pytorch"}
+LAUNCHER_OF: dict[str, str] = {"mindspore": MSRUN, "pytorch": TORCHRUN}
+OTHER: dict[str, str] = {MSRUN: TORCHRUN, TORCHRUN: MSRUN}
+ON_UNSUPPORTED: tuple[str, ...] = ("error", "comment", "remove")
+DEVICES: tuple[str, ...] = ("npu", "cuda", "cpu")
+FRAMEWORK_FLAGS: tuple[str, ...] = ("--ai-framework", "--ai_framework")
+MARKER_PREFIX = "# mmrun translate"
+
+# msrun options the Ascend guide (seed 003) adds beyond the translation: dest -> (value, devices).
+MSRUN_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"bind_core": ("True", ("npu",))}
+# Defaults the shared translation fills in that a script must still write, because the launchers differ
+# (msrun: 8 workers, no join, no log dir). master_addr/master_port/node_rank defaults are left implicit:
+# they do not change a job that did not set them.
+KEEP_DEFAULTS: frozenset[str] = frozenset({"local_worker_num", "worker_num", "log_dir", "join"})
+# Added options written `--flag=value`, as the guide writes them.
+INLINE_ADDED: frozenset[str] = frozenset({"bind_core"})
+
+# Why an option became another: (source dest, target dest) -> reason for the report.
+WHY_RENAMED: dict[tuple[str, str], str] = {
+    ("nproc_per_node", "local_worker_num"): "msrun calls the workers per node --local_worker_num",
+    ("nnodes", "worker_num"): "msrun takes the total number of workers over all nodes: --nproc_per_node x --nnodes",
+    ("local_worker_num", "nproc_per_node"): "torchrun calls the workers per node --nproc_per_node",
+    ("worker_num", "nnodes"): "torchrun takes the number of nodes: --worker_num / --local_worker_num",
+    ("rdzv_endpoint", "master_addr"): "msrun's scheduler listens on --master_addr/--master_port",
+    ("rdzv_endpoint", "master_port"): "msrun's scheduler listens on --master_addr/--master_port",
+    ("standalone", "master_addr"): "one node: msrun's scheduler on this host, at msrun's default port (a script cannot pick a free one)",
+    ("standalone", "master_port"): "one node: msrun's scheduler on this host, at msrun's default port (a script cannot pick a free one)",
+    ("rdzv_conf", "cluster_time_out"): "msrun's time to wait for the cluster is --cluster_time_out",
+    ("cluster_time_out", "rdzv_conf"): "torchrun's time to wait for the nodes is --rdzv_conf join_timeout=",
+    ("local_ranks_filter", "tail_worker_log"): "msrun shows one worker's log on the console with --tail_worker_log",
+    ("tail_worker_log", "local_ranks_filter"): "torchrun shows selected ranks' output with --local_ranks_filter",
+}
+WHY_ADDED: dict[str, str] = {
+    "local_worker_num": "msrun starts 8 workers per node unless told; torchrun's default was 1",
+    "worker_num": "msrun expects 8 workers in total unless told",
+    "log_dir": "msrun writes each worker's output to <log_dir>/worker_<rank>.log (the Ascend guide's msrun_log)",
+    "join": "torchrun waits for its workers; msrun returns at once unless --join True (a `| tee` would capture nothing and the exit code would be lost)",
+    "bind_core": "the Ascend guide binds CPU cores to NPU workers (added for --device npu only)",
+    "nproc_per_node": "msrun's default of 8 workers per node, written out (torchrun's default is 1)",
+    "nnodes": "msrun's default of 8 workers in total, written out",
+}
+WHY_DROPPED: dict[str, str] = {
+    "log_dir": "msrun_log is the log directory written for msrun; torchrun shows the workers' output itself",
+    "join": "torchrun always waits for its workers",
+    "max_restarts": "msrun never restarts workers, which is what 0 restarts asks for",
+}
+WHY_LAUNCHER: dict[str, str] = {
+    MSRUN: "msrun starts the workers for the MindSpore backend (seed 003)",
+    TORCHRUN: "torchrun starts the workers for the PyTorch backend",
+}
