@@ -382,6 +382,9 @@ def to_msrun(given: Mapping[str, Value], *, spelled: Mapping[str, str] | None = 
 
 def to_torchrun(given: Mapping[str, Value], *, spelled: Mapping[str, str] | None = None, values: Values | None = None) -> Translation:
     """torchrun options for a job given in msrun and/or torchrun options (torchrun's own pass through)."""
+    if "worker_num" in given and not {"local_worker_num", "nproc_per_node"} & given.keys():
+        # A job given in msrun's terms gets msrun's default of 8 workers per node, not torchrun's 1.
+        given = {"local_worker_num": BY_LAUNCHER[MSRUN]["local_worker_num"].default, **given}
     out = _translate(given, TORCHRUN, spelled, values)
     # log_dir is spelled alike in both launchers; mmrun's own msrun default is not a user choice.
     if out.value("log_dir") == MSRUN_DEFAULT_LOG_DIR:

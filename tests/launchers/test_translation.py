@@ -117,3 +117,8 @@ def test_round_trip_torchrun_msrun_torchrun(options):
         result["module"] = True
     assert not back.refusals
     assert normalise(result) == normalise(options)
+
+
+def test_msrun_only_options_use_msruns_worker_default():
+    # `msrun --worker_num 16` means 2 nodes of msrun's default 8 workers, not 16 nodes of 1.
+    assert to_torchrun({"worker_num": "16"}).argv() == ["--nproc-per-node", "8", "--nnodes", "2"]

