@@ -114,3 +114,34 @@ def find_option(flag: str) -> LauncherOption | None:
             if flag in option.flags:
                 return option
     return None
+
+
+RULE_WORDS = {
+    "same": "same name",
+    "ignore": "dropped with a note (no effect on the result)",
+    "refuse": "refused (exit 2; `--on-unsupported warn` drops it)",
+    "nproc_per_node": "`--local_worker_num` (auto/cpu/gpu resolved to a number)",
+    "nnodes": "`--worker_num` = nproc x nnodes; MIN:MAX refused unless MIN = MAX",
+    "rdzv_backend": "static/c10d dropped (msrun's scheduler); etcd refused",
+    "rdzv_endpoint": "`--master_addr` / `--master_port`",
+    "rdzv_conf": "`join_timeout=N` becomes `--cluster_time_out N`; other keys refused or dropped",
+    "standalone": "`--master_addr 127.0.0.1 --master_port <free port>`",
+    "max_restarts": "0 dropped; above 0 refused",
+    "stdio_files": "0 dropped; other values refused",
+    "local_ranks_filter": "one rank becomes `--tail_worker_log`; a list is refused",
+    "local_worker_num": "`--nproc-per-node`",
+    "worker_num": "`--nnodes` = worker_num / local_worker_num",
+    "join": "dropped (torchrun always waits)",
+    "cluster_time_out": "`--rdzv-conf join_timeout=N`",
+    "tail_worker_log": "`--local-ranks-filter`",
+}
+
+
+def options_markdown() -> str:
+    """The table in docs/launcher.md, generated from OPTIONS so the doc cannot drift."""
+    lines = ["| launcher | option | default | meaning | under the other launcher |", "|---|---|---|---|---|"]
+    for option in OPTIONS:
+        flags = ", ".join(f"`{flag}`" for flag in option.flags)
+        default = "" if option.default is None else f"`{option.default}`"
+        lines.append(f"| {option.launcher} | {flags} | {default} | {option.help} | {RULE_WORDS[option.to_other]} |")
+    return "\n".join(lines)

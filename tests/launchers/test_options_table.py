@@ -85,3 +85,14 @@ def test_find_option_by_any_spelling():
     assert find_option("-r").dest == "redirects"
     assert find_option("--local_worker_num").launcher == MSRUN
     assert find_option("--no-such") is None
+
+
+def test_docs_table_is_current():
+    import re
+    from pathlib import Path
+
+    from mmrun.launchers.options import options_markdown
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "launcher.md").read_text()
+    table = re.search(r"<!-- options-table:start -->\n(.*?)\n<!-- options-table:end -->", doc, flags=re.S)
+    assert table and table.group(1) == options_markdown(), "regenerate: python scripts/update_docs_tables.py"
