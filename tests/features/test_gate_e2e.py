@@ -1,0 +1,145 @@
+"""End to end: the GPT training entry runs the feature gate before it builds a model.
+
+These start real jobs through `mmrun` (torchrun / msrun) on CPU. They skip only while the training
+entry `models/pretrain_gpt.py` does not exist yet.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmrun.backend import features as ft
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY = REPO / "models" / "pretrain_gpt.py"
+
+TINY_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--micro-batch-size", "2", "--global-batch-size", "2",
+            "--train-iters", "2", "--lr", "1e-3", "--log-interval", "1", "--mock-data"]
+ITERATION = re.compile(r"iteration\s+\d+\s*/\s*\d+")
+
+# Entries whose supported CPU run needs more than the flag itself to mean anything.
+EXTRA_SCRIPT_ARGS = {
+    "ckpt-format-safetensors": lambda tmp: ["--save", str(tmp / "ckpt"), "--save-interval", "2"],
+    "backend-gloo": lambda tmp: ["--global-batch-size", "4"],
+    "backend-mccl": lambda tmp: ["--global-batch-size", "4"],
+}
+TWO_PROCESSES = {"backend-gloo", "backend-mccl"}  # a communication backend only acts with world size > 1
+
+
+def needs_entry() -> None:
+    if not ENTRY.exists():
+        pytest.skip("training entry not built yet")
+
+
+def mmrun(framework: str, script_args: list[str], tmp_path: Path, nproc: int = 1,
+          timeout: int = 240) -> tuple[int, str, str]:
+    """Run `mmrun --ai-framework X models/pretrain_gpt.py ...`.
+
+    Returns the exit code, everything printed (launcher and workers) and the workers' own output:
+    msrun's worker_<rank>.log files, or torchrun's console (workers print there).
+    """
+    log_dir = tmp_path / "logs"
+    launcher = ["--nproc-per-node", str(nproc), "--master-port", "0"]  # a free port: jobs may run side by side
+    if framework == "mindspore":
+        launcher += ["--log_dir", str(log_dir)]  # msrun keeps worker output in its log files
+    cmd = [sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", framework, *launcher,
+           str(ENTRY), *TINY_GPT, *script_args]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    console = done.stdout + done.stderr
+    workers = "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("worker_*.log"))) or console
+    return done.returncode, console + workers, workers
+
+
+@pytest.mark.slow
+def test_unsupported_flag_under_mindspore_on_cpu_exits_2_before_building_the_model(tmp_path):
+    needs_entry()
+    code, out, _ = mmrun("mindspore", ["--use-flash-attn"], tmp_path)
+    assert code == 2, out[-3000:]
+    assert "--use-flash-attn (flash attention) is not supported with the mindspore backend on cpu" in out, out[-3000:]
+    assert "Hint:" in out
+    assert not ITERATION.search(out), "the model trained although the gate refused a flag"
+    assert "FeatureGateError" not in out, "the gate's error escaped as a traceback instead of exit 2 + message"
+
+
+@pytest.mark.slow
+def test_truly_unsupported_flag_stops_even_with_warn(tmp_path):
+    needs_entry()
+    code, out, _ = mmrun("mindspore", ["--lora-target-modules", "linear_qkv", "--on-unsupported", "warn"], tmp_path)
+    assert code == 2, out[-3000:]
+    assert "--lora-target-modules linear_qkv (LoRA fine-tuning) is not supported with the mindspore backend on cpu" in out
+    assert not ITERATION.search(out)
+
+
+@pytest.mark.slow
+def test_warn_trains_with_a_fallback_feature_off(tmp_path):
+    needs_entry()
+    code, out, worker = mmrun("mindspore", ["--use-flash-attn", "--on-unsupported", "warn"], tmp_path)
+    assert code == 0, out[-3000:]
+    warning = "--use-flash-attn (flash attention) is not supported with the mindspore backend on cpu; running with it off"
+    assert worker.count(warning) == 1, worker[-3000:]
+    assert ITERATION.search(out), out[-3000:]
+
+
+@pytest.mark.slow
+def test_nccl_on_cpu_is_substituted_with_a_notice(tmp_path):
+    needs_entry()
+    code, out, _ = mmrun("pytorch", ["--distributed-backend", "nccl", "--global-batch-size", "4"], tmp_path, nproc=2)
+    assert code == 0, out[-3000:]
+    assert "using --distributed-backend gloo instead" in out, out[-3000:]
+    assert ITERATION.search(out)
+
+
+def supported_runs(framework: str) -> list[list[tuple[ft.Entry, ft.Trigger]]]:
+    """Every supported CPU trigger of the table, packed into as few runs as possible.
+
+    A MindSpore run costs tens of seconds, so compatible flags share a run; two triggers of one flag
+    (--ckpt-format torch_dcp vs safetensors) cannot, and go to separate runs.
+    """
+    runs: list[list[tuple[ft.Entry, ft.Trigger]]] = []
+    for entry in ft.load_table().entries:
+        if entry.cells[(framework, "cpu")].status != "supported":
+            continue
+        for trig in entry.triggers:
+            run = next((r for r in runs if all(t.flag != trig.flag for _, t in r)), None)
+            if run is None:
+                runs.append(run := [])
+            run.append((entry, trig))
+    return runs
+
+
+SUPPORTED_RUNS = [
+    pytest.param(fw, run, id=f"{fw}:" + ",".join(e.name for e, _ in run))
+    for fw in ft.FRAMEWORKS for run in supported_runs(fw)
+]
+
+
+def direct(framework: str, script_args: list[str], timeout: int = 300) -> tuple[int, str]:
+    """One process, no launcher (world size 1): the cheapest real run of the entry."""
+    cmd = [sys.executable, str(ENTRY), *TINY_GPT, *script_args, "--ai-framework", framework]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework, run", SUPPORTED_RUNS)
+def test_every_supported_cpu_entry_trains(framework, run, tmp_path):
+    needs_entry()
+    names = {entry.name for entry, _ in run}
+    args = [tok for entry, trig in run for tok in trig.example_tokens()]
+    for name in names:
+        args += EXTRA_SCRIPT_ARGS.get(name, lambda tmp: [])(tmp_path)
+    if names & TWO_PROCESSES:
+        code, out, _ = mmrun(framework, args, tmp_path, nproc=2, timeout=300)
+    else:
+        code, out = direct(framework, args)
+    assert code == 0, f"{' '.join(args)}\n{out[-3000:]}"
+    assert ITERATION.search(out), out[-3000:]
+    assert "is not supported" not in out and "is not available" not in out, out[-3000:]
+    if "ckpt-format-safetensors" in names:
+        assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").exists()
+        assert list((tmp_path / "ckpt").rglob("*.safetensors"))
