@@ -6,6 +6,7 @@ was seen leaving workers and its scheduler behind after it exited.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 RUN_ID_VARIABLE = "MMRUN_RUN_ID"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -62,6 +64,15 @@ def wait_for_workers(run_id: str, poll: float = 0.2) -> None:
         time.sleep(poll)
 
 
+def _die_with_parent() -> None:
+    """In the launcher's child: get SIGTERM if mmrun dies, even by SIGKILL, which no handler can forward."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the run tag still lets a later reap find the processes
+
+
 class Supervisor:
     """Runs one launcher command in its own session; SIGINT/SIGTERM to mmrun reach all its processes."""
 
@@ -88,7 +99,7 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED_SIGNALS}
         try:
             # A new session: the launcher's own signal handling cannot reach mmrun, and the group is ours to kill.
-            self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+            self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
             deadline: float | None = None
             while True:
                 try:

@@ -104,8 +104,11 @@ def unified_diff(path: str, old: str, new: str) -> str:
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:
-    """Replace `path` with `data` without a window where the file is half-written."""
-    path = Path(path)
+    """Replace `path` with `data` without a window where the file is half-written.
+
+    A symlink is followed: the file it points to is replaced, the link stays a link.
+    """
+    path = Path(os.path.realpath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".mmrun-tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

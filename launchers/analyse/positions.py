@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 import libcst as cst
-from libcst._nodes.internal import CodegenState
-from libcst._position import CodePosition, CodeRange
+from libcst._nodes.internal import CodegenState   # what PositionProvider subclasses, too
+from libcst.metadata import CodePosition, CodeRange
 
 _NEWLINE_RE = re.compile(r"\r\n?|\n")
 

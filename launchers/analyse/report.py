@@ -74,7 +74,7 @@ def render_text(findings: list[Finding], rules: Mapping[str, Rule], *, files: in
 
 
 def render_json(findings: list[Finding], rules: Mapping[str, Rule], *, files: int, lines: int,
-                target: str, parse_errors: list[str], changes: Iterable[Change] = ()) -> str:
+                target: str, parse_errors: list[str]) -> str:
     counts = Counter(f.code for f in findings)
     data = {
         "tool": "mmrun analyse",
@@ -87,10 +87,6 @@ def render_json(findings: list[Finding], rules: Mapping[str, Rule], *, files: in
         "summary": {code: {"count": counts[code], "level": rules[code].level, "title": rules[code].title}
                     for code in sorted(counts) if code in rules},
     }
-    changes = list(changes)
-    if changes:
-        data["changes"] = [dict(zip(CHANGE_FIELDS, (c.path, c.line, c.code, c.before, c.after)))
-                           for c in changes]
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -130,12 +126,14 @@ def render_sarif(findings: list[Finding], rules: Mapping[str, Rule]) -> str:
     index = {code: i for i, code in enumerate(used)}
     results = []
     for f in findings:
+        text = f"{f.message}. Instead: {f.replacement}"
+        if f.confidence == "possible":
+            text += " (possible: the receiver could not be resolved)"
         results.append({
             "ruleId": f.code,
             "ruleIndex": index[f.code],
             "level": _SARIF_LEVEL[f.level],
-            "message": {"text": f"{f.message}. Instead: {f.replacement}"
-                                + (" (possible: the receiver could not be resolved)" if f.confidence == "possible" else "")},
+            "message": {"text": text},
             "locations": [{"physicalLocation": {
                 "artifactLocation": {"uri": Path(f.path).as_posix()},
                 "region": {"startLine": f.line, "startColumn": f.col},

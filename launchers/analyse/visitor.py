@@ -1,12 +1,12 @@
 """One pass over a file's syntax tree: collect what the rules can match, then resolve names.
 
 The walk is a plain iterative traversal of LibCST's nodes (no metadata, no node copies): it records
-imports, dotted-name chains, method uses and string literals with their context. Resolution comes
-after it and only where needed: a chain whose base name is bound by an import, and whose import
-path could make it match a rule, is confirmed with LibCST's ScopeProvider (the scope analysis
-behind QualifiedNameProvider), which handles aliases (`import torch as t`, `from torch import cuda`)
-and shadowing. Files where no chain can match skip scope analysis entirely; positions are computed
-only for files with findings. The analysed code is never imported or executed.
+imports, dotted-name chains, bindings, method uses and string literals with their context.
+Resolution comes after it, only for chains that could match a rule: a base name bound only by
+module-level imports that agree resolves from the file's import table (what ScopeProvider would
+say for it); any other name is resolved with LibCST's ScopeProvider, the scope analysis behind
+QualifiedNameProvider (aliases such as `import torch as t`, `from torch import cuda`, shadowing).
+Positions are computed only for files with findings. The analysed code is never imported or run.
 """
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameSource, ScopeProvider
-
-from libcst._position import CodeRange
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, QualifiedNameSource, ScopeProvider
 
 from .positions import node_ranges
 from .rules import Rule, RuleIndex
@@ -152,7 +150,7 @@ class _ImportRecord:
 
 
 class FileAnalysis:
-    """Analyse one parsed module against a RuleIndex; `hits` after `run()`."""
+    """Analyse one parsed module against a RuleIndex: `walk()`, then `resolve()`, then `hits`."""
 
     def __init__(self, module: cst.Module, index: RuleIndex, *, force_scope: bool = False) -> None:
         self.module = module
@@ -435,7 +433,12 @@ class FileAnalysis:
                 if rule is None or rule.code in seen:
                     continue
                 seen.add(rule.code)
-                name = module if rec.module is None else (rec.module if index.lookup_import(rec.module) is rule else module)
+                # `from apex.optimizers import X` is reported as apex.optimizers, `from numba import
+                # cuda` as numba.cuda: the module that matched.
+                if rec.module is not None and index.lookup_import(rec.module) is rule:
+                    name = rec.module
+                else:
+                    name = module
                 self.hits.append(Hit(rule, rec.node, name, rule.confidence, guarded=rec.guarded))
 
     def _import_rewrites(self) -> set[str]:
@@ -545,10 +548,13 @@ class FileAnalysis:
     # ------------------------------------------------------------------ positions
     def positions(self, nodes: list[cst.CSTNode]) -> dict[int, CodeRange]:
         """id(node) -> range for `nodes` (PositionProvider's numbers; see positions.py)."""
-        if self.force_scope:   # tests: the reference implementation
-            computed = self._metadata().resolve(PositionProvider)
-            return {id(n): computed[n] for n in nodes}
-        return node_ranges(self.module, nodes)
+        if not self.force_scope:
+            try:
+                return node_ranges(self.module, nodes)
+            except (AttributeError, TypeError, KeyError):
+                pass  # LibCST's code generator changed under positions.py: use the reference
+        computed = self._metadata().resolve(PositionProvider)
+        return {id(n): computed[n] for n in nodes}
 
     def imports_module(self, prefix: str) -> bool:
         for rec in self.imports:
