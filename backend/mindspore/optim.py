@@ -86,8 +86,8 @@ class AdamW(ms.nn.Cell):
         """Nothing to clear: MindSpore gradients are values returned by value_and_grad, not stored state."""
 
     def next_scalars(self) -> tuple[Tensor, Tensor, Tensor]:
-        """Advance the step count and return the per-step scalars `apply` takes (computed in float64 on the
-        host, as torch does)."""
+        """Advance the step count and return the per-step scalars the update (`self(grads, scalars)`) takes,
+        computed in float64 on the host as torch does."""
         self.step_count += 1
         t, (b1, b2), lr, wd = self.step_count, self.betas, self._lr, self.weight_decay
         bc1, bc2_sqrt = 1.0 - b1 ** t, math.sqrt(1.0 - b2 ** t)

@@ -33,30 +33,17 @@ def _call_model(model: Any, *batch: Any) -> Any:
 
 
 def _world_size() -> int:
-    # Imported here so that single-process use does not depend on the distributed module.
-    try:
-        from mmrun.backend.torch import distributed
-    except ImportError:
-        return _world_size_from_env()
+    # Imported here so that importing this module does not start the distributed machinery.
+    from mmrun.backend.torch import distributed
     return distributed.get_world_size()
-
-
-def _world_size_from_env() -> int:
-    import os
-    world = int(os.environ.get("WORLD_SIZE") or os.environ.get("RANK_SIZE") or 1)
-    if world > 1:
-        raise RuntimeError(f"WORLD_SIZE={world} but mmrun.backend.torch.distributed is missing; "
-                           "reinstall mmrun, data-parallel training needs it")
-    return 1
 
 
 def _all_reduce_mean(tensors: Sequence[torch.Tensor]) -> None:
     """Average tensors in place over ranks with one collective on a flat buffer."""
     from mmrun.backend.torch import distributed
-    flat = torch._utils._flatten_dense_tensors(list(tensors))
-    flat = distributed.all_reduce(flat, op="mean")
-    for t, reduced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, list(tensors))):
-        t.copy_(reduced)
+    flat = distributed.all_reduce(torch.cat([t.reshape(-1) for t in tensors]), op="mean")
+    for t, reduced in zip(tensors, torch.split(flat, [t.numel() for t in tensors])):
+        t.copy_(reduced.view_as(t))
 
 
 class TrainStep:

@@ -1,0 +1,103 @@
+"""Fixtures for the end-to-end training tests: the demo corpus tokenized once, and training runs started
+through the real `mmrun` launcher (torchrun / msrun), each run once per session and shared by the tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = ROOT / "models" / "pretrain_gpt.py"
+CORPUS = ROOT / "data" / "corpus"
+MMRUN = [sys.executable, "-m", "mmrun.launchers.cli"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without launcher variables, the venv first on PATH (msrun needs it)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MS_", "PET_", "TORCHELASTIC_")) and k not in (
+               "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def _marked(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"MMRUN_TRAINING_TEST={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    metrics: list[dict]
+
+    def losses(self) -> dict[int, float]:
+        return {m["iteration"]: m["lm_loss"] for m in self.metrics if m["kind"] == "train"}
+
+    def evals(self, kind: str) -> list[float]:
+        return [m["lm loss"] for m in self.metrics if m["kind"] == kind]
+
+
+def run_training(workdir: Path, args: list[str], framework: str = "pytorch", nproc: int | None = 1,
+                 timeout: float = 300, env_extra: dict[str, str] | None = None) -> Run:
+    """Train through mmrun (nproc given) or a bare `python models/pretrain_gpt.py` (nproc None)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    metrics = workdir / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    marker = uuid.uuid4().hex
+    env = clean_env(MMRUN_TRAINING_TEST=marker, **(env_extra or {}))
+    if nproc is None:
+        cmd = [sys.executable, str(ENTRY), *args, "--ai-framework", framework]
+    else:
+        cmd = [*MMRUN, "--ai-framework", framework, "--nproc-per-node", str(nproc), "--master-port", "0",
+               str(ENTRY), *args]
+    try:
+        proc = subprocess.run([*cmd, "--metrics-file", str(metrics)], cwd=workdir, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    finally:
+        for pid in _marked(marker):  # launchers must reap their workers; never leave any behind
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return Run(proc.returncode, proc.stdout + proc.stderr, records)
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory) -> dict[str, str]:
+    """The shipped demo corpus, tokenized with `mmrun preprocess-data` (GPT-2 BPE, EOD appended)."""
+    out = tmp_path_factory.mktemp("demo_data")
+    subprocess.run([*MMRUN, "preprocess-data", "--input", str(CORPUS / "demo_corpus.jsonl"),
+                    "--output-prefix", str(out / "demo"), "--tokenizer-type", "GPT2BPETokenizer",
+                    "--vocab-file", str(CORPUS / "gpt2-vocab.json"), "--merge-file", str(CORPUS / "gpt2-merges.txt"),
+                    "--append-eod", "--workers", "1"], check=True, capture_output=True, env=clean_env())
+    return {"data_path": str(out / "demo_text_document"), "vocab": str(CORPUS / "gpt2-vocab.json"),
+            "merges": str(CORPUS / "gpt2-merges.txt")}
+
+
+@pytest.fixture(scope="session")
+def tk():
+    """The helpers above for test modules (conftest is not importable under --import-mode=importlib)."""
+    class Toolkit:
+        root = ROOT
+        entry = ENTRY
+        clean_env = staticmethod(clean_env)
+        run_training = staticmethod(run_training)
+    return Toolkit

@@ -1,0 +1,218 @@
+"""The tiny GPT trained end to end through `mmrun` on both frameworks, one and two processes.
+
+Every run is a real job: mmrun -> torchrun or msrun -> models/pretrain_gpt.py -> the shared loop, on the
+demo corpus tokenized by `mmrun preprocess-data`. Runs are made once per session and shared:
+
+    pt1 / pt2     PyTorch, 1 process (2 accumulation steps) / 2 processes (data parallel), same global batch
+    ms1 / ms2     the same on MindSpore
+    pt_resume     PyTorch, resumed from pt1's iteration-10 checkpoint
+    ms_resume     MindSpore, resumed from the same (PyTorch-written) checkpoint
+    pt_killed     PyTorch, SIGKILLed in the middle of saving iteration 10 (the test hook), then resumed
+
+Losses are compared from --metrics-file (full float precision); the Megatron-format log is checked too.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mmrun.training.checkpointing import KILL_DURING_SAVE_VAR, read_tracker
+from mmrun.training.training_log import parse_log
+
+
+pytestmark = pytest.mark.slow
+
+ITERS = 20
+# Dropout off: dropout masks come from each framework's own RNG, and this compares frameworks.
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--micro-batch-size", "4", "--global-batch-size", "8",
+        "--lr", "2e-3", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
+        "--weight-decay", "1e-2", "--clip-grad", "1.0", "--train-iters", str(ITERS),
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234",
+        "--split", "949,50,1", "--log-interval", "5", "--eval-interval", "10", "--eval-iters", "1"]
+
+
+def _data_args(data: dict) -> list[str]:
+    return ["--data-path", data["data_path"], "--vocab-file", data["vocab"], "--merge-file", data["merges"]]
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory, demo_data, tk):
+    run_training = tk.run_training
+    base = tmp_path_factory.mktemp("runs")
+    args = TINY + _data_args(demo_data)
+    ckpt, killed = base / "ckpt_pt", base / "ckpt_killed"
+    specs = {
+        "pt1": lambda: run_training(base / "pt1", args + ["--save", str(ckpt), "--save-interval", "10"]),
+        "pt2": lambda: run_training(base / "pt2", args, nproc=2),
+        "ms1": lambda: run_training(base / "ms1", args, "mindspore"),
+        "ms2": lambda: run_training(base / "ms2", args, "mindspore", nproc=2),
+        "pt_resume": lambda: (get("pt1"), run_training(base / "pt_resume", args + ["--load", str(ckpt),
+                                                                                   "--ckpt-step", "10"]))[1],
+        "ms_resume": lambda: (get("pt1"), run_training(base / "ms_resume", args + ["--load", str(ckpt),
+                                                                                   "--ckpt-step", "10"],
+                                                       "mindspore"))[1],
+        "pt_killed": lambda: run_training(base / "pt_killed", args + ["--save", str(killed), "--save-interval", "5"],
+                                          env_extra={KILL_DURING_SAVE_VAR: "10"}),
+        "pt_after_kill": lambda: (get("pt_killed"), run_training(base / "pt_after_kill",
+                                                                 args + ["--load", str(killed), "--save", str(killed),
+                                                                         "--save-interval", "5"]))[1],
+    }
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = specs[name]()
+            if name != "pt_killed":
+                assert cache[name].returncode == 0, f"{name} failed:\n{cache[name].output[-3000:]}"
+        return cache[name]
+
+    get.ckpt, get.killed, get.base = ckpt, killed, base
+    return get
+
+
+def _max_diff(a: dict[int, float], b: dict[int, float], iterations) -> float:
+    return max(abs(a[i] - b[i]) for i in iterations)
+
+
+@pytest.mark.parametrize("name", ["pt1", "pt2", "ms1", "ms2"])
+def test_tiny_gpt_trains_20_iterations_with_decreasing_loss(runs, name):
+    run = runs(name)
+    losses = run.losses()
+    assert sorted(losses) == list(range(1, ITERS + 1))
+    first, last = [losses[i] for i in range(1, 6)], [losses[i] for i in range(ITERS - 4, ITERS + 1)]
+    assert sum(last) / 5 < sum(first) / 5 - 0.5, losses  # ln(1536) = 7.3 at the start
+    assert losses[ITERS] < losses[1]
+    # Megatron's log on rank 0 only, validation every --eval-interval, final validation and test loss.
+    log = parse_log(run.output)
+    assert [i for i, _ in log["train"]] == [5, 10, 15, 20]
+    assert [p for p, _ in log["validation"]] == ["iteration 10", "iteration 20", "iteration 20 on validation set",
+                                                 "iteration 20 on test set"]
+    assert "tokens per second:" in run.output and "consumed samples:          160 |" in run.output
+    assert abs(log["train"][-1][1] - sum(last) / 5) < 1e-5  # the log line averages its interval
+
+
+@pytest.mark.parametrize("framework", ["pt", "ms"])
+def test_two_process_data_parallel_equals_one_process_with_the_same_global_batch(runs, framework):
+    one, two = runs(f"{framework}1").losses(), runs(f"{framework}2").losses()
+    diff = _max_diff(one, two, range(1, ITERS + 1))
+    print(f"max |DP=2 - DP=1| ({framework}): {diff:.2e}")
+    assert diff <= 1e-5
+
+
+def test_pytorch_and_mindspore_agree_from_the_same_seed(runs):
+    pt, ms = runs("pt1"), runs("ms1")
+    diff = _max_diff(pt.losses(), ms.losses(), range(1, ITERS + 1))
+    print(f"max |mindspore - pytorch| over {ITERS} iterations: {diff:.2e}")
+    assert diff <= 1e-4
+    for kind in ("valid", "test"):
+        assert max(abs(a - b) for a, b in zip(pt.evals(kind), ms.evals(kind))) <= 1e-4
+
+
+def test_checkpoint_layout_and_same_framework_resume_is_bit_exact(runs):
+    full, resumed = runs("pt1"), runs("pt_resume")
+    assert read_tracker(runs.ckpt) == ITERS
+    for iteration in (10, 20):
+        files = sorted(p.name for p in (runs.ckpt / f"iter_{iteration:07d}" / "mp_rank_00").iterdir())
+        assert files == ["meta.json", "model.safetensors", "optimizer.safetensors"]
+    assert "loading checkpoint from" in resumed.output and "at iteration 10" in resumed.output
+    after = resumed.losses()
+    assert sorted(after) == list(range(11, ITERS + 1))
+    assert all(after[i] == full.losses()[i] for i in after), (after, full.losses())
+    # the validation data resumes where it stopped: the later evaluations are identical too
+    assert resumed.evals("valid") == full.evals("valid")[1:] and resumed.evals("test") == full.evals("test")
+
+
+def test_mindspore_resumes_a_pytorch_checkpoint(runs):
+    full, resumed = runs("pt1"), runs("ms_resume")
+    after = resumed.losses()
+    assert sorted(after) == list(range(11, ITERS + 1))
+    diff = _max_diff(after, full.losses(), after)
+    print(f"max |mindspore resumed - pytorch uninterrupted|: {diff:.2e}")
+    assert diff <= 1e-4
+    assert "the checkpoint was saved by pytorch; resuming on mindspore" in resumed.output
+
+
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint_and_resume_continues_exactly(runs):
+    killed = runs("pt_killed")
+    assert killed.returncode != 0
+    assert f"{KILL_DURING_SAVE_VAR}=10: killing this process" in killed.output
+    assert sorted(killed.losses()) == list(range(1, 11))
+    assert read_tracker(runs.killed) == 5 and not (runs.killed / "iter_0000010").exists()
+    resumed = runs("pt_after_kill")  # --load picks the tracker's iteration 5
+    after = resumed.losses()
+    assert sorted(after) == list(range(6, ITERS + 1))
+    assert all(after[i] == runs("pt1").losses()[i] for i in after)
+    assert read_tracker(runs.killed) == ITERS and not list(runs.killed.glob(".iter_*"))
+
+
+def _entry(tk, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The entry run directly (one process, no launcher): for runs that must stop with a usage error."""
+    return subprocess.run([sys.executable, str(tk.entry), *args], cwd=cwd, env=tk.clean_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_checkpoint_of_another_shape_is_refused_before_loading_anything(runs, demo_data, tmp_path, tk):
+    runs("pt1")
+    args = [a if a != "64" else "32" for a in TINY] + _data_args(demo_data) + ["--load", str(runs.ckpt)]
+    proc = _entry(tk, args, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = _error_lines(proc)
+    assert "does not fit this model (shape mismatch: " in line and "(checkpoint (1536, 64), model (1536, 32))" in line
+    assert "it was saved with --num-layers 2, --hidden-size 64" in line
+    assert "iteration        1/" not in proc.stdout  # nothing trained
+    assert "successfully loaded" not in proc.stdout
+
+
+def test_corrupt_checkpoint_file_is_refused(runs, demo_data, tmp_path, tk):
+    runs("pt1")
+    copy = tmp_path / "ckpt"
+    shutil.copytree(runs.ckpt, copy)
+    model_file = copy / "iter_0000020" / "mp_rank_00" / "model.safetensors"
+    model_file.write_bytes(model_file.read_bytes()[: model_file.stat().st_size // 2])
+    proc = _entry(tk, TINY + _data_args(demo_data) + ["--load", str(copy), "--train-iters", "25"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = _error_lines(proc)
+    assert "is corrupt or truncated" in line and "iter_0000020/mp_rank_00" in line and "--ckpt-step N" in line
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size 2 (tensor parallelism) is not supported"),
+    (["--fp16"], "--fp16 (fp16 mixed precision) is not supported with the pytorch backend on cpu"),
+    (["--hidden_sise", "64"], "unrecognized argument '--hidden_sise'"),
+])
+def test_usage_errors_stop_before_any_model_is_built(demo_data, tmp_path, tk, extra, expected):
+    proc = _entry(tk, TINY + _data_args(demo_data) + extra, tmp_path)
+    assert proc.returncode == 2
+    assert any(expected in line for line in _error_lines(proc)), proc.stderr[-2000:]
+    assert "building GPT model" not in proc.stdout
+
+
+def test_demo_script_runs_through_mmrun_with_decreasing_losses(tmp_path, tk):
+    env = tk.clean_env(OUT_DIR=str(tmp_path / "demo"), MMRUN=str(Path(sys.executable).parent / "mmrun"),
+                    MASTER_PORT="0")
+    start = time.time()
+    proc = subprocess.run(["bash", str(tk.root / "scripts" / "pretrain_gpt.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    elapsed = time.time() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    losses = [loss for _, loss in parse_log(proc.stdout + proc.stderr)["train"]]
+    assert len(losses) == 4 and losses[-1] < losses[0] - 1.0 and losses == sorted(losses, reverse=True), losses
+    assert read_tracker(tmp_path / "demo" / "ckpt") == 40
+    print(f"demo script: {elapsed:.1f} s")
+
+
+def test_demo_script_passes_shellcheck(tk):
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    proc = subprocess.run([str(shellcheck), str(tk.root / "scripts" / "pretrain_gpt.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout

@@ -1,0 +1,451 @@
+"""Megatron's checkpoint layout with framework-neutral files, written atomically, loaded all or nothing.
+
+    <save>/latest_checkpointed_iteration.txt     "10": the newest COMPLETE checkpoint
+    <save>/iter_0000010/mp_rank_00/
+        model.safetensors        parameters, torch-style names (wte.weight, h.0.attn.c_attn.bias, ...)
+        optimizer.safetensors    AdamW moments, <param>.exp_avg / <param>.exp_avg_sq (unless --no-save-optim)
+        meta.json                iteration, consumed samples, scheduler, optimizer step, RNG state,
+                                 the arguments, framework and versions, checksums of the tensors
+
+Megatron writes `model_optim_rng.pt` (pickle) in the same place; mmrun never pickles, so PyTorch and
+MindSpore read each other's checkpoints (backend/checkpoint_io.py writes the files).
+
+Atomicity: the whole `iter_XXXXXXX` directory is written under a temporary name, fsynced, renamed into
+place, and only then is the tracker file replaced (itself atomically). A process killed at any point
+leaves the tracker naming the previous complete checkpoint; leftovers of the interrupted save are
+temporary directories that the next save removes.
+
+Loading checks everything before changing anything: tensor names and shapes against the model and the
+optimizer, checksums against the files, the schedule against the arguments. A mismatch raises
+CheckpointError naming the first problems; the model is never partially loaded.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from mmrun.backend import checkpoint_io
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+RANK_DIR = "mp_rank_00"  # tensor and pipeline parallel sizes are 1: one model shard
+MEGATRON_TORCH_FILE = "model_optim_rng.pt"
+CHECKPOINT_VERSION = 3.0  # Megatron's checkpoint_version, recorded for tools that look for it
+# Test hook: SIGKILL this process in the middle of saving this iteration (files written, not yet
+# renamed into place), to prove that an interrupted save leaves the previous checkpoint loadable.
+KILL_DURING_SAVE_VAR = "MMRUN_TEST_KILL_DURING_SAVE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be loaded into this run (one line: what, where, what to do)."""
+
+    exit_code = 2
+
+
+@dataclass
+class TrainingProgress:
+    """Where a run stands: what Megatron stores beside the weights."""
+
+    iteration: int = 0
+    consumed_train_samples: int = 0
+    consumed_valid_samples: int = 0
+
+
+def iteration_dir(root: str | os.PathLike, iteration: int | str) -> Path:
+    """`<root>/iter_0000010` (Megatron's 7-digit name), or `<root>/release` for a release checkpoint."""
+    name = "release" if iteration == "release" else f"iter_{int(iteration):07d}"
+    return Path(root) / name
+
+
+def checkpoint_dir(root: str | os.PathLike, iteration: int | str) -> Path:
+    return iteration_dir(root, iteration) / RANK_DIR
+
+
+def read_tracker(root: str | os.PathLike) -> int | str | None:
+    """The iteration in `<root>/latest_checkpointed_iteration.txt` ("release" or an int), None if absent."""
+    path = Path(root) / TRACKER_FILE
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8").strip()
+    if text == "release":
+        return "release"
+    try:
+        value = int(text)
+    except ValueError:
+        raise CheckpointError(f"{path} must hold an iteration number or 'release'. Received: {text[:40]!r}; "
+                              "fix it to name an existing iter_* directory") from None
+    if value < 0:
+        raise CheckpointError(f"{path} holds a negative iteration. Received: {value}")
+    return value
+
+
+# --------------------------------------------------------------------------------- state to save
+
+def _digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """sha256 over names, dtypes, shapes and bytes, in name order: detects any changed byte on load."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.data)  # a memoryview: no copy
+    return h.hexdigest()
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def args_to_json(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: _jsonable(v) for k, v in sorted(vars(args).items())}
+
+
+def host_rng_state() -> dict[str, Any]:
+    """Python's and numpy's global RNG states as JSON (framework RNGs come from the backend)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+
+
+def set_host_rng_state(state: Mapping[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _kill_if_requested(iteration: int) -> None:
+    wanted = os.environ.get(KILL_DURING_SAVE_VAR)
+    if wanted and int(wanted) == iteration:
+        print(f"{KILL_DURING_SAVE_VAR}={wanted}: killing this process (SIGKILL) in the middle of the save",
+              flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _usual_permissions(path: Path) -> None:
+    """mkdtemp/mkstemp create 0700/0600 entries; a checkpoint is shared like any output (umask applies)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    if path.is_file():
+        os.chmod(path, 0o666 & ~umask)
+        return
+    for dirpath, _, filenames in os.walk(path):
+        os.chmod(dirpath, 0o777 & ~umask)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)
+
+
+def remove_interrupted_saves(root: str | os.PathLike) -> list[Path]:
+    """Delete temporary directories that a killed save left behind (never a complete checkpoint)."""
+    removed = []
+    for path in Path(root).glob(".iter_*.tmp-*"):
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str, np.ndarray],
+                     optimizer: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> Path:
+    """Write `<root>/iter_XXXXXXX/mp_rank_00` atomically, then point the tracker at it.
+
+    `model` maps names to numpy arrays; `optimizer` is the optimizer's state_dict with numpy tensors
+    (None to leave it out); `meta` is JSON-ready. Returns the iteration directory.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    remove_interrupted_saves(root)
+    final = iteration_dir(root, iteration)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    checksums = {"model": _digest(model)}
+    if optimizer is not None:
+        checksums["optimizer"] = _digest(optimizer["tensors"])
+    full_meta = {**meta, "checksums": checksums}
+    # checkpoint_io writes the files into tmp/mp_rank_00 (itself through a temporary name) and fsyncs them.
+    checkpoint_io.save_checkpoint(tmp / RANK_DIR, model, optimizer, full_meta)
+    _usual_permissions(tmp)
+    _fsync_dir(tmp)
+    _kill_if_requested(iteration)
+    if final.exists():  # saving the same iteration again (a rerun): the old copy goes only after the new is in
+        old = root / f".{final.name}.tmp-old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    checkpoint_io.atomic_write_text(root / TRACKER_FILE, f"{iteration}\n")
+    _usual_permissions(root / TRACKER_FILE)
+    _fsync_dir(root)
+    return final
+
+
+# ------------------------------------------------------------------------------------- loading
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    iteration: int
+    model: dict[str, np.ndarray]
+    optimizer: dict[str, Any] | None
+    meta: dict[str, Any]
+
+
+def _shape_problems(saved: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]]) -> list[str]:
+    missing = [k for k in expected if k not in saved]
+    unexpected = [k for k in saved if k not in expected]
+    mismatched = [f"{k} (checkpoint {tuple(saved[k].shape)}, model {tuple(expected[k])})"
+                  for k in expected if k in saved and tuple(saved[k].shape) != tuple(expected[k])]
+    problems = []
+    for label, keys in (("shape mismatch", mismatched), ("missing in checkpoint", missing),
+                        ("not in model", unexpected)):
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            problems.append(f"{label}: {', '.join(keys[:3])}{more}")
+    return problems
+
+
+def _check_readable(file: Path) -> None:
+    """Open one safetensors file's header, so that a damaged file is named in the error."""
+    from safetensors import safe_open
+
+    if not file.exists():
+        return
+    try:
+        with safe_open(str(file), framework="np") as f:
+            f.keys()
+    except Exception as err:  # safetensors raises SafetensorError (not importable by a stable name)
+        raise CheckpointError(f"{file} is corrupt or truncated ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else 'no detail'}); resume from an earlier "
+                              "iteration with --ckpt-step N") from None
+
+
+def read_checkpoint(root: str | os.PathLike, iteration: int | str) -> LoadedCheckpoint:
+    """Read and verify one checkpoint (checksums, format); nothing is applied to a model here."""
+    path = checkpoint_dir(root, iteration)
+    if (path / MEGATRON_TORCH_FILE).is_file() and not (path / checkpoint_io.MODEL_FILE).is_file():
+        raise CheckpointError(f"{path / MEGATRON_TORCH_FILE} is a Megatron torch (pickle) checkpoint; mmrun loads "
+                              "only its own safetensors checkpoints and never unpickles. Start from scratch "
+                              "or convert the weights to safetensors")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist (iteration {iteration}). Received: "
+                              f"--load {root}; pick an existing iteration with --ckpt-step or fix {TRACKER_FILE}")
+    for name in (checkpoint_io.MODEL_FILE, checkpoint_io.OPTIMIZER_FILE):
+        _check_readable(path / name)
+    try:
+        ckpt = checkpoint_io.load_checkpoint(path)
+    except FileNotFoundError as err:
+        raise CheckpointError(f"incomplete checkpoint in {path}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path / checkpoint_io.META_FILE} is corrupt (not valid JSON: {err}); "
+                              "resume from an earlier iteration with --ckpt-step N") from None
+    except Exception as err:  # safetensors raises its own SafetensorError for truncated or garbled files
+        raise CheckpointError(f"a checkpoint file in {path} is corrupt or truncated ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else 'no detail'}); resume from an earlier "
+                              "iteration with --ckpt-step N") from None
+    checksums = ckpt.meta.get("checksums", {})
+    parts = {"model": ckpt.model, "optimizer": None if ckpt.optimizer is None else ckpt.optimizer["tensors"]}
+    for part, arrays in parts.items():
+        if arrays is not None and part in checksums and _digest(arrays) != checksums[part]:
+            filename = checkpoint_io.MODEL_FILE if part == "model" else checkpoint_io.OPTIMIZER_FILE
+            raise CheckpointError(f"{path / filename} is corrupt: its tensors do not match the checksum recorded "
+                                  "when it was saved; resume from an earlier iteration with --ckpt-step N")
+    saved_iteration = ckpt.meta.get("iteration", 0)
+    return LoadedCheckpoint(path=path, iteration=int(saved_iteration), model=ckpt.model,
+                            optimizer=ckpt.optimizer, meta=ckpt.meta)
+
+
+def check_model_fits(ckpt: LoadedCheckpoint, expected_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    problems = _shape_problems(ckpt.model, expected_shapes)
+    if problems:
+        saved_args = ckpt.meta.get("args", {})
+        sizes = ", ".join(f"--{k.replace('_', '-')} {saved_args[k]}" for k in
+                          ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                           "max_position_embeddings") if saved_args.get(k) is not None)
+        hint = f"it was saved with {sizes}; pass the same model sizes" if sizes else "pass the same model sizes"
+        raise CheckpointError(f"checkpoint {ckpt.path} does not fit this model ({'; '.join(problems)}); {hint}")
+
+
+def check_optimizer_fits(ckpt: LoadedCheckpoint, expected_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    if ckpt.optimizer is None:
+        return
+    problems = _shape_problems(ckpt.optimizer["tensors"], expected_shapes)
+    if problems:
+        raise CheckpointError(f"optimizer state in {ckpt.path} does not fit this model ({'; '.join(problems)}); "
+                              "pass --no-load-optim to start the optimizer afresh")
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+# ------------------------------------------------------------------ the training loop's two calls
+
+def _rng_states(save_rng: bool) -> list[Any] | None:
+    """Every rank's RNG state, in rank order (JSON): Python, numpy, and the framework's when the backend
+    can export it (`seeding.get_rng_state`)."""
+    if not save_rng:
+        return None
+    from mmrun import backend
+
+    state: dict[str, Any] = host_rng_state()
+    getter = getattr(backend.seeding, "get_rng_state", None)
+    if getter is not None:
+        state["framework"] = {"name": backend.framework(), "state": getter()}
+    return backend.distributed.all_gather_object(state)
+
+
+def _restore_rng(states: list[Any] | None, rank: int) -> str | None:
+    """Restore this rank's RNG state; returns a notice when part of it cannot be restored."""
+    from mmrun import backend
+
+    if not states:
+        return "the checkpoint has no RNG state (saved with --no-save-rng); RNGs keep their seeded state"
+    if rank >= len(states):
+        return (f"the checkpoint holds RNG states for {len(states)} ranks, this is rank {rank}; "
+                "its RNGs keep their seeded state")
+    state = states[rank]
+    set_host_rng_state(state)
+    saved = state.get("framework")
+    setter = getattr(backend.seeding, "set_rng_state", None)
+    if saved is None or setter is None:
+        return "the framework RNG state was not saved or cannot be restored here; dropout masks after resume differ"
+    if saved["name"] != backend.framework():
+        return (f"the framework RNG state was saved by {saved['name']}, this run is {backend.framework()}; "
+                "dropout masks after resume differ (weights, optimizer and data order resume exactly)")
+    setter(saved["state"])
+    return None
+
+
+def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, model: Any, optimizer: Any,
+                    scheduler: Any, log: Any = print) -> Path | None:
+    """Megatron's save_checkpoint: every rank takes part (RNG states are gathered), rank 0 writes."""
+    from mmrun import backend
+    from mmrun.backend import tensors
+
+    dist = backend.distributed
+    rank = dist.get_rank()
+    rng = _rng_states(not args.no_save_rng)
+    dist.barrier()
+    written = None
+    if rank == 0:
+        log(f"saving checkpoint at iteration {progress.iteration:7d} to {args.save} in safetensors format")
+        start = time.time()
+        model_arrays = tensors.state_dict_to_numpy(model.state_dict())
+        opt = None
+        if not args.no_save_optim:
+            state = optimizer.state_dict()
+            opt = {**{k: v for k, v in state.items() if k != "tensors"},
+                   "tensors": tensors.state_dict_to_numpy(state["tensors"])}
+        meta = {
+            "iteration": progress.iteration,
+            "consumed_train_samples": progress.consumed_train_samples,
+            "consumed_valid_samples": progress.consumed_valid_samples,
+            "checkpoint_version": CHECKPOINT_VERSION,
+            "opt_param_scheduler": scheduler.state_dict(),
+            "rng_state": rng,
+            "framework": backend.framework(),
+            "framework_version": backend.load().version(),
+            "world_size": dist.get_world_size(),
+            "args": args_to_json(args),
+            "saved_at": timestamp(),
+        }
+        written = write_checkpoint(args.save, progress.iteration, model_arrays, opt, meta)
+        log(f"  successfully saved checkpoint from iteration {progress.iteration:7d} to {args.save} "
+            f"[ t 1/1, p 1/1 ] ({time.time() - start:.2f} s)")
+    dist.barrier()
+    return written
+
+
+def _expected_model_shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(int(d) for d in value.shape) for name, value in model.state_dict().items()}
+
+
+def _expected_optimizer_shapes(optimizer: Any) -> dict[str, tuple[int, ...]]:
+    return {f"{name}.{key}": tuple(int(d) for d in param.shape)
+            for name, param in zip(optimizer.names, optimizer.params) for key in ("exp_avg", "exp_avg_sq")}
+
+
+def load_checkpoint(args: argparse.Namespace, model: Any, optimizer: Any, scheduler: Any,
+                    log: Any = print) -> TrainingProgress:
+    """Megatron's load_checkpoint for --load: the newest complete checkpoint (or --ckpt-step), verified
+    in full before any state is changed. With no checkpoint there: start fresh (a warning), or stop
+    under --exit-on-missing-checkpoint. --finetune loads weights only and starts at iteration 0."""
+    from mmrun import backend
+    from mmrun.backend import tensors
+
+    root = Path(args.load)
+    iteration: int | str | None = args.ckpt_step if args.ckpt_step is not None else read_tracker(root)
+    if iteration is None:
+        message = (f"could not find the metadata file {root / TRACKER_FILE}; will not load any checkpoint "
+                   "and will start from random")
+        if args.exit_on_missing_checkpoint:
+            raise CheckpointError(f"--exit-on-missing-checkpoint: no checkpoint to load in {root} "
+                                  f"({TRACKER_FILE} is missing). Received: --load {args.load}")
+        log(f"WARNING: {message}")
+        return TrainingProgress()
+    ckpt = read_checkpoint(root, iteration)
+    check_model_fits(ckpt, _expected_model_shapes(model))
+    load_optim = not (args.finetune or args.no_load_optim)
+    if load_optim:
+        if ckpt.optimizer is None:
+            raise CheckpointError(f"{ckpt.path} has no optimizer state (saved with --no-save-optim); "
+                                  "pass --no-load-optim (or --finetune) to start the optimizer afresh")
+        check_optimizer_fits(ckpt, _expected_optimizer_shapes(optimizer))
+    saved_schedule = ckpt.meta.get("opt_param_scheduler")
+    schedule_from_ckpt = not args.finetune and saved_schedule is not None
+    if schedule_from_ckpt and not (args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler):
+        differing = [f"{k} (checkpoint {v!r}, arguments {getattr(scheduler, k)!r})" for k, v in saved_schedule.items()
+                     if k != "num_steps" and getattr(scheduler, k, v) != v]
+        if differing:
+            raise CheckpointError(f"the learning-rate schedule differs from the checkpoint's: {', '.join(differing)}; "
+                                  "pass the same schedule arguments, or --override-opt-param-scheduler to use the "
+                                  "new ones, or --use-checkpoint-opt-param-scheduler to keep the saved ones")
+
+    # Everything is verified: apply.
+    log(f" loading checkpoint from {root} at iteration {ckpt.iteration}")
+    model.load_state_dict(tensors.state_dict_from_numpy(ckpt.model))
+    if load_optim:
+        optimizer.load_state_dict({**ckpt.optimizer, "tensors": ckpt.optimizer["tensors"]})
+    if schedule_from_ckpt:
+        if args.override_opt_param_scheduler:
+            scheduler.num_steps = saved_schedule["num_steps"]
+        else:
+            for key, value in saved_schedule.items():
+                setattr(scheduler, key, value)
+    if args.finetune:
+        log(f"  successfully loaded weights from {root} at iteration {ckpt.iteration} (--finetune: "
+            "starting at iteration 0)")
+        return TrainingProgress()
+    if not args.no_load_rng:
+        notice = _restore_rng(ckpt.meta.get("rng_state"), backend.distributed.get_rank())
+        if notice:
+            log(f"WARNING: {notice}")
+    if ckpt.meta.get("framework") not in (None, backend.framework()):
+        log(f"  the checkpoint was saved by {ckpt.meta['framework']}; resuming on {backend.framework()}")
+    log(f"  successfully loaded checkpoint from {root} [ t 1/1, p 1/1 ] at iteration {ckpt.iteration}")
+    return TrainingProgress(iteration=ckpt.iteration,
+                            consumed_train_samples=int(ckpt.meta.get("consumed_train_samples", 0)),
+                            consumed_valid_samples=int(ckpt.meta.get("consumed_valid_samples", 0)))

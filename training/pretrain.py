@@ -1,0 +1,529 @@
+"""The shared training loop: Megatron's `pretrain()`, driving an entry script's five callbacks.
+
+    pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step)
+
+In order (seed 002's sequence diagram): parse and check the arguments, gate the features for this
+framework and device, start communication, build the tokenizer, seed, `model_provider()` -> model,
+AdamW + Megatron's LR schedule, `--load`, `train_valid_test_datasets_provider(num_samples)` -> datasets
+(or ready-made loaders), then per iteration and micro-batch `forward_step(data_iterator, model)`, which
+calls `get_batch` and returns `(output_tensor, partial(loss_func, loss_mask))`; backward, gradient
+all-reduce, clipping and the AdamW update are the portable `TrainStep`'s. Validation every
+--eval-interval, checkpoints every --save-interval, and a final validation and test loss.
+
+How the callbacks meet the framework's autograd: `forward_step` runs in plain Python, outside any
+gradient recording, against a stand-in for the model that records the call (`model(tokens, ...)`)
+instead of running it. The train step then replays exactly that call, and the loss function
+`forward_step` returned, inside TrainStep, which differentiates it: `loss.backward()` on PyTorch,
+`mindspore.value_and_grad` on MindSpore (and `mindspore.jit` with --ms-jit, which cannot compile the
+Python iterator `get_batch` reads). So `forward_step` must return the model's output unchanged,
+as Megatron's does.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import enum
+import functools
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from mmrun.training import checkpointing, global_vars
+from mmrun.training.arguments import ArgumentsError, parse_args
+from mmrun.training.training_log import IntervalStats, MetricsFile, iteration_line, stamp, validation_block
+
+
+class ModelType(enum.Enum):
+    """Megatron's model types; mmrun trains decoder-only models (the argument is accepted for compatibility)."""
+
+    encoder_or_decoder = 1
+
+
+class TrainingError(RuntimeError):
+    """The callbacks or the data do not fit the loop (one line, says what to change)."""
+
+
+@dataclass
+class TrainingResult:
+    """What `pretrain()` returns (Megatron's returns nothing; tests and benchmarks use this)."""
+
+    framework: str
+    iteration: int
+    losses: dict[int, float] = field(default_factory=dict)  # iteration -> lm loss
+    grad_norms: dict[int, float] = field(default_factory=dict)
+    validation: list[tuple[str, float]] = field(default_factory=list)
+    test_loss: float | None = None
+    step_times: list[float] = field(default_factory=list)  # seconds per iteration
+    peak_rss_mb: float = 0.0  # this process's peak resident memory
+
+
+# ------------------------------------------------------------------------- forward_step replay
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, (int, float, bool))
+
+
+class _PendingOutput:
+    """What the recording model returns to forward_step: a placeholder for the real output."""
+
+    def __repr__(self) -> str:
+        return "<model output, computed later inside the train step>"
+
+
+class _RecordingModel:
+    """Stands in for the model while forward_step runs: records `model(...)`, forwards attribute reads."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.calls: list[tuple[tuple, dict]] = []
+        self.output = _PendingOutput()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _PendingOutput:
+        self.calls.append((args, kwargs))
+        return self.output
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+@dataclass(frozen=True)
+class _Template:
+    """Where each tensor of one micro-batch goes: model call arguments and loss-function arguments.
+    Entries are ("t", slot) for a tensor slot or ("c", value) for a constant."""
+
+    model_args: tuple
+    model_kwargs: tuple  # ((name, entry), ...)
+    loss_func: Callable
+    loss_args: tuple
+    loss_kwargs: tuple
+    loss_is_partial: bool
+
+
+def _entries(values: Iterable[Any], flat: list) -> tuple:
+    out = []
+    for v in values:
+        if _is_tensor(v):
+            out.append(("t", len(flat)))
+            flat.append(v)
+        else:
+            out.append(("c", v))
+    return tuple(out)
+
+
+def _resolve(entries: tuple, flat: Sequence[Any]) -> list:
+    return [flat[x] if kind == "t" else x for kind, x in entries]
+
+
+class ForwardPlan:
+    """Runs forward_step outside autograd and replays its model call + loss inside the train step."""
+
+    def __init__(self, forward_step_func: Callable, model: Any, jit: bool) -> None:
+        self.forward_step_func = forward_step_func
+        self.model = model
+        self.jit = jit
+        self.template: _Template | None = None
+        # Non-partial loss functions (closures; eager only), replayed in capture order: TrainStep
+        # computes the micro-batches in the order they were captured.
+        self._closures: collections.deque = collections.deque()
+
+    def capture(self, data_iterator: Iterator) -> tuple:
+        """One micro-batch: call forward_step (which reads the iterator) and return its tensors."""
+        recorder = _RecordingModel(self.model)
+        returned = self.forward_step_func(data_iterator, recorder)
+        if not (isinstance(returned, tuple) and len(returned) == 2 and callable(returned[1])):
+            raise TrainingError(f"forward_step must return (output_tensor, loss_func) as Megatron's does. "
+                                f"Received: {type(returned).__name__}")
+        output, loss = returned
+        if len(recorder.calls) != 1 or output is not recorder.output:
+            raise TrainingError(
+                "forward_step must call the model once and return its output unchanged (the train step replays "
+                f"that call under the framework's autograd). Received: {len(recorder.calls)} model call(s), "
+                f"returned {output!r}; move work on the output into loss_func")
+        (args, kwargs), = recorder.calls
+        flat: list = []
+        is_partial = isinstance(loss, functools.partial)
+        if not is_partial and self.jit:
+            raise TrainingError("with --ms-jit, forward_step must return functools.partial(loss_func, ...) as "
+                                f"Megatron's does, so the loss can be compiled. Received: {loss!r}")
+        template = _Template(
+            model_args=_entries(args, flat),
+            model_kwargs=tuple((k, e) for k, e in zip(kwargs, _entries(kwargs.values(), flat))),
+            loss_func=loss.func if is_partial else loss,
+            loss_args=_entries(loss.args, flat) if is_partial else (),
+            loss_kwargs=(tuple((k, e) for k, e in zip(loss.keywords, _entries(loss.keywords.values(), flat)))
+                         if is_partial else ()),
+            loss_is_partial=is_partial,
+        )
+        if not is_partial:
+            self._closures.append(loss)  # its tensors are constants of this micro-batch
+        if self.template is None:
+            self.template = template
+        elif self.template != template and is_partial:
+            raise TrainingError("every micro-batch must call the model and loss_func with the same arguments "
+                                "(tensors in the same places); forward_step changed them between micro-batches")
+        return tuple(flat)
+
+    def loss(self, model: Any, *flat: Any) -> Any:
+        """TrainStep's loss_fn: the recorded model call, then the loss function, as one scalar."""
+        t = self.template
+        args = _resolve(t.model_args, flat)
+        kwargs = {k: v for (k, _), v in zip(t.model_kwargs, _resolve(tuple(e for _, e in t.model_kwargs), flat))}
+        output = model(*args, **kwargs)
+        if t.loss_is_partial:
+            loss_kwargs = {k: v for (k, _), v in zip(t.loss_kwargs, _resolve(tuple(e for _, e in t.loss_kwargs), flat))}
+            result = t.loss_func(*_resolve(t.loss_args, flat), output, **loss_kwargs)
+        else:
+            result = self._closures.popleft()(output)
+        return scalar_loss(result)
+
+
+def scalar_loss(result: Any) -> Any:
+    """Megatron's loss_func returns (loss_sum, num_tokens, report) (core 0.12) or (loss, report) (older):
+    the per-micro-batch loss is loss_sum / num_tokens, or loss."""
+    if isinstance(result, tuple) and len(result) == 3:
+        return result[0] / result[1]
+    if isinstance(result, tuple) and len(result) == 2:
+        return result[0]
+    return result
+
+
+# ----------------------------------------------------------------------------------- evaluation
+
+def _report_pairs(result: Any) -> dict[str, tuple[float, float]]:
+    """loss_func's report dict -> {key: (numerator, denominator)} as floats."""
+    from mmrun.backend import tensors
+
+    has_report = isinstance(result, tuple) and isinstance(result[-1], dict)
+    report = result[-1] if has_report else {"lm loss": scalar_loss(result)}
+    pairs = {}
+    for key, value in report.items():
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            pairs[key] = (float(tensors.to_numpy(value[0])), float(tensors.to_numpy(value[1])))
+        else:
+            pairs[key] = (float(tensors.to_numpy(value)), 1.0)
+    return pairs
+
+
+def evaluate(forward_step_func: Callable, data_iterator: Iterator, model: Any, eval_iters: int,
+             num_micro_batches: int) -> dict[str, float]:
+    """Megatron's evaluate: sums of (loss, tokens) over eval_iters x micro-batches and all ranks, divided."""
+    import numpy as np
+
+    from mmrun import backend
+    from mmrun.backend import autograd, tensors
+
+    model.eval()
+    totals: dict[str, list[float]] = {}
+    try:
+        with autograd.no_grad():
+            for _ in range(eval_iters):
+                for _ in range(num_micro_batches):
+                    output, loss_callable = forward_step_func(data_iterator, model)
+                    for key, (num, den) in _report_pairs(loss_callable(output)).items():
+                        acc = totals.setdefault(key, [0.0, 0.0])
+                        acc[0] += num
+                        acc[1] += den
+    except StopIteration:
+        raise TrainingError("the validation/test data ran out during evaluation; use more data, a larger "
+                            "valid/test --split weight, or fewer --eval-iters") from None
+    finally:
+        model.train()
+    keys = sorted(totals)
+    flat = np.array([v for k in keys for v in totals[k]], dtype=np.float64)
+    reduced = tensors.to_numpy(backend.distributed.all_reduce(tensors.from_numpy(flat.astype(np.float32)), op="sum"))
+    return {k: float(reduced[2 * i] / reduced[2 * i + 1]) for i, k in enumerate(keys)}
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+def _usage_exit(message: str, rank: int) -> None:
+    from mmrun.backend import rank_env
+
+    if rank == 0 and rank_env.read_rank_info().rank == 0:  # every rank finds the same error: say it once
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, dp_rank: int) -> Any:
+    """A Megatron dataset -> the sequential data-parallel loader; a ready-made loader/iterable is kept."""
+    if dataset is None:
+        return None
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        from mmrun.data.samplers import build_pretraining_data_loader
+
+        if consumed >= len(dataset):
+            return None  # a run resumed at its end: nothing of this split is left to read
+
+        return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, dp_rank, args.data_parallel_size)
+    return dataset  # seed 002 style: the provider returned data loaders
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set size (what a CPU run has instead of device memory)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _count_parameters(model: Any) -> int:
+    return int(sum(math.prod(int(d) for d in p.shape) for p in model.parameters()))
+
+
+def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Callable,
+             model_type: ModelType | None = None, forward_step_func: Callable | None = None, *,
+             args_defaults: dict[str, Any] | None = None, extra_args_provider: Callable | None = None,
+             argv: Sequence[str] | None = None) -> TrainingResult:
+    """Megatron's pretrain(): build everything from the arguments (sys.argv by default) and train.
+
+    Usage errors (bad arguments, unsupported features, a checkpoint that does not fit) print one line on
+    rank 0 and raise SystemExit(2).
+    """
+    from mmrun.backend.errors import BackendError
+    from mmrun.data.gpt_dataset import DatasetConfigError
+    from mmrun.data.indexed_dataset import IndexedDatasetError
+    from mmrun.data.tokenizers import TokenizerError
+
+    if forward_step_func is None:
+        raise TypeError("pretrain() needs forward_step_func (Megatron's 4th argument)")
+    rank = 0
+    try:
+        args = parse_args(argv, args_defaults=args_defaults, extra_args_provider=extra_args_provider)
+        rank = args.rank
+        return _pretrain(args, train_valid_test_datasets_provider, model_provider, forward_step_func)
+    except (ArgumentsError, checkpointing.CheckpointError, DatasetConfigError, IndexedDatasetError,
+            TokenizerError) as err:
+        _usage_exit(str(err), rank)
+    except TrainingError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except BackendError as err:
+        if getattr(err, "exit_code", 1) != 2:
+            raise
+        _usage_exit(str(err), rank)
+    raise AssertionError("unreachable")
+
+
+def _gate(args: argparse.Namespace) -> tuple[str, str]:
+    """The feature gate, right after parsing and before any model exists (exit 2 on refusal)."""
+    from mmrun import backend
+    from mmrun.backend.features import FeatureGateError, gate
+
+    if args.ai_framework is not None:
+        backend.select(args.ai_framework, source=f"--ai-framework {args.ai_framework} in the training arguments")
+    framework = backend.framework()
+    package = backend.load()
+    device = package.device.detect().kind
+    try:
+        result = gate(args, framework, device, args.on_unsupported, framework_version=package.version(),
+                      stream=sys.stderr if args.rank == 0 else None)
+    except FeatureGateError as err:
+        if args.rank == 0:
+            for line in err.lines:
+                print(f"error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(err.exit_code) from None
+    result.apply(args)
+    args.ai_framework = framework
+    return framework, device
+
+
+@dataclass
+class _Job:
+    """What the phases of one run share (Megatron keeps these in globals)."""
+
+    args: argparse.Namespace
+    framework: str
+    rank: int
+    model: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    progress: checkpointing.TrainingProgress = field(default_factory=checkpointing.TrainingProgress)
+    metrics: MetricsFile | None = None
+    result: TrainingResult | None = None
+
+    def log(self, message: str) -> None:
+        if self.rank == 0:
+            print(message, flush=True)
+
+
+def _pretrain(args: argparse.Namespace, datasets_provider: Callable, model_provider: Callable,
+              forward_step_func: Callable) -> TrainingResult:
+    job = initialize(args)
+    setup_model_and_optimizer(job, model_provider)
+    iterators = build_train_valid_test_data_iterators(job, datasets_provider)
+    job.metrics = MetricsFile(args.metrics_file, enabled=job.rank == 0)
+    job.result = TrainingResult(framework=job.framework, iteration=job.progress.iteration)
+    try:
+        train(job, forward_step_func, *iterators)
+    finally:
+        job.metrics.close()
+    return job.result
+
+
+def initialize(args: argparse.Namespace) -> _Job:
+    """Megatron's initialize_megatron: feature gate, communication, tokenizer, seeds."""
+    from mmrun import backend
+    from mmrun.data.tokenizers import build_tokenizer, padded_vocab_size
+
+    framework, device = _gate(args)
+    info = backend.init_distributed(args.distributed_backend)
+    if info.world_size != args.world_size:
+        raise TrainingError(f"the launcher reports {info.world_size} processes but the arguments were checked for "
+                            f"{args.world_size}; start the job through mmrun, torchrun or msrun")
+    args.rank = info.rank
+    job = _Job(args=args, framework=framework, rank=info.rank)
+    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.vocab_size,
+                                args.tokenizer_model)
+    args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by)
+    global_vars.set_global_variables(args, tokenizer)
+    job.log(f"> mmrun pretrain: {framework} {backend.load().version()} on {device}, world size {info.world_size} "
+            f"(data-parallel {args.data_parallel_size}), {args.num_micro_batches} micro-batch(es) of "
+            f"{args.micro_batch_size} per step, global batch size {args.global_batch_size}")
+    job.log(f" > padded vocab (size: {tokenizer.vocab_size}) with {args.padded_vocab_size - tokenizer.vocab_size} "
+            f"dummy tokens (new size: {args.padded_vocab_size})")
+    job.log(f"> setting random seeds to {args.seed} ...")
+    backend.seeding.seed_everything(args.seed)
+    return job
+
+
+def setup_model_and_optimizer(job: _Job, model_provider: Callable) -> None:
+    """model_provider(), AdamW with Megatron's no-decay rule, Megatron's LR schedule, then --load."""
+    from mmrun import backend
+    from mmrun.backend.lr_schedule import LRSchedule
+
+    args = job.args
+    job.model = model_provider(pre_process=True, post_process=True)
+    job.log(f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
+            f"{_count_parameters(job.model)}")
+    optim = backend.optim
+    job.optimizer = optim.AdamW(job.model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
+                                eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
+    try:
+        job.scheduler = LRSchedule.from_iterations(
+            args.lr, args.train_iters, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
+            lr_decay_iters=args.lr_decay_iters, lr_warmup_iters=args.lr_warmup_iters,
+            lr_warmup_fraction=args.lr_warmup_fraction, lr_warmup_init=args.lr_warmup_init,
+            global_batch_size=args.global_batch_size)
+    except ValueError as err:
+        raise ArgumentsError(f"{err}. Received: --lr-warmup-iters {args.lr_warmup_iters}, --lr-warmup-fraction "
+                             f"{args.lr_warmup_fraction}, --lr-decay-iters {args.lr_decay_iters}") from None
+    if args.load:
+        job.progress = checkpointing.load_checkpoint(args, job.model, job.optimizer, job.scheduler, log=job.log)
+    job.log(f"[after model, optimizer, and learning rate scheduler are built] datetime: {stamp()}")
+
+
+def build_train_valid_test_data_iterators(job: _Job, datasets_provider: Callable) -> tuple:
+    """The datasets from the provider, wrapped in data-parallel loaders that start at the consumed
+    samples; returns (train iterator, valid iterator, test loader), None where a split is empty."""
+    from mmrun.data.gpt_dataset import train_valid_test_num_samples
+
+    args, progress = job.args, job.progress
+    job.log("> building train, validation, and test datasets ...")
+    num_samples = train_valid_test_num_samples(args.train_iters, args.global_batch_size, args.eval_interval,
+                                               args.eval_iters)
+    job.log(" > datasets target sizes (minimum size):\n"
+            f"    train:      {num_samples[0]}\n    validation: {num_samples[1]}\n    test:       {num_samples[2]}")
+    train_ds, valid_ds, test_ds = datasets_provider(num_samples)
+    dp_rank = job.rank  # data-parallel rank = global rank (tensor and pipeline sizes are 1)
+    train_loader = _build_loader(train_ds, progress.consumed_train_samples, args, dp_rank)
+    valid_loader = _build_loader(valid_ds, progress.consumed_valid_samples, args, dp_rank)
+    test_loader = _build_loader(test_ds, 0, args, dp_rank)
+    if train_loader is None and progress.iteration < args.train_iters:
+        raise TrainingError("train_valid_test_datasets_provider returned no training dataset; give the train "
+                            "split a weight in --split")
+    job.log(f"[after dataloaders are built] datetime: {stamp()}")
+    return (iter(train_loader) if train_loader is not None else None,
+            iter(valid_loader) if valid_loader is not None else None, test_loader)
+
+
+def _evaluate_and_print(job: _Job, forward_step_func: Callable, prefix: str, iterator: Iterator,
+                        kind: str) -> float | None:
+    args = job.args
+    losses = evaluate(forward_step_func, iterator, job.model, args.eval_iters, args.num_micro_batches)
+    if kind == "valid":
+        job.progress.consumed_valid_samples += args.eval_iters * args.global_batch_size
+    job.log(validation_block(prefix, losses))
+    job.metrics.write({"kind": kind, "iteration": job.progress.iteration, **losses})
+    loss = losses.get("lm loss")
+    if kind == "test":
+        job.result.test_loss = loss
+    else:
+        job.result.validation.append((prefix, loss))
+    return loss
+
+
+def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, valid_iter: Iterator | None,
+          test_loader: Any) -> None:
+    """Megatron's train(): steps, logs, evaluations, saves, exits; then the final validation and test."""
+    from mmrun import backend
+
+    args, progress, result = job.args, job.progress, job.result
+    jit = bool(getattr(args, "ms_jit", False))
+    plan = ForwardPlan(forward_step_func, job.model, jit=jit)
+    step = backend.train_step.TrainStep(job.model, job.optimizer, loss_fn=plan.loss, lr_scheduler=job.scheduler,
+                                        clip_grad=args.clip_grad, increment=args.global_batch_size, jit=jit)
+    do_valid = valid_iter is not None and args.eval_iters > 0
+    last_saved = progress.iteration if args.load else None
+
+    def save() -> None:
+        nonlocal last_saved
+        if last_saved != progress.iteration:
+            checkpointing.save_checkpoint(args, progress, job.model, job.optimizer, job.scheduler, log=job.log)
+            last_saved = progress.iteration
+
+    job.log("training ...")
+    job.log(f"[before the start of training step] datetime: {stamp()}")
+    job.model.train()
+    stats = IntervalStats()
+    wall_start = time.time()
+    exited_early = False
+    while progress.iteration < args.train_iters:
+        start = time.perf_counter()
+        try:
+            micro_batches = [plan.capture(train_iter) for _ in range(args.num_micro_batches)]
+        except StopIteration:
+            raise TrainingError(f"the training data ran out at iteration {progress.iteration + 1}; use more data "
+                                "or fewer --train-iters") from None
+        out = step(micro_batches)
+        elapsed = time.perf_counter() - start
+        progress.iteration += 1
+        progress.consumed_train_samples += args.global_batch_size
+        it = result.iteration = progress.iteration
+        result.losses[it], result.grad_norms[it] = out.loss, out.grad_norm
+        result.step_times.append(elapsed)
+        stats.add({"lm loss": out.loss}, elapsed)
+        job.metrics.write({"kind": "train", "iteration": it, "lm_loss": out.loss, "grad_norm": out.grad_norm,
+                           "learning_rate": out.lr, "consumed_samples": progress.consumed_train_samples,
+                           "elapsed_ms": elapsed * 1000.0,
+                           "tokens_per_second": args.global_batch_size * args.seq_length / elapsed})
+        if it % args.log_interval == 0:
+            job.log(iteration_line(it, args.train_iters, progress.consumed_train_samples, stats, out.lr,
+                                   args.global_batch_size, out.grad_norm, args.seq_length))
+            stats = IntervalStats()
+        if do_valid and args.eval_interval and it % args.eval_interval == 0:
+            _evaluate_and_print(job, forward_step_func, f"iteration {it}", valid_iter, "valid")
+        if args.save and args.save_interval and it % args.save_interval == 0:
+            save()
+        over_time = (args.exit_duration_in_mins is not None
+                     and (time.time() - wall_start) / 60.0 > args.exit_duration_in_mins)
+        if (args.exit_interval and it % args.exit_interval == 0) or over_time:
+            if args.save:
+                save()
+            job.log(f"exiting program at iteration {it}")
+            exited_early = True
+            break
+
+    job.log(f"[after training is done] datetime: {stamp()}")
+    result.peak_rss_mb = _peak_rss_mb()
+    job.log(f"[Rank {job.rank}] peak host memory (RSS): {result.peak_rss_mb:.1f} MB")
+    if not exited_early:
+        it = progress.iteration
+        if args.save and it != 0:
+            save()
+        if do_valid:
+            _evaluate_and_print(job, forward_step_func, f"iteration {it} on validation set", valid_iter, "valid")
+        if test_loader is not None and args.eval_iters > 0:
+            _evaluate_and_print(job, forward_step_func, f"iteration {it} on test set", iter(test_loader), "test")
+    job.metrics.write({"kind": "summary", "framework": job.framework, "iteration": progress.iteration,
+                       "peak_rss_mb": result.peak_rss_mb, "world_size": args.world_size})

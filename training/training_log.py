@@ -1,0 +1,108 @@
+"""Megatron's log lines (rank 0) and mmrun's full-precision metrics file.
+
+The iteration line is megatron.training.training_log's format, with tokens per second appended:
+
+     [2025-01-01 12:00:00] iteration       10/      20 | consumed samples:           80 | elapsed time per
+     iteration (ms): 41.3 | learning rate: 1.500000E-04 | global batch size:     8 | lm loss: 6.812345E+00 |
+     grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 | tokens per
+     second: 6198.5 |
+
+(one line). `lm loss` is the average over the iterations since the previous line, as in Megatron.
+Validation prints Megatron's boxed `validation loss at iteration N | lm loss value: ... | lm loss PPL: ...`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+ITERATION_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|")
+LOSS_RE = re.compile(r"\| lm loss: ([0-9.Ee+-]+) \|")
+VALIDATION_RE = re.compile(r"validation loss at (.+?) \| lm loss value: ([0-9.Ee+-]+) \|")
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+@dataclass
+class IntervalStats:
+    """What accumulates between two log lines (Megatron's total_loss_dict)."""
+
+    iterations: int = 0
+    losses: dict[str, float] = field(default_factory=dict)
+    elapsed: float = 0.0
+    nan_iterations: int = 0
+
+    def add(self, losses: dict[str, float], elapsed: float) -> None:
+        self.iterations += 1
+        self.elapsed += elapsed
+        for key, value in losses.items():
+            if math.isnan(value) or math.isinf(value):
+                self.nan_iterations += 1
+            self.losses[key] = self.losses.get(key, 0.0) + value
+
+
+def iteration_line(iteration: int, train_iters: int, consumed: int, stats: IntervalStats, lr: float,
+                   global_batch_size: int, grad_norm: float | None, seq_length: int) -> str:
+    per_iter = stats.elapsed / max(1, stats.iterations)
+    parts = [
+        f" [{stamp()}] iteration {iteration:8d}/{train_iters:8d} |",
+        f" consumed samples: {consumed:12d} |",
+        f" elapsed time per iteration (ms): {per_iter * 1000.0:.1f} |",
+        f" learning rate: {lr:.6E} |",
+        f" global batch size: {global_batch_size:5d} |",
+    ]
+    for key, total in stats.losses.items():
+        parts.append(f" {key}: {total / max(1, stats.iterations):.6E} |")
+    if grad_norm is not None:
+        parts.append(f" grad norm: {grad_norm:.3f} |")
+    parts.append(" number of skipped iterations:   0 |")
+    parts.append(f" number of nan iterations: {stats.nan_iterations:3d} |")
+    tokens_per_second = global_batch_size * seq_length / per_iter if per_iter > 0 else 0.0
+    parts.append(f" tokens per second: {tokens_per_second:.1f} |")
+    return "".join(parts)
+
+
+def validation_block(prefix: str, losses: dict[str, float]) -> str:
+    """Megatron's evaluate_and_print_results output: the line between two rules of dashes."""
+    text = f" validation loss at {prefix} | "
+    for key, value in losses.items():
+        ppl = math.exp(min(20.0, value))
+        text += f"{key} value: {value:.6E} | {key} PPL: {ppl:.6E} | "
+    rule = "-" * (len(text) + 1)
+    return f"{rule}\n{text}\n{rule}"
+
+
+class MetricsFile:
+    """--metrics-file: one JSON object per line, full float precision (rank 0 only)."""
+
+    def __init__(self, path: str | None, enabled: bool) -> None:
+        self._fh: IO[str] | None = open(path, "a", encoding="utf-8") if (path and enabled) else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps(record) + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def parse_log(text: str) -> dict[str, Any]:
+    """Losses out of a Megatron-format log: {"train": [(iteration, lm loss)], "validation": [(prefix, loss)]}.
+    Used by scripts/plot_loss_curves.py and the tests."""
+    train, valid = [], []
+    for line in text.splitlines():
+        it, loss = ITERATION_RE.search(line), LOSS_RE.search(line)
+        if it and loss:
+            train.append((int(it.group(1)), float(loss.group(1))))
+        v = VALIDATION_RE.search(line)
+        if v:
+            valid.append((v.group(1), float(v.group(2))))
+    return {"train": train, "validation": valid}
