@@ -21,8 +21,8 @@ def _no_decay(name: str, shape: tuple[int, ...]) -> bool:
 
 # --------------------------------------------------------------------------------------------- torch
 
-def torch_step(cfg: Any, state: dict[str, np.ndarray]) -> Callable[[tuple], tuple[float, float]]:
-    """A plain-torch GPT train step: zero_grad, forward, backward, clip_grad_norm_, AdamW.step."""
+def torch_model(cfg: Any, state: dict[str, np.ndarray]) -> Any:
+    """The GPT as a plain torch nn.Module, loaded with `state`; forward(tokens, labels, loss_mask) -> loss."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -79,6 +79,14 @@ def torch_step(cfg: Any, state: dict[str, np.ndarray]) -> Callable[[tuple], tupl
 
     model = GPT()
     model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    return model
+
+
+def torch_step(cfg: Any, state: dict[str, np.ndarray]) -> Callable[[tuple], tuple[float, float]]:
+    """A plain-torch GPT train step: zero_grad, forward, backward, clip_grad_norm_, AdamW.step."""
+    import torch
+
+    model = torch_model(cfg, state)
     named = list(model.named_parameters())
     groups = [{"params": [p for n, p in named if not _no_decay(n, tuple(p.shape))]},
               {"params": [p for n, p in named if _no_decay(n, tuple(p.shape))], "weight_decay": 0.0}]
@@ -109,13 +117,8 @@ def _ms_name(torch_name: str) -> str:
     return torch_name
 
 
-def mindspore_step(cfg: Any, state: dict[str, np.ndarray], jit: bool,
-                   optimizer_kind: str = "experimental") -> Callable[[tuple], tuple[float, float]]:
-    """A plain-MindSpore GPT train step: value_and_grad, clip by global norm, AdamW; optionally under jit.
-
-    optimizer_kind "experimental" is mindspore.experimental.optim.AdamW (torch's AdamW semantics);
-    "AdamWeightDecay" is nn.AdamWeightDecay (MindSpore's fastest, but not torch's update rule).
-    """
+def mindspore_model(cfg: Any, state: dict[str, np.ndarray]) -> Any:
+    """The GPT as a plain MindSpore Cell, loaded with `state`; construct(tokens, labels, loss_mask) -> loss."""
     import mindspore as ms
     from mindspore import Tensor, mint, nn, ops
 
@@ -181,6 +184,20 @@ def mindspore_step(cfg: Any, state: dict[str, np.ndarray], jit: bool,
     params = {name: p for name, p in model.parameters_and_names()}
     for torch_name, value in state.items():
         params[_ms_name(torch_name)].set_data(Tensor(value))
+    return model
+
+
+def mindspore_step(cfg: Any, state: dict[str, np.ndarray], jit: bool,
+                   optimizer_kind: str = "experimental") -> Callable[[tuple], tuple[float, float]]:
+    """A plain-MindSpore GPT train step: value_and_grad, clip by global norm, AdamW; optionally under jit.
+
+    optimizer_kind "experimental" is mindspore.experimental.optim.AdamW (torch's AdamW semantics);
+    "AdamWeightDecay" is nn.AdamWeightDecay (MindSpore's fastest, but not torch's update rule).
+    """
+    import mindspore as ms
+    from mindspore import mint, nn, ops
+
+    model = mindspore_model(cfg, state)
     trainable = model.trainable_params()
     decay = [p for p in trainable if not _no_decay(p.name, tuple(p.shape))]
     no_decay = [p for p in trainable if _no_decay(p.name, tuple(p.shape))]

@@ -2,10 +2,11 @@
 # Megatron-LM GPT pretraining, the shape of the Ascend migration guide's pretrain_single.sh, sized for a
 # CPU: a tiny GPT trained for a few iterations on the demo corpus shipped in data/corpus/. The launcher
 # line is torchrun's, with `mmrun` in its place: AI_FRAMEWORK picks PyTorch (torchrun) or MindSpore (msrun).
+# Its msrun twin, scripts/pretrain_gpt_msrun.sh, is generated from this file by `mmrun translate`.
 #
 #   bash scripts/pretrain_gpt.sh                         # PyTorch, 2 processes (data parallel)
 #   AI_FRAMEWORK=mindspore bash scripts/pretrain_gpt.sh  # the same job on MindSpore
-#   GPUS_PER_NODE=1 OUT_DIR=/tmp/demo bash scripts/pretrain_gpt.sh
+#   GPUS_PER_NODE=1 TRAIN_ITERS=5 LOG_INTERVAL=1 OUT_DIR=/tmp/demo bash scripts/pretrain_gpt.sh
 #
 # The corpus is tokenized into $OUT_DIR/data on the first run (Megatron's preprocess_data.py step).
 # Left as in the guide on purpose, to show what mmrun does with them on a CPU: --distributed-backend
@@ -14,7 +15,6 @@
 set -euo pipefail
 
 AI_FRAMEWORK=${AI_FRAMEWORK:-pytorch}
-MMRUN=${MMRUN:-mmrun}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1
@@ -28,6 +28,8 @@ NODE_RANK=0
 WORLD_SIZE=$((GPUS_PER_NODE * NNODES))
 
 OUT_DIR=${OUT_DIR:-./out/pretrain_gpt}
+TRAIN_ITERS=${TRAIN_ITERS:-40}
+LOG_INTERVAL=${LOG_INTERVAL:-10}
 CHECKPOINT_PATH=$OUT_DIR/ckpt
 CORPUS_DIR=$ROOT/data/corpus
 VOCAB_FILE=$CORPUS_DIR/gpt2-vocab.json
@@ -35,7 +37,7 @@ MERGE_FILE=$CORPUS_DIR/gpt2-merges.txt
 DATA_PATH=$OUT_DIR/data/demo_text_document
 
 if [ ! -f "$DATA_PATH.bin" ] || [ ! -f "$DATA_PATH.idx" ]; then
-    "$MMRUN" preprocess-data \
+    mmrun preprocess-data \
         --input "$CORPUS_DIR/demo_corpus.jsonl" \
         --output-prefix "$OUT_DIR/data/demo" \
         --tokenizer-type GPT2BPETokenizer \
@@ -63,8 +65,8 @@ GPT_ARGS="
     --micro-batch-size 4 \
     --global-batch-size $((4 * WORLD_SIZE)) \
     --lr 0.002 \
-    --train-iters 40 \
-    --lr-decay-iters 40 \
+    --train-iters $TRAIN_ITERS \
+    --lr-decay-iters $TRAIN_ITERS \
     --lr-decay-style cosine \
     --min-lr 1.0e-5 \
     --weight-decay 1e-2 \
@@ -81,14 +83,14 @@ DATA_ARGS="
 "
 
 OUTPUT_ARGS="
-    --log-interval 10 \
+    --log-interval $LOG_INTERVAL \
     --save-interval 20 \
     --eval-interval 20 \
     --eval-iters 2 \
 "
 
 # shellcheck disable=SC2086  # the *_ARGS strings are word-split on purpose, as in the guide
-"$MMRUN" --ai-framework "$AI_FRAMEWORK" $DISTRIBUTED_ARGS "$ROOT/models/pretrain_gpt.py" \
+mmrun --ai-framework "$AI_FRAMEWORK" $DISTRIBUTED_ARGS "$ROOT/models/pretrain_gpt.py" \
     $GPT_ARGS \
     $DATA_ARGS \
     $OUTPUT_ARGS \

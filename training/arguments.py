@@ -66,7 +66,7 @@ class ArgumentsError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse would print the whole usage block and exit
-        raise ArgumentsError(f"{self.prog}: error: {message} (see --help)")
+        raise ArgumentsError(f"{message} (see {self.prog} --help)")
 
 
 # ----------------------------------------------------------------------------------- flag spellings
@@ -316,7 +316,7 @@ def _unknown_error(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> A
     close = difflib.get_close_matches(name, _known_flags(parser), n=1, cutoff=0.75)
     hint = (f"did you mean {close[0]}?" if close
             else "remove it, or see --help and docs/training.md for the flags mmrun knows")
-    return ArgumentsError(f"{parser.prog}: error: unrecognized argument {first!r} "
+    return ArgumentsError(f"unrecognized argument {first!r} "
                           f"(received: {' '.join(unknown)}); {hint}")
 
 
@@ -368,7 +368,7 @@ def _check_foreign(args: argparse.Namespace) -> None:
 def _require(args: argparse.Namespace, names: Iterable[str]) -> None:
     missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
     if missing:
-        raise ArgumentsError(f"{PROG}: error: the following arguments are required: {', '.join(missing)} "
+        raise ArgumentsError(f"the following arguments are required: {', '.join(missing)} "
                              "(see --help; models/pretrain_gpt.py supplies CPU-sized defaults for the model)")
 
 

@@ -1,7 +1,7 @@
 """`mmrun translate`: rewrite a torchrun launch script into an msrun one (and back), editing only the bytes that must change.
 
-    from mmrun.launchers.translate import translate_script
-    result = translate_script(open("pretrain.sh", "rb").read(), target="msrun", path="pretrain.sh")
+    from mmrun.launchers.translate import Options, translate_script
+    result = translate_script(open("pretrain.sh", "rb").read(), Options(target="msrun", device="cpu"), "pretrain.sh")
     print(result.output.decode(), result.report.text())
 
 The script is parsed with tree-sitter-bash and never executed or sourced.

@@ -32,7 +32,7 @@ The script is parsed (tree-sitter-bash), never executed or sourced.
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmrun translate",
-        description="Rewrite a torchrun training launch script into an msrun one (or back), changing only the bytes that must change.",
+        description="Rewrite a torchrun (or mmrun) training launch script into an msrun one (or back), changing only the bytes that must change.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,7 +1,8 @@
 """Find launch commands in a script and read their launcher options, wherever the script wrote them.
 
 Recognised: `torchrun`, `python -m torch.distributed.run`, `python -m torch.distributed.launch` (legacy),
-`msrun`, `python -m mindspore.parallel.cluster.run`; behind env prefixes (`PYTHONPATH=... torchrun`),
+`msrun`, `python -m mindspore.parallel.cluster.run`, and `mmrun` (torchrun's and msrun's options plus mmrun's
+own, like the `mmrun` launcher; `mmrun SUBCOMMAND` is no launch); behind env prefixes (`PYTHONPATH=... torchrun`),
 wrappers (`nohup`, `exec`, `env A=1`), inside pipelines (`... 2>&1 | tee log`), with options literal,
 in `$VAR` (a string split into words) or `"${VAR[@]}"` (an array), both spellings, `=` or space.
 """
@@ -11,12 +12,14 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
+from mmrun.launchers.cli import ALIASES, SUBCOMMANDS
+from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption, find_option
 from mmrun.launchers.translate.parse import Node, Script
+from mmrun.launchers.translate.rules import MMRUN, MMRUN_OPTIONS
 from mmrun.launchers.translate.words import Container, Word, Words
 
 # How each launcher can be invoked: executable names and `python -m` modules.
-EXECUTABLES: dict[str, str] = {"torchrun": TORCHRUN, "msrun": MSRUN}
+EXECUTABLES: dict[str, str] = {"torchrun": TORCHRUN, "msrun": MSRUN, "mmrun": TORCHRUN}
 MODULES: dict[str, tuple[str, str]] = {  # module -> (launcher, form)
     "torch.distributed.run": (TORCHRUN, "python -m torch.distributed.run"),
     "torch.distributed.launch": (TORCHRUN, "python -m torch.distributed.launch"),
@@ -138,6 +141,8 @@ def _launch(script: Script, words: Words, node: Node) -> Launch | None:
         return None
     first = container.words[position]
     base = os.path.basename(first.text) if first.static else ""
+    if base == MMRUN and position + 1 < len(container.words) and container.words[position + 1].text in {*SUBCOMMANDS, *ALIASES}:
+        return None  # `mmrun preprocess-data ...`: a tool, not a launch
     if base in EXECUTABLES:
         return Launch(EXECUTABLES[base], base, node, container, (first.start, first.end), first, container.words[position + 1:])
     # `python [-u ...] -m torch.distributed.run` (the interpreter may be `$PYTHON`).
@@ -158,7 +163,14 @@ def _launch(script: Script, words: Words, node: Node) -> Launch | None:
 
 def read_args(launch: Launch, alternative: list[Word]) -> LauncherArgs:
     """Split one alternative of the launch's (expanded) words into launcher options, script, training args."""
-    table = BY_LAUNCHER[launch.launcher]
+    if launch.form == MMRUN:  # as the `mmrun` launcher parses: its own options, then torchrun's, then msrun's
+        def lookup(flag: str) -> LauncherOption | None:
+            return _find(MMRUN_OPTIONS, flag) or find_option(flag)
+    else:
+        table = BY_LAUNCHER[launch.launcher]
+
+        def lookup(flag: str) -> LauncherOption | None:
+            return _find(table, flag)
     uses: list[OptionUse] = []
     problems: list[tuple[Word, str]] = []
     index = 0
@@ -182,13 +194,14 @@ def read_args(launch: Launch, alternative: list[Word]) -> LauncherArgs:
             uses.append(OptionUse(None, flag, [word], (word.start, word.end), True, None, None, False))
             index += 1
             continue
-        option = _find(table, flag)
+        option = lookup(flag)
         if option is None and not eq and len(flag) > 2 and not flag.startswith("--"):
-            option = _find(table, flag[:2])  # -r3: short flag glued to its value
+            option = lookup(flag[:2])  # -r3: short flag glued to its value
             if option is not None and option.takes_value:
                 eq, inline_value, flag = "glued", flag[2:], flag[:2]
         if option is None:
-            problems.append((word, f"{flag} is not a {launch.launcher} option (received {word.raw}); spell the option out in full, as `{launch.launcher} --help` lists it"))
+            name = MMRUN if launch.form == MMRUN else launch.launcher
+            problems.append((word, f"{flag} is not a{'n' if name == MMRUN else ''} {name} option (received {word.raw}); spell the option out in full, as `{name} --help` lists it"))
             index += 1
             continue
         flag_start = word.start + (1 if word.quote else 0)

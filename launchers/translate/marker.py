@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from mmrun.launchers.options import MSRUN, TORCHRUN
 from mmrun.launchers.translate.parse import ScriptSyntaxError
 from mmrun.launchers.translate.rewrite import Options, Result, TranslationRefused, line_ending, translate_rules
-from mmrun.launchers.translate.rules import FRAMEWORK_OF, MARKER_PREFIX
+from mmrun.launchers.translate.rules import FRAMEWORK_OF, MARKER_PREFIX, MMRUN
 
-_LAUNCHERS = f"({TORCHRUN}|{MSRUN})"
+_LAUNCHERS = f"({TORCHRUN}|{MSRUN}|{MMRUN})"
 HEADER = re.compile(rf"^{MARKER_PREFIX}: {_LAUNCHERS} -> {_LAUNCHERS} \(([^)\n]*)\)[^\n]*$".encode(), re.M)
 UNDO = re.compile(rf"^{MARKER_PREFIX} undo: ([^\n]*)$".encode(), re.M)
 _HEADER_LINES = 12  # the header sits at the top; a marker further down is not ours
@@ -57,7 +57,8 @@ def read_header(data: bytes) -> Header | None:
             hunks = _valid_hunks(json.loads(undo.group(1).decode("utf-8", errors="surrogateescape")))
         except ValueError:
             hunks = None
-    return Header(match.group(1).decode(), match.group(2).decode(), device.group(1) if device else "npu",
+    source = match.group(1).decode()
+    return Header(TORCHRUN if source == MMRUN else source, match.group(2).decode(), device.group(1) if device else "npu",
                   policy.group(1) if policy else "error", hunks, top[:match.start()].count(b"\n") + 1)
 
 
@@ -80,7 +81,7 @@ def translate_with_marker(source: bytes, options: Options, path: str) -> Result:
         report.add_note(stale, "the mmrun translate marker no longer matches the script (edited since?): translated by the rules alone, "
                                "which keep the meaning but not necessarily the original text")
     if report.launches:
-        output = _with_marker(output, source, options, path)
+        output = _with_marker(output, source, options, path, report.source)
     return Result(source, output, report)
 
 
@@ -95,7 +96,7 @@ def _restore(source: bytes, header: Header, path: str):
     return (candidate, report) if again == source else None
 
 
-def _with_marker(output: bytes, source: bytes, options: Options, path: str) -> bytes:
+def _with_marker(output: bytes, source: bytes, options: Options, path: str, label: str) -> bytes:
     """The rewritten script with the header (and, where the rules alone would not undo it, the undo record)."""
     settings = f"--device {options.device}" + (f" --on-unsupported {options.on_unsupported}" if options.on_unsupported != "error" else "")
     back = Options(target=options.source, device=options.device, gate=False)
@@ -106,7 +107,7 @@ def _with_marker(output: bytes, source: bytes, options: Options, path: str) -> b
     except (ScriptSyntaxError, TranslationRefused):
         hunks, undo = [], "no automatic undo"
     eol = line_ending(source)
-    lines = [f"{MARKER_PREFIX}: {options.source} -> {options.target} ({settings}); {undo}{eol}"]
+    lines = [f"{MARKER_PREFIX}: {label} -> {options.target} ({settings}); {undo}{eol}"]  # label: mmrun for mmrun lines
     if hunks:
         text = json.dumps(hunks, ensure_ascii=not _is_utf8(source), separators=(",", ":"))
         lines.append(f"{MARKER_PREFIX} undo: {text}{eol}")

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
 from mmrun.launchers.translate import lint as lints
 from mmrun.launchers.translate.edits import Edit, EditConflict, apply_edits
-from mmrun.launchers.translate.launch_forms import Launch, LauncherArgs, OptionUse, find_launches, read_args
+from mmrun.launchers.translate.launch_forms import EXECUTABLES, Launch, LauncherArgs, OptionUse, find_launches, read_args
 from mmrun.launchers.translate.parse import Node, Script, parse_script
 from mmrun.launchers.translate.report import Change, Report
 from mmrun.launchers.translate.values import ScriptValues
 from mmrun.launchers.translate.words import MAX_ALTERNATIVES, Container, Definitions, ExpansionRefused, Word, Words
 from mmrun.launchers.translate.rules import (
-    DEVICES, FRAMEWORK_FLAGS, FRAMEWORK_OF, INLINE_ADDED, KEEP_DEFAULTS, MARKER_PREFIX, MSRUN_EXTRAS, ON_UNSUPPORTED,
-    OTHER, WHY_ADDED, WHY_DROPPED, WHY_LAUNCHER, WHY_RENAMED,
+    DEVICES, FRAMEWORK_FLAGS, FRAMEWORK_OF, INLINE_ADDED, KEEP_DEFAULTS, MARKER_PREFIX, MMRUN, MMRUN_OWN_TO_MSRUN, MSRUN_EXTRAS,
+    ON_UNSUPPORTED, OTHER, WHY_ADDED, WHY_DROPPED, WHY_FROM_MMRUN, WHY_LAUNCHER, WHY_RENAMED,
 )
 from mmrun.launchers.translation import Refusal, Translation, to_msrun, to_torchrun
 
@@ -128,9 +128,12 @@ class _Rewriter:
     def run(self) -> tuple[bytes, Report]:
         launches = find_launches(self.script, self.words)
         todo = [launch for launch in launches if launch.launcher == self.options.source]
+        if todo and all(launch.form == MMRUN for launch in todo):
+            self.report.source = MMRUN  # the report (and the marker) say "mmrun -> msrun"
         for launch in launches:
             if launch.launcher == self.target:
-                self.report.add_note(self._line(launch.command.start_byte), f"this launch line already uses {self.target}; left as it is")
+                used = MMRUN if launch.form == MMRUN else self.target  # mmrun picks its launcher itself
+                self.report.add_note(self._line(launch.command.start_byte), f"this launch line already uses {used}; left as it is")
         if not launches:
             self.report.add_note(1, f"no {self.options.source} launch line found (looked for {self._forms()}); nothing to translate")
         for launch in todo:
@@ -210,11 +213,11 @@ class _Rewriter:
     def _rename_launcher(self, launch: Launch) -> None:
         start, end = launch.name_span
         before = self.script.text(start, end)
-        if launch.form in ("torchrun", "msrun") and launch.name_word.static:
+        if launch.form in EXECUTABLES and launch.name_word.static:
             after = before[: len(before) - len(launch.form)] + self.target  # keep a directory: /opt/env/bin/msrun
         else:
             after = self.target
-        why = WHY_LAUNCHER[self.target]
+        why = WHY_LAUNCHER[self.target] + (WHY_FROM_MMRUN if launch.form == MMRUN else "")
         if launch.dropped:
             why += f"; python's own options {' '.join(launch.dropped)} are dropped (msrun starts `python SCRIPT` itself)"
         self._edit(start, end, after, Change(self._line(start), before, after, why))
@@ -222,7 +225,14 @@ class _Rewriter:
     # ---------------------------------------------------------------- launcher options
 
     def _options(self, launch: Launch, args: LauncherArgs) -> None:
-        uses = [u for u in args.uses if u.option is not None]
+        uses = [u for u in args.uses if u.option is not None and u.option.launcher != MMRUN]
+        for own in (u for u in args.uses if u.option is not None and u.option.launcher == MMRUN):
+            action, reason, *hint = MMRUN_OWN_TO_MSRUN[own.dest]
+            if action == "remove":
+                self._remove_use(own, reason)
+            else:
+                self.report.refuse(self._line(own.start), str(Refusal(own.flag, own.value if own.option.takes_value else None,
+                                                                      self.target, reason, hint[0])))
         for legacy in (u for u in args.uses if u.option is None):
             self._remove_use(legacy, "torch.distributed.launch's --use_env: msrun passes no --local-rank argument, so there is nothing to switch off")
         given: dict[str, str | bool] = {}
@@ -307,10 +317,12 @@ class _Rewriter:
             if dest in given:
                 source_of[dest] = dest  # spelled alike in both launchers (--master_addr)
                 continue
-            # The most specific source: --nnodes changes only --worker_num, --nproc_per_node changes both.
-            candidates = [s for s in given if dest in affects.get(s, ())]
+            # A documented rename first (--local_worker_num 8 -> --nproc_per_node 8 even where 8 is msrun's
+            # default, so leaving it out changes nothing); else the most specific source: --nnodes changes
+            # only --worker_num, --nproc_per_node changes both.
+            candidates = [s for s in given if (s, dest) in WHY_RENAMED] or [s for s in given if dest in affects.get(s, ())]
             if candidates:
-                source_of[dest] = min(candidates, key=lambda s: len(affects[s]))
+                source_of[dest] = min(candidates, key=lambda s: len(affects.get(s, ())))
         return source_of
 
     def _flag(self, option: LauncherOption) -> str:

@@ -4,8 +4,9 @@ Data only: the option translation itself is launchers/translation.py, shared wit
 """
 from __future__ import annotations
 
-from mmrun.launchers.options import MSRUN, TORCHRUN
+from mmrun.launchers.options import MSRUN, TORCHRUN, LauncherOption
 
+MMRUN = "mmrun"  # an `mmrun` launch line: torchrun's (and msrun's) options plus mmrun's own, translated as torchrun's
 FRAMEWORK_OF: dict[str, str] = {MSRUN: "mindspore", TORCHRUN: "pytorch"}
 LAUNCHER_OF: dict[str, str] = {"mindspore": MSRUN, "pytorch": TORCHRUN}
 OTHER: dict[str, str] = {MSRUN: TORCHRUN, TORCHRUN: MSRUN}
@@ -56,3 +57,25 @@ WHY_LAUNCHER: dict[str, str] = {
     MSRUN: "msrun starts the workers for the MindSpore backend (seed 003)",
     TORCHRUN: "torchrun starts the workers for the PyTorch backend",
 }
+
+# mmrun's own options (launchers/launch_args.py, "mmrun options"; a test compares the two), as they may
+# appear on an `mmrun` launch line. `to_other` is unused: they never reach the shared translation.
+MMRUN_OPTIONS: dict[str, LauncherOption] = {o.dest: o for o in (
+    LauncherOption("ai_framework", MMRUN, True, None, "framework and launcher", "mmrun"),
+    LauncherOption("dry_run", MMRUN, False, None, "print the launcher command, start nothing", "mmrun"),
+    LauncherOption("on_unsupported", MMRUN, True, "error", "launcher options the launcher cannot honour", "mmrun"),
+    LauncherOption("msadapter_path", MMRUN, True, None, "MSAdapter source tree", "mmrun"),
+    LauncherOption("version", MMRUN, False, None, "print mmrun's version", "mmrun"),
+)}
+# What `--to mindspore` does with them: ("remove", why) or ("refuse", reason, hint).
+MMRUN_OWN_TO_MSRUN: dict[str, tuple[str, ...]] = {
+    "ai_framework": ("remove", "mmrun's own choice of launcher: msrun is MindSpore's, and the training command gets --ai-framework mindspore"),
+    "dry_run": ("refuse", "msrun has no dry run, it would start the job",
+                "remove --dry-run from the script (run the mmrun line with --dry-run to see the msrun command it starts)"),
+    "on_unsupported": ("refuse", "msrun has no such switch, and an option msrun cannot honour is refused by the translation itself",
+                       "remove it from the script"),
+    "msadapter_path": ("refuse", "msrun does not export MSADAPTER_PATH for its workers",
+                       "write `export MSADAPTER_PATH=DIR` above the launch line instead"),
+    "version": ("refuse", "mmrun --version prints mmrun's version and starts no job", "remove it from the launch line"),
+}
+WHY_FROM_MMRUN = "; mmrun's torchrun-style options are translated as torchrun's"

@@ -198,8 +198,8 @@ def test_usage_errors_stop_before_any_model_is_built(demo_data, tmp_path, tk, ex
 
 
 def test_demo_script_runs_through_mmrun_with_decreasing_losses(tmp_path, tk):
-    env = tk.clean_env(OUT_DIR=str(tmp_path / "demo"), MMRUN=str(Path(sys.executable).parent / "mmrun"),
-                    MASTER_PORT="0")
+    # The script calls `mmrun` from PATH: clean_env puts the venv's bin directory first.
+    env = tk.clean_env(OUT_DIR=str(tmp_path / "demo"), MASTER_PORT="0")
     start = time.time()
     proc = subprocess.run(["bash", str(tk.root / "scripts" / "pretrain_gpt.sh")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -14,6 +14,7 @@ import pytest
 
 from mmrun.launchers.translate import Options, translate_script
 from mmrun.launchers.translate.cli import main
+from mmrun.launchers.translate.rules import OTHER
 
 FIXTURES = Path(__file__).parent / "fixtures"
 INPUTS = sorted(p for p in FIXTURES.glob("*.sh") if p.name.count(".") == 1)
@@ -74,7 +75,7 @@ def test_fixture_round_trip(path: Path) -> None:
     if not there.changed:  # nothing to translate (no launch, or already the target launcher)
         assert there.output == source and there.report.launches == 0
         return
-    back = translate_script(there.output, Options(target=there.report.source, device=device), path.name)
+    back = translate_script(there.output, Options(target=OTHER[there.report.target], device=device), path.name)
     assert back.output == source
     assert back.report.undo == "record"
 
