@@ -9,8 +9,9 @@ Same public names and contract as `mmrun.backend.torch.train_step` (see there):
 With `jit=True` (the default, `DEFAULT_JIT`) the step is compiled with `mindspore.jit`: one graph for
 forward, backward, clipping and the AdamW update when there is one micro-batch on one rank; with
 several micro-batches or ranks, a graph for each micro-batch's gradients and one for the update, with
-the accumulation and the data-parallel all-reduce between them. The first call compiles (seconds);
-a new batch shape compiles again.
+the accumulation and the data-parallel all-reduce between them. With `jit=False` forward and backward
+run eagerly (PyNative) and only the update graph is compiled. The first call compiles (seconds); a
+new batch shape compiles again.
 """
 from __future__ import annotations
 
@@ -70,15 +71,10 @@ class TrainStep(ms.nn.Cell):
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
         self._grad_fn = ms.value_and_grad(self._loss, None, optimizer.params)
         wrap = ms.jit if self.jit else (lambda fn: fn)
+        # The update (clip + AdamW) is compiled even with jit=False: it has no user code to debug, and in
+        # PyNative its ~4 small ops per parameter cost more than the graph (measured in docs/portable-api.md).
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
-                          "accumulate": wrap(self._accumulate), "update": wrap(self._update)}
-
-    def _apply(self, grads, scalars):
-        if not self.jit:
-            # In PyNative the optimizer's own jit graph gets the gradients as an argument: mutable, or
-            # every new gradient value would compile it again.
-            grads = ms.mutable(grads)
-        return self.optimizer(grads, scalars)
+                          "accumulate": wrap(self._accumulate), "update": ms.jit(self._update)}
 
     def _loss(self, *batch):
         return self.loss_fn(self.model, *batch)
@@ -93,12 +89,12 @@ class TrainStep(ms.nn.Cell):
     def _update(self, grads, scale, scalars):
         grads = tuple([g * scale for g in grads])
         grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
-        return F.depend(norm, self._apply(grads, scalars))
+        return F.depend(norm, self.optimizer(grads, scalars))
 
     def _fused_step(self, batch, scalars):
         loss, grads = self._grad_fn(*batch)
         grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
-        done = self._apply(grads, scalars)
+        done = self.optimizer(grads, scalars)
         return F.depend(loss, done), F.depend(norm, done)
 
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
@@ -110,7 +106,7 @@ class TrainStep(ms.nn.Cell):
         self.optimizer.set_lr(lr)
         scalars = self.optimizer.next_scalars()
         num_micro = len(micro_batches)
-        if num_micro == 1 and self.world_size == 1:
+        if self.jit and num_micro == 1 and self.world_size == 1:
             loss, norm = self._compiled["fused"](_batch(micro_batches[0]), scalars)
         else:
             loss, grads = self._compiled["grads"](_batch(micro_batches[0]))

@@ -2,11 +2,23 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import time
 
 import pytest
 
 pytestmark = pytest.mark.slow
+
+
+def _wait_for_listener(port: int, node0: subprocess.Popen, timeout: float = 120) -> None:
+    """Start the second node once the master (torchrun's store, msrun's scheduler) listens, as a cluster operator would."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and node0.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
@@ -21,7 +33,15 @@ def test_two_nodes_all_reduce_over_four_ranks(framework, job_env, tmp_path, jobs
              "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
              str(jobs.workers / "all_reduce.py")],
             env=job_env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [node.communicate(timeout=240) for node in nodes]
+        if node_rank == 0:
+            _wait_for_listener(port, nodes[0])
+    try:
+        outputs = [node.communicate(timeout=300) for node in nodes]
+    except subprocess.TimeoutExpired:
+        for node in nodes:
+            node.kill()
+        outputs = [node.communicate() for node in nodes]
+        pytest.fail("two-node job timed out:\n" + "\n---\n".join(err[-3000:] for _, err in outputs))
     assert [node.returncode for node in nodes] == [0, 0], [err[-3000:] for _, err in outputs]
     records = [json.loads((tmp_path / f"reduce_{rank}.json").read_text()) for rank in range(4)]
     assert sorted(r["rank"] for r in records) == [0, 1, 2, 3]
