@@ -223,12 +223,14 @@ def summarise(timing: dict[str, Any], memory: dict[str, dict[str, float]]) -> st
             if num in memory and den in memory:
                 mem = f"{memory[num]['peak_rss_mib'] / memory[den]['peak_rss_mib']:.3f}"
             lines.append(f"| {label} | {statistics.median(wall):.3f} | {min(wall):.3f} - {max(wall):.3f} "
-                         f"| {statistics.median(cpu_ratio):.3f} | {min(cpu_ratio):.3f} - {max(cpu_ratio):.3f} | {mem} |")
+                         f"| {statistics.median(cpu_ratio):.3f} | {min(cpu_ratio):.3f} - {max(cpu_ratio):.3f} "
+                         f"| {mem} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="examples:" + __doc__.split("examples:")[1],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="examples:" + __doc__.split("examples:")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)

@@ -174,7 +174,8 @@ def checkpoint_roundtrip(state: dict[str, np.ndarray], batch: tuple[np.ndarray, 
             after_src = eval_loss(src, model, batch)
             restored_step([to_framework(dst, batch)])
             after_dst = eval_loss(dst, restored, batch)
-            out[f"{src}->{dst}"] = {"loss_diff": abs(loss_src - loss_dst), "next_step_loss_diff": abs(after_src - after_dst),
+            out[f"{src}->{dst}"] = {"loss_diff": abs(loss_src - loss_dst),
+                                    "next_step_loss_diff": abs(after_src - after_dst),
                                     "loss": loss_src, "next_loss": next_src, "iteration": ckpt.meta["iteration"]}
     return out
 
@@ -275,8 +276,10 @@ def render(report: dict[str, Any]) -> str:
         "|---|---|---|---|",
         f"| loss, torch | {fb['loss_torch']:.7f} | | |",
         f"| loss, mindspore | {fb['loss_mindspore']:.7f} | | |",
-        f"| loss difference | {fb['loss_diff']:.2e} | {THRESHOLDS['forward_loss']:.0e} | {ok(fb['loss_diff'], THRESHOLDS['forward_loss'])} |",
-        f"| max gradient difference (any element, any parameter) | {fb['max_grad_diff']:.2e} | {THRESHOLDS['max_grad']:.0e} | {ok(fb['max_grad_diff'], THRESHOLDS['max_grad'])} |",
+        f"| loss difference | {fb['loss_diff']:.2e} | {THRESHOLDS['forward_loss']:.0e} "
+        f"| {ok(fb['loss_diff'], THRESHOLDS['forward_loss'])} |",
+        f"| max gradient difference (any element, any parameter) | {fb['max_grad_diff']:.2e} "
+        f"| {THRESHOLDS['max_grad']:.0e} | {ok(fb['max_grad_diff'], THRESHOLDS['max_grad'])} |",
         f"| largest gradient element (for scale) | {fb['max_grad']:.2e} | | |",
         "",
         f"## {report['steps']} training steps (TrainStep: forward, backward, clip, AdamW, schedule)",
@@ -290,7 +293,8 @@ def render(report: dict[str, Any]) -> str:
             f"| {row['label']} | {row['max_step_loss_diff']:.2e} | {THRESHOLDS['step_loss']:.0e} "
             f"| {ok(row['max_step_loss_diff'], THRESHOLDS['step_loss'])} | {row['max_grad_norm_diff']:.2e} "
             f"| {row['final_param_diff']:.2e} | {row['max_param_change']:.2e} | {'yes' if row['lr_equal'] else 'no'} "
-            f"| {row['loss_first']:.4f} -> {row['loss_last']:.4f} | {row['torch_step_ms']:.0f} / {row['ms_step_ms']:.0f} |")
+            f"| {row['loss_first']:.4f} -> {row['loss_last']:.4f} "
+            f"| {row['torch_step_ms']:.0f} / {row['ms_step_ms']:.0f} |")
     lines += [
         "",
         "Step times are medians after the first step, on a shared 2-core machine: indicative only (see",
@@ -326,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  python scripts/parity_report.py\n  python scripts/parity_report.py --steps 5 --output /tmp/parity.md")
+        epilog="examples:\n  python scripts/parity_report.py\n"
+               "  python scripts/parity_report.py --steps 5 --output /tmp/parity.md")
     parser.add_argument("--steps", type=int, default=20, help="training steps per comparison (default 20)")
     parser.add_argument("--output", default=str(Path(__file__).resolve().parents[1] / "docs" / "parity.md"),
                         help="markdown file to write (default docs/parity.md)")

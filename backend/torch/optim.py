@@ -18,6 +18,7 @@ import torch
 from mmrun.backend.optimizer_params import (  # noqa: F401 - megatron_no_decay is part of this API
     STATE_KEYS, NoDecay, check_optimizer_state, megatron_no_decay, named_params)
 
+
 class AdamW:
     """torch.optim.AdamW (decoupled weight decay, bias-corrected) with the portable contract above."""
 
