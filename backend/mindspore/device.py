@@ -81,7 +81,12 @@ def detect() -> DeviceInfo:
     with _lock:
         if _detected is None:
             target = _target()
-            mindspore.set_device(target)
+            try:
+                mindspore.set_device(target)
+            except RuntimeError:
+                # The script already chose the device (or communication init set its device id) and
+                # MindSpore refuses any change once kernels ran: adopt the device that is in use.
+                target = mindspore.get_current_device().device_target
             index = 0 if target == "CPU" else rank_env.read_rank_info().local_rank
             _detected = DeviceInfo(target, index, checks.dist_backend("mindspore", target))
         return _detected

@@ -32,23 +32,24 @@ def _initialized() -> bool:
 
 
 def init_distributed(backend: str | None = None, *, single_process_group: bool = False) -> None:
-    """Start communication when the world size is above 1; in msrun's scheduler, be the scheduler.
+    """Start communication under msrun (any world size) or 2+ processes; in msrun's scheduler, be the scheduler.
 
     msrun runs the script once more than there are workers, in a scheduler process (MS_ROLE=MS_SCHED).
     There `communication.init()` serves the workers until the job ends and does not return; the exit
-    below makes sure the training body after this call can never run in the scheduler. With a single
-    worker nobody needs a scheduler (and the worker does not register, see below), so it exits at once.
+    below makes sure the training body after this call can never run in the scheduler. The scheduler
+    always serves, even for one worker: the worker's script may call `communication.init()` itself
+    (MindSpeed-style code does), and it would wait forever for a scheduler that left. So every msrun
+    worker registers too, even alone (mmrun's bootstrap also registers workers whose script never did).
     Idempotent, also after destroy_distributed(): a second init() would wait for a scheduler that is gone.
     """
     info = rank_env.read_rank_info()
     if info.is_scheduler:
-        if info.world_size > 1:
-            comm.init()
+        comm.init()
         sys.exit(0)
     if GlobalComm.INITED:
         return
-    if info.world_size <= 1:
-        # A lone process must not call init(): without msrun it raises RuntimeError.
+    if info.world_size <= 1 and info.scheme != "msrun":
+        # A lone process without msrun must not call init(): it raises RuntimeError.
         if single_process_group:
             warn_once("single_process_group is ignored with mindspore: communication needs msrun and 2+ workers")
         return

@@ -124,3 +124,19 @@ def test_module_mode_on_msrun(job_env, tmp_path, jobs):
     result = jobs.run(["--ai-framework", "mindspore", "--nproc-per-node", "1", "--master-port", "0", "-m", "pkg.job", "--x"], job_env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "rank_0.json").read_text())["argv"] == ["--x", "--ai-framework", "mindspore"]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_msrun_script_that_calls_init_itself(nproc, job_env, tmp_path, jobs):
+    # msrun's scheduler must serve even one worker: this script registers on its own.
+    result = jobs.run(["--ai-framework", "mindspore", "--nproc-per-node", str(nproc), "--master-port", "0",
+                       str(jobs.workers / "ms_init_directly.py")], job_env, tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [json.loads((tmp_path / f"direct_{r}.json").read_text())["size"] for r in range(nproc)] == [nproc] * nproc
+
+
+def test_msrun_single_worker_that_never_initialises(job_env, tmp_path, jobs):
+    result = jobs.run(["--ai-framework", "mindspore", "--nproc-per-node", "1", "--master-port", "0",
+                       str(jobs.workers / "record_env.py")], job_env, tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "rank_0.json").read_text())["WORLD_SIZE"] == "1"
