@@ -21,6 +21,7 @@ class WorkerStatus:
     exit_code: int
     time: float
     error: str | None
+    tail: list[str]  # the worker's last lines of Python-level output, recorded by the bootstrap
 
 
 def read_statuses(status_dir: Path) -> list[WorkerStatus]:
@@ -28,7 +29,7 @@ def read_statuses(status_dir: Path) -> list[WorkerStatus]:
     for path in sorted(status_dir.glob("rank_*.json")):
         try:
             record = json.loads(path.read_text())
-            statuses.append(WorkerStatus(record["rank"], record["local_rank"], record["exit_code"], record["time"], record.get("error")))
+            statuses.append(WorkerStatus(record["rank"], record["local_rank"], record["exit_code"], record["time"], record.get("error"), record.get("tail", [])))
         except (OSError, ValueError, KeyError):
             continue  # a worker killed mid-write leaves no usable record; the launcher's code stands
     return statuses
@@ -40,7 +41,7 @@ def first_failure(statuses: list[WorkerStatus]) -> WorkerStatus | None:
 
 
 def worker_log(launcher: str, log_dir: Path, status: WorkerStatus) -> Path | None:
-    """msrun: <log_dir>/worker_<rank>.log; torchrun (--log-dir + --tee): <log_dir>/<run>/attempt_<n>/<local_rank>/std{err,out}.log."""
+    """msrun: <log_dir>/worker_<rank>.log; torchrun (when the user chose --log-dir with --redirects/--tee): <log_dir>/<run>/attempt_<n>/<local_rank>/std{err,out}.log."""
     if not log_dir.is_dir():
         return None
     if launcher == MSRUN:
@@ -70,6 +71,9 @@ def describe(launcher: str, log_dir: Path | None, status: WorkerStatus) -> list[
     if path is not None:
         out.append(f"mmrun: last {TAIL_LINES} lines of {path}:")
         out.extend(f"  {line}" for line in tail(path))
+    elif status.tail:
+        out.append(f"mmrun: its last {len(status.tail)} lines of output:")
+        out.extend(f"  {line}" for line in status.tail)
     elif status.error:
         out.append("mmrun: its error:")
         out.extend(f"  {line}" for line in status.error.splitlines()[-TAIL_LINES:])

@@ -51,7 +51,7 @@ class Plan:
     master: tuple[str, int] | None = None  # (addr, port) to check before starting, node rank 0 only
     pick_port: bool = False  # --master-port 0: replace with a free port at launch
     log_dir: Path | None = None
-    temp_dir: Path | None = None  # mmrun's own: status files (and torchrun logs when the user chose none)
+    temp_dir: Path | None = None  # mmrun's own: the workers' status files
     wait_for_msrun_workers: bool = False
     translation: Translation | None = None
 
@@ -113,14 +113,10 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
         plan.env_set["MSADAPTER_PATH"] = request.msadapter_path
 
     if launcher == TORCHRUN:
-        # Per-rank log files let mmrun show the failing rank's last lines; --tee keeps the console output.
-        if not {"log_dir", "redirects", "tee"} & given.keys():
-            translation.set("log_dir", str(plan.temp_dir / "logs"))
-            translation.set("tee", "3")
-        elif "log_dir" in given and not {"redirects", "tee"} & given.keys():
-            translation.set("tee", "3")
+        # A failed rank's last lines come from the bootstrap's status file; per-rank log files are
+        # used only when the user asked torchrun for them.
         log_dir = translation.value("log_dir")
-        plan.log_dir = Path(str(log_dir)) if log_dir else None
+        plan.log_dir = Path(str(log_dir)) if log_dir and {"redirects", "tee"} & given.keys() else None
     else:
         plan.log_dir = Path(str(translation.value("log_dir")))
         # msrun starts workers as `python SCRIPT`, taking python from PATH, not this interpreter.
@@ -237,7 +233,6 @@ def execute(plan: Plan) -> int:
     status_dir = Path(plan.env_set[STATUS_DIR_VAR])
     status_dir.mkdir(parents=True, exist_ok=True)
     run_id = status_dir.parent.name
-    failed = True
     try:
         # msrun keeps the other workers (and its scheduler) waiting when one fails; torchrun stops them itself.
         stop_when = (lambda: failure.first_failure(failure.read_statuses(status_dir)) is not None) if plan.launcher == MSRUN else None
@@ -255,12 +250,7 @@ def execute(plan: Plan) -> int:
         if code != 0:
             _say(f"{plan.launcher} exited with code {code} and no worker reported its own; see the output above")
             return code if 0 < code < 256 else 1
-        failed = False
         return 0
     finally:
         if plan.temp_dir is not None:
-            if failed and plan.log_dir and plan.log_dir.is_relative_to(plan.temp_dir):
-                shutil.rmtree(status_dir, ignore_errors=True)
-                _say(f"worker logs kept in {plan.log_dir}")
-            else:
-                shutil.rmtree(plan.temp_dir, ignore_errors=True)
+            shutil.rmtree(plan.temp_dir, ignore_errors=True)

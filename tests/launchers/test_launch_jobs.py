@@ -37,7 +37,8 @@ def test_failing_rank_exit_code_and_log_tail(framework, job_env, tmp_path, jobs)
                         str(jobs.workers / "exit_on_rank.py")], job_env, tmp_path)
     assert result.returncode == 7, result.stderr[-2000:]
     assert "mmrun: rank 1 (local rank 1) failed with exit code 7" in result.stderr
-    tail_start = result.stderr.index("mmrun: last 20 lines of")
+    tail_start = result.stderr.index("mmrun: rank 1 (local rank 1) failed")
+    assert "lines of" in result.stderr[tail_start:]  # msrun: its log file; torchrun: its recorded output
     assert "rank 1 is about to fail" in result.stderr[tail_start:]
 
 
