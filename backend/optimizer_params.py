@@ -10,6 +10,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 NoDecay = Callable[[str, Any], bool]
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
+# fp32 copy of a parameter that trains in fp16/bf16 (Megatron's "main param"); present only for those.
+MAIN_PARAM_KEY = "main_param"
 
 
 def megatron_no_decay(name: str, param: Any) -> bool:
@@ -26,8 +28,10 @@ def check_optimizer_state(state: Mapping[str, Any], names: Sequence[str], shapes
     """Raise one clear error unless `state` holds a step count and exactly these parameters' moments."""
     tensors = state.get("tensors", {})
     expected = {f"{n}.{k}": tuple(s) for n, s in zip(names, shapes) for k in STATE_KEYS}
+    optional = {f"{n}.{MAIN_PARAM_KEY}": tuple(s) for n, s in zip(names, shapes)}
     missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+    unexpected = sorted(set(tensors) - set(expected) - set(optional))
+    expected.update(optional)
     mismatched = sorted(f"{k} (saved {tuple(tensors[k].shape)}, model {expected[k]})"
                         for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != expected[k])
     problems = [f"{label}: {', '.join(keys)}" for label, keys in

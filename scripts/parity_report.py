@@ -104,23 +104,30 @@ def forward_backward(state: dict[str, np.ndarray], batch: tuple[np.ndarray, ...]
             "max_grad": max(float(np.abs(g).max()) for g in grads_t.values())}
 
 
-def make_step(framework: str, model: Any, steps: int, jit: bool | None = None, fused: bool = True) -> Any:
+def make_step(framework: str, model: Any, steps: int, jit: bool | None = None, fused: bool = True,
+              precision: str = "fp32", grad_scaler: Any = None) -> Any:
+    """TrainStep with AdamW and Megatron's schedule; fp16/bf16: the model is cast first, so the
+    optimizer keeps fp32 main params."""
     from mmrun.backend.lr_schedule import LRSchedule
     be, gpt = backend(framework), gpt_module(framework)
+    if precision != "fp32":
+        model.to(be.tensors.dtype(precision))
     extra = {"fused": fused} if framework == "mindspore" else {}
     optimizer = be.optim.AdamW(model.named_parameters(), no_decay=be.optim.megatron_no_decay, **OPTIMIZER, **extra)
     schedule = LRSchedule.from_iterations(train_iters=steps, **SCHEDULE)
     jit_arg = {"jit": jit} if framework == "mindspore" else {}
     return be.train_step.TrainStep(model, optimizer, loss_fn=gpt.gpt_loss, lr_scheduler=schedule,
-                                   clip_grad=CLIP_GRAD, **jit_arg)
+                                   clip_grad=CLIP_GRAD, grad_scaler=grad_scaler, **jit_arg)
 
 
 def train(framework: str, state: dict[str, np.ndarray], batches: list, steps: int, micro_batches: int = 1,
-          jit: bool | None = None, fused: bool = True) -> dict[str, Any]:
-    """`steps` TrainStep calls; returns per-step losses, grad norms, lrs, step times and final weights."""
+          jit: bool | None = None, fused: bool = True, precision: str = "fp32",
+          grad_scaler: Any = None) -> dict[str, Any]:
+    """`steps` TrainStep calls; returns per-step losses, grad norms, lrs, skipped flags, step times and
+    final weights (for fp16/bf16: the optimizer's fp32 main params)."""
     model = build_model(framework, state)
-    step = make_step(framework, model, steps, jit=jit, fused=fused)
-    losses, norms, lrs, times = [], [], [], []
+    step = make_step(framework, model, steps, jit=jit, fused=fused, precision=precision, grad_scaler=grad_scaler)
+    losses, norms, lrs, skipped, times = [], [], [], [], []
     for i in range(steps):
         micro = [to_framework(framework, b) for b in batches[i * micro_batches:(i + 1) * micro_batches]]
         start = time.perf_counter()
@@ -129,8 +136,12 @@ def train(framework: str, state: dict[str, np.ndarray], batches: list, steps: in
         losses.append(result.loss)
         norms.append(result.grad_norm)
         lrs.append(result.lr)
-    final = backend(framework).tensors.state_dict_to_numpy(model.state_dict())
-    return {"losses": losses, "grad_norms": norms, "lrs": lrs, "times": times, "state": final}
+        skipped.append(result.skipped)
+    be = backend(framework)
+    optimizer = step.optimizer
+    final = {name: be.tensors.to_numpy(main) for name, main in zip(optimizer.names, optimizer.main_params)}
+    return {"losses": losses, "grad_norms": norms, "lrs": lrs, "skipped": skipped, "times": times, "state": final,
+            "model": be.tensors.state_dict_to_numpy(model.state_dict())}
 
 
 def compare_training(torch_run: dict[str, Any], ms_run: dict[str, Any]) -> dict[str, float]:

@@ -3,9 +3,13 @@
     <save>/latest_checkpointed_iteration.txt     "10": the newest COMPLETE checkpoint
     <save>/iter_0000010/mp_rank_00/
         model.safetensors        parameters, torch-style names (wte.weight, h.0.attn.c_attn.bias, ...)
-        optimizer.safetensors    AdamW moments, <param>.exp_avg / <param>.exp_avg_sq (unless --no-save-optim)
-        meta.json                iteration, consumed samples, scheduler, optimizer step, RNG state,
-                                 the arguments, framework and versions, checksums of the tensors
+        optimizer.safetensors    AdamW moments, <param>.exp_avg / <param>.exp_avg_sq, and for a --fp16/--bf16
+                                 run the fp32 main params <param>.main_param (unless --no-save-optim)
+        meta.json                iteration, consumed samples, scheduler, loss scaler, optimizer step, RNG
+                                 state, the arguments, framework and versions, checksums of the tensors
+
+Precision moves with the checkpoint: the main params, when saved, are the exact weights, so an fp16 run
+resumed in fp32 (or bf16, or on the other framework) starts from them, not from the rounded model copy.
 
 Megatron writes `model_optim_rng.pt` (pickle) in the same place; mmrun never pickles, so PyTorch and
 MindSpore read each other's checkpoints (backend/checkpoint_io.py writes the files).
@@ -31,11 +35,12 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from mmrun.backend import checkpoint_io
+from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 RANK_DIR = "mp_rank_00"  # tensor and pipeline parallel sizes are 1: one model shard
@@ -213,8 +218,11 @@ class LoadedCheckpoint:
     meta: dict[str, Any]
 
 
-def _shape_problems(saved: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]]) -> list[str]:
+def _shape_problems(saved: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]],
+                    optional: Mapping[str, tuple[int, ...]] | None = None) -> list[str]:
+    """`optional` tensors may be absent, and are shape-checked when present."""
     missing = [k for k in expected if k not in saved]
+    expected = {**expected, **(optional or {})}
     unexpected = [k for k in saved if k not in expected]
     mismatched = [f"{k} (checkpoint {tuple(saved[k].shape)}, model {tuple(expected[k])})"
                   for k in expected if k in saved and tuple(saved[k].shape) != tuple(expected[k])]
@@ -288,10 +296,11 @@ def check_model_fits(ckpt: LoadedCheckpoint, expected_shapes: Mapping[str, tuple
         raise CheckpointError(f"checkpoint {ckpt.path} does not fit this model ({'; '.join(problems)}); {hint}")
 
 
-def check_optimizer_fits(ckpt: LoadedCheckpoint, expected_shapes: Mapping[str, tuple[int, ...]]) -> None:
+def check_optimizer_fits(ckpt: LoadedCheckpoint, expected_shapes: Mapping[str, tuple[int, ...]],
+                         optional: Mapping[str, tuple[int, ...]] | None = None) -> None:
     if ckpt.optimizer is None:
         return
-    problems = _shape_problems(ckpt.optimizer["tensors"], expected_shapes)
+    problems = _shape_problems(ckpt.optimizer["tensors"], expected_shapes, optional)
     if problems:
         raise CheckpointError(f"optimizer state in {ckpt.path} does not fit this model ({'; '.join(problems)}); "
                               "pass --no-load-optim to start the optimizer afresh")
@@ -340,7 +349,7 @@ def _restore_rng(states: list[Any] | None, rank: int) -> str | None:
 
 
 def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, model: Any, optimizer: Any,
-                    scheduler: Any, log: Any = print) -> Path | None:
+                    scheduler: Any, log: Any = print, grad_scaler: Any = None) -> Path | None:
     """Megatron's save_checkpoint: every rank takes part (RNG states are gathered), rank 0 writes."""
     from mmrun import backend
     from mmrun.backend import tensors
@@ -365,6 +374,7 @@ def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, model:
             "consumed_valid_samples": progress.consumed_valid_samples,
             "checkpoint_version": CHECKPOINT_VERSION,
             "opt_param_scheduler": scheduler.state_dict(),
+            "grad_scaler": None if grad_scaler is None else grad_scaler.state_dict(),
             "rng_state": rng,
             "framework": backend.framework(),
             "framework_version": backend.load().version(),
@@ -383,13 +393,13 @@ def _expected_model_shapes(model: Any) -> dict[str, tuple[int, ...]]:
     return {name: tuple(int(d) for d in value.shape) for name, value in model.state_dict().items()}
 
 
-def _expected_optimizer_shapes(optimizer: Any) -> dict[str, tuple[int, ...]]:
+def _expected_optimizer_shapes(optimizer: Any, keys: Sequence[str] = STATE_KEYS) -> dict[str, tuple[int, ...]]:
     return {f"{name}.{key}": tuple(int(d) for d in param.shape)
-            for name, param in zip(optimizer.names, optimizer.params) for key in ("exp_avg", "exp_avg_sq")}
+            for name, param in zip(optimizer.names, optimizer.params) for key in keys}
 
 
 def load_checkpoint(args: argparse.Namespace, model: Any, optimizer: Any, scheduler: Any,
-                    log: Any = print) -> TrainingProgress:
+                    log: Any = print, grad_scaler: Any = None) -> TrainingProgress:
     """Megatron's load_checkpoint for --load: the newest complete checkpoint (or --ckpt-step), verified
     in full before any state is changed. With no checkpoint there: start fresh (a warning), or stop
     under --exit-on-missing-checkpoint. --finetune loads weights only and starts at iteration 0."""
@@ -413,7 +423,8 @@ def load_checkpoint(args: argparse.Namespace, model: Any, optimizer: Any, schedu
         if ckpt.optimizer is None:
             raise CheckpointError(f"{ckpt.path} has no optimizer state (saved with --no-save-optim); "
                                   "pass --no-load-optim (or --finetune) to start the optimizer afresh")
-        check_optimizer_fits(ckpt, _expected_optimizer_shapes(optimizer))
+        check_optimizer_fits(ckpt, _expected_optimizer_shapes(optimizer),
+                             optional=_expected_optimizer_shapes(optimizer, (MAIN_PARAM_KEY,)))
     saved_schedule = ckpt.meta.get("opt_param_scheduler")
     schedule_from_ckpt = not args.finetune and saved_schedule is not None
     if schedule_from_ckpt and not (args.override_opt_param_scheduler or args.use_checkpoint_opt_param_scheduler):
@@ -427,8 +438,11 @@ def load_checkpoint(args: argparse.Namespace, model: Any, optimizer: Any, schedu
     # Everything is verified: apply.
     log(f" loading checkpoint from {root} at iteration {ckpt.iteration}")
     model.load_state_dict(tensors.state_dict_from_numpy(ckpt.model))
+    optimizer.reload_model_params()  # fp32 main params follow the loaded weights (a saved main param wins next)
     if load_optim:
         optimizer.load_state_dict({**ckpt.optimizer, "tensors": ckpt.optimizer["tensors"]})
+        if grad_scaler is not None and ckpt.meta.get("grad_scaler"):
+            grad_scaler.load_state_dict(ckpt.meta["grad_scaler"])
     if schedule_from_ckpt:
         if args.override_opt_param_scheduler:
             scheduler.num_steps = saved_schedule["num_steps"]

@@ -338,6 +338,7 @@ class _Job:
     model: Any = None
     optimizer: Any = None
     scheduler: Any = None
+    grad_scaler: Any = None
     progress: checkpointing.TrainingProgress = field(default_factory=checkpointing.TrainingProgress)
     metrics: MetricsFile | None = None
     result: TrainingResult | None = None
@@ -388,14 +389,28 @@ def initialize(args: argparse.Namespace) -> _Job:
 
 
 def setup_model_and_optimizer(job: _Job, model_provider: Callable) -> None:
-    """model_provider(), AdamW with Megatron's no-decay rule, Megatron's LR schedule, then --load."""
+    """model_provider(), cast to --fp16/--bf16, AdamW with Megatron's no-decay rule (fp32 main params
+    for a half-precision model), Megatron's LR schedule and loss scaler, then --load."""
     from mmrun import backend
+    from mmrun.backend.grad_scaler import grad_scaler_for
     from mmrun.backend.lr_schedule import LRSchedule
 
     args = job.args
     job.model = model_provider(pre_process=True, post_process=True)
     job.log(f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
             f"{_count_parameters(job.model)}")
+    precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+    if precision != "fp32":
+        # Megatron's Float16Module: the model computes in half precision; the optimizer (built next,
+        # from the cast parameters) keeps the fp32 main params.
+        job.model.to(backend.tensors.dtype(precision))
+    job.grad_scaler = grad_scaler_for(precision, args.loss_scale, args.initial_loss_scale, args.min_loss_scale,
+                                      args.loss_scale_window, args.hysteresis)
+    if precision != "fp32":
+        scaling = ("no loss scaling" if job.grad_scaler is None else
+                   f"dynamic loss scale from {job.grad_scaler.scale:g}" if hasattr(job.grad_scaler, "hysteresis")
+                   else f"constant loss scale {job.grad_scaler.scale:g}")
+        job.log(f"> {precision} model with fp32 main params in the optimizer, {scaling}")
     optim = backend.optim
     job.optimizer = optim.AdamW(job.model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                 eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
@@ -409,7 +424,8 @@ def setup_model_and_optimizer(job: _Job, model_provider: Callable) -> None:
         raise ArgumentsError(f"{err}. Received: --lr-warmup-iters {args.lr_warmup_iters}, --lr-warmup-fraction "
                              f"{args.lr_warmup_fraction}, --lr-decay-iters {args.lr_decay_iters}") from None
     if args.load:
-        job.progress = checkpointing.load_checkpoint(args, job.model, job.optimizer, job.scheduler, log=job.log)
+        job.progress = checkpointing.load_checkpoint(args, job.model, job.optimizer, job.scheduler, log=job.log,
+                                                     grad_scaler=job.grad_scaler)
     job.log(f"[after model, optimizer, and learning rate scheduler are built] datetime: {stamp()}")
 
 
@@ -462,14 +478,16 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
     jit = bool(getattr(args, "ms_jit", False))
     plan = ForwardPlan(forward_step_func, job.model, jit=jit)
     step = backend.train_step.TrainStep(job.model, job.optimizer, loss_fn=plan.loss, lr_scheduler=job.scheduler,
-                                        clip_grad=args.clip_grad, increment=args.global_batch_size, jit=jit)
+                                        clip_grad=args.clip_grad, increment=args.global_batch_size, jit=jit,
+                                        grad_scaler=job.grad_scaler)
     do_valid = valid_iter is not None and args.eval_iters > 0
     last_saved = progress.iteration if args.load else None
 
     def save() -> None:
         nonlocal last_saved
         if last_saved != progress.iteration:
-            checkpointing.save_checkpoint(args, progress, job.model, job.optimizer, job.scheduler, log=job.log)
+            checkpointing.save_checkpoint(args, progress, job.model, job.optimizer, job.scheduler, log=job.log,
+                                          grad_scaler=job.grad_scaler)
             last_saved = progress.iteration
 
     job.log("training ...")
@@ -492,14 +510,16 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
         it = result.iteration = progress.iteration
         result.losses[it], result.grad_norms[it] = out.loss, out.grad_norm
         result.step_times.append(elapsed)
-        stats.add({"lm loss": out.loss}, elapsed)
+        stats.add({"lm loss": out.loss}, elapsed, skipped=out.skipped)
         job.metrics.write({"kind": "train", "iteration": it, "lm_loss": out.loss, "grad_norm": out.grad_norm,
-                           "learning_rate": out.lr, "consumed_samples": progress.consumed_train_samples,
+                           "learning_rate": out.lr, "loss_scale": out.loss_scale, "skipped": out.skipped,
+                           "consumed_samples": progress.consumed_train_samples,
                            "elapsed_ms": elapsed * 1000.0,
                            "tokens_per_second": args.global_batch_size * args.seq_length / elapsed})
         if it % args.log_interval == 0:
             job.log(iteration_line(it, args.train_iters, progress.consumed_train_samples, stats, out.lr,
-                                   args.global_batch_size, out.grad_norm, args.seq_length))
+                                   args.global_batch_size, None if out.skipped else out.grad_norm, args.seq_length,
+                                   out.loss_scale))
             stats = IntervalStats()
         if do_valid and args.eval_interval and it % args.eval_interval == 0:
             _evaluate_and_print(job, forward_step_func, f"iteration {it}", valid_iter, "valid")

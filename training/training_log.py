@@ -4,10 +4,12 @@ The iteration line is megatron.training.training_log's format, with tokens per s
 
      [2025-01-01 12:00:00] iteration       10/      20 | consumed samples:           80 | elapsed time per
      iteration (ms): 41.3 | learning rate: 1.500000E-04 | global batch size:     8 | lm loss: 6.812345E+00 |
-     grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 | tokens per
-     second: 6198.5 |
+     loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |
+     tokens per second: 6198.5 |
 
-(one line). `lm loss` is the average over the iterations since the previous line, as in Megatron.
+(one line). As in Megatron: `lm loss` is the average over the iterations since the previous line that
+made an update; iterations skipped by fp16 loss scaling are counted instead, and a skipped iteration
+whose loss is not finite is also a nan iteration; `loss scale` is 1.0 without loss scaling.
 Validation prints Megatron's boxed `validation loss at iteration N | lm loss value: ... | lm loss PPL: ...`.
 """
 from __future__ import annotations
@@ -35,19 +37,25 @@ class IntervalStats:
     iterations: int = 0
     losses: dict[str, float] = field(default_factory=dict)
     elapsed: float = 0.0
+    advanced_iterations: int = 0
+    skipped_iterations: int = 0
     nan_iterations: int = 0
 
-    def add(self, losses: dict[str, float], elapsed: float) -> None:
+    def add(self, losses: dict[str, float], elapsed: float, skipped: bool = False) -> None:
         self.iterations += 1
         self.elapsed += elapsed
+        if skipped:
+            self.skipped_iterations += 1
+            self.nan_iterations += any(not math.isfinite(value) for value in losses.values())
+            return
+        self.advanced_iterations += 1
         for key, value in losses.items():
-            if math.isnan(value) or math.isinf(value):
-                self.nan_iterations += 1
             self.losses[key] = self.losses.get(key, 0.0) + value
 
 
 def iteration_line(iteration: int, train_iters: int, consumed: int, stats: IntervalStats, lr: float,
-                   global_batch_size: int, grad_norm: float | None, seq_length: int) -> str:
+                   global_batch_size: int, grad_norm: float | None, seq_length: int,
+                   loss_scale: float | None = None) -> str:
     per_iter = stats.elapsed / max(1, stats.iterations)
     parts = [
         f" [{stamp()}] iteration {iteration:8d}/{train_iters:8d} |",
@@ -57,10 +65,11 @@ def iteration_line(iteration: int, train_iters: int, consumed: int, stats: Inter
         f" global batch size: {global_batch_size:5d} |",
     ]
     for key, total in stats.losses.items():
-        parts.append(f" {key}: {total / max(1, stats.iterations):.6E} |")
+        parts.append(f" {key}: {total / max(1, stats.advanced_iterations):.6E} |")
+    parts.append(f" loss scale: {1.0 if loss_scale is None else loss_scale:.1f} |")
     if grad_norm is not None:
         parts.append(f" grad norm: {grad_norm:.3f} |")
-    parts.append(" number of skipped iterations:   0 |")
+    parts.append(f" number of skipped iterations: {stats.skipped_iterations:3d} |")
     parts.append(f" number of nan iterations: {stats.nan_iterations:3d} |")
     tokens_per_second = global_batch_size * seq_length / per_iter if per_iter > 0 else 0.0
     parts.append(f" tokens per second: {tokens_per_second:.1f} |")

@@ -16,6 +16,7 @@ from mindspore.common.initializer import Normal, One, Uniform, Zero, initializer
 from mmrun.backend.mindspore import ops
 
 _NOT_SUPPORTED = "{name} is not supported with the mindspore backend. Received: {received}"
+_FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
 
 
 class Module(ms.nn.Cell):
@@ -44,6 +45,19 @@ class Module(ms.nn.Cell):
     def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, ms.Parameter]]:
         # parameters_and_names yields the attribute path (`h.0.attn.c_attn.weight`), torch's naming.
         return self.parameters_and_names(name_prefix=prefix, expand=recurse)
+
+    def to(self, dtype: Any) -> "Module":
+        """Cast every floating-point parameter to `dtype` in place, as torch's `module.to(dtype)`.
+
+        Only dtypes: MindSpore places tensors on its one global device (`backend.device`), not per module.
+        """
+        if not isinstance(dtype, ms.Type) or dtype not in _FLOAT_DTYPES:
+            raise NotImplementedError(_NOT_SUPPORTED.format(
+                name="Module.to", received=f"{dtype!r}; pass a floating dtype (backend.tensors.dtype('fp16'))"))
+        for param in self.get_parameters():
+            if param.dtype in _FLOAT_DTYPES and param.dtype != dtype:
+                param.set_dtype(dtype)
+        return self
 
     def register_buffer(self, name: str, tensor: Any, persistent: bool = True) -> None:
         raise NotImplementedError(_NOT_SUPPORTED.format(

@@ -12,6 +12,9 @@ correction folded into per-step scalars, which is algebraically torch's update:
 
 (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t). Rounding differs from torch by float32 ulps per step.
 `fused=False` replays torch's own operation order instead (closest to torch, slower).
+
+fp16/bf16 parameters are updated through fp32 copies (`main_params`), as on torch (see there): the
+update runs on the copies and then assigns each model parameter its rounded copy, in the same graph.
 """
 from __future__ import annotations
 
@@ -25,10 +28,11 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from mmrun.backend.optimizer_params import (  # noqa: F401 - megatron_no_decay is part of this API
-    STATE_KEYS, NoDecay, check_optimizer_state, megatron_no_decay, named_params)
+    MAIN_PARAM_KEY, STATE_KEYS, NoDecay, check_optimizer_state, megatron_no_decay, named_params)
 
 _fused_adamw = C.MultitypeFuncGraph("mmrun_fused_adamw")
 _exact_adamw = C.MultitypeFuncGraph("mmrun_exact_adamw")
+_copy_to_model = C.MultitypeFuncGraph("mmrun_copy_to_model")
 
 
 @_fused_adamw.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
@@ -51,6 +55,18 @@ def _exact_update(beta1, beta2, step_size, bc2_sqrt, eps, decay_factor, param, m
     return F.depend(out, F.assign(v, new_v))
 
 
+@_copy_to_model.register("Tensor", "Tensor")
+def _copy_main_to_model(param, main):
+    return F.assign(param, F.cast(main, F.dtype(param)))
+
+
+def _main_copy(param: ms.Parameter) -> ms.Parameter:
+    """The parameter itself when fp32, else an fp32 copy (a half-precision update rounds AdamW's steps away)."""
+    if param.dtype == ms.float32:
+        return param
+    return ms.Parameter(F.cast(param, ms.float32), name=f"{MAIN_PARAM_KEY}.{param.name}", requires_grad=False)
+
+
 def _f32(x: float) -> Tensor:
     return Tensor(x, ms.float32)
 
@@ -65,8 +81,12 @@ class AdamW(ms.nn.Cell):
         pairs = named_params(params)
         self.names = [name for name, _ in pairs]
         self.params = ms.ParameterTuple([param for _, param in pairs])
-        self.exp_avg = self.params.clone(prefix="exp_avg", init="zeros")
-        self.exp_avg_sq = self.params.clone(prefix="exp_avg_sq", init="zeros")
+        self.main_params = ms.ParameterTuple([_main_copy(param) for param in self.params])
+        # The model parameters that take a rounded copy after each update (a compile-time constant).
+        self.half_params = ms.ParameterTuple([p for p, m in zip(self.params, self.main_params) if m is not p])
+        self.half_mains = ms.ParameterTuple([m for p, m in zip(self.params, self.main_params) if m is not p])
+        self.exp_avg = self.main_params.clone(prefix="exp_avg", init="zeros")
+        self.exp_avg_sq = self.main_params.clone(prefix="exp_avg_sq", init="zeros")
         self.decay_flags = tuple(weight_decay > 0 and not (no_decay is not None and no_decay(n, p)) for n, p in pairs)
         self.betas, self.eps, self.weight_decay, self.fused = tuple(betas), eps, weight_decay, fused
         self._beta1, self._beta2, self._zero = _f32(betas[0]), _f32(betas[1]), _f32(0.0)
@@ -103,29 +123,45 @@ class AdamW(ms.nn.Cell):
         """The update itself (jit-compiled; also traced into a jit-compiled TrainStep)."""
         s0, s1, s2 = scalars
         if self.fused:
-            return self._hyper_map(F.partial(_fused_adamw, self._kernel, self._beta1, self._beta2, s0, s1, s2,
+            done = self._hyper_map(F.partial(_fused_adamw, self._kernel, self._beta1, self._beta2, s0, s1, s2,
                                              self._zero),
-                                   self.params, self.exp_avg, self.exp_avg_sq, grads, self.decay_flags)
-        return self._hyper_map(F.partial(_exact_adamw, self._beta1, self._beta2, s0, s1, _f32(self.eps), s2),
-                               self.params, self.exp_avg, self.exp_avg_sq, grads, self.decay_flags)
+                                   self.main_params, self.exp_avg, self.exp_avg_sq, grads, self.decay_flags)
+        else:
+            done = self._hyper_map(F.partial(_exact_adamw, self._beta1, self._beta2, s0, s1, _f32(self.eps), s2),
+                                   self.main_params, self.exp_avg, self.exp_avg_sq, grads, self.decay_flags)
+        if self.half_params:
+            done = F.depend(done, self._hyper_map(_copy_to_model, self.half_params, self.half_mains))
+        return done
 
     def step(self, grads: Sequence[Tensor]) -> None:
-        """One AdamW update with `grads` aligned with `params`."""
+        """One AdamW update with `grads` aligned with `params` (fp16/bf16 gradients are used in fp32)."""
+        grads = [g if g.dtype == ms.float32 else F.cast(g, ms.float32) for g in grads]
         self(ms.mutable(tuple(grads)), self.next_scalars())
 
+    def reload_model_params(self) -> None:
+        """Refresh the fp32 copies from the model's (just loaded) fp16/bf16 parameters."""
+        for param, main in zip(self.half_params, self.half_mains):
+            main.set_data(F.cast(param, ms.float32))
+
     def state_dict(self) -> dict[str, Any]:
-        """{"step", "lr", "tensors": {"<param>.exp_avg" | "<param>.exp_avg_sq": tensor}}."""
+        """{"step", "lr", "tensors": {"<param>.exp_avg" | "<param>.exp_avg_sq" [| "<param>.main_param"]: tensor}}."""
         tensors = {}
-        for name, m, v in zip(self.names, self.exp_avg, self.exp_avg_sq):
+        for name, param, main, m, v in zip(self.names, self.params, self.main_params, self.exp_avg, self.exp_avg_sq):
             tensors[f"{name}.exp_avg"], tensors[f"{name}.exp_avg_sq"] = m, v
+            if main is not param:
+                tensors[f"{name}.{MAIN_PARAM_KEY}"] = main
         return {"step": self.step_count, "lr": self._lr, "tensors": tensors}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_optimizer_state(state, self.names, [tuple(p.shape) for p in self.params])
-        for name, m, v in zip(self.names, self.exp_avg, self.exp_avg_sq):
-            for slot, key in ((m, "exp_avg"), (v, "exp_avg_sq")):
-                value = state["tensors"][f"{name}.{key}"]
-                slot.set_data(Tensor(value.asnumpy() if isinstance(value, Tensor) else value, slot.dtype))
+        for name, param, main, m, v in zip(self.names, self.params, self.main_params, self.exp_avg, self.exp_avg_sq):
+            for slot, key in ((m, "exp_avg"), (v, "exp_avg_sq"), (main, MAIN_PARAM_KEY)):
+                value = state["tensors"].get(f"{name}.{key}")
+                if value is not None:
+                    # A saved main param (an fp16/bf16 run's exact fp32 weights) wins over the rounded model copy.
+                    slot.set_data(Tensor(value.asnumpy() if isinstance(value, Tensor) else value, slot.dtype))
+            if main is not param:
+                param.set_data(F.cast(main, param.dtype))
         self.step_count = int(state["step"])
         if "lr" in state:
             self._lr = float(state["lr"])
@@ -138,12 +174,15 @@ def global_norm(grads: Sequence[Tensor]) -> Tensor:
     return mint.sqrt(_ops.addn([n * n for n in norms]))
 
 
-def clip_grad_norm(grads: Sequence[Tensor], max_norm: float) -> tuple[tuple[Tensor, ...], Tensor]:
-    """Gradients scaled so their global L2 norm is at most `max_norm`, and the norm before clipping.
+def clip_grad_norm(grads: Sequence[Tensor], max_norm: float,
+                   total: Tensor | None = None) -> tuple[tuple[Tensor, ...], Tensor]:
+    """Gradients scaled so their global L2 norm is at most `max_norm`, and the norm before clipping
+    (`total`: that norm, when the caller measured it already).
 
     Returns new tensors (MindSpore gradients are values; torch's version scales in place).
     """
-    total = global_norm(grads)
+    if total is None:
+        total = global_norm(grads)
     if max_norm <= 0:
         return tuple(grads), total
     coef = mint.clamp(max_norm / (total + 1e-6), max=1.0)

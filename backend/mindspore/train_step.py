@@ -12,15 +12,21 @@ several micro-batches or ranks, a graph for each micro-batch's gradients and one
 the accumulation and the data-parallel all-reduce between them. With `jit=False` forward and backward
 run eagerly (PyNative) and only the update graph is compiled. The first call compiles (seconds); a
 new batch shape compiles again.
+
+Mixed precision and loss scaling as on torch (see there). With a `grad_scaler` the step always takes
+the split path: the host must see whether the gradients overflowed before the update graph runs. The
+scale enters the graphs as a tensor, so a new scale does not recompile them.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import mindspore as ms
 from mindspore import Tensor, mint
 from mindspore.ops import functional as F
 
+from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.backend.mindspore import optim
 
 # Measured (docs/parity.md, docs/portable-api.md): jit gives the same losses as PyNative and is several
@@ -31,7 +37,9 @@ DEFAULT_JIT = True
 class StepResult(NamedTuple):
     loss: float  # mean micro-batch loss, averaged over data-parallel ranks
     grad_norm: float  # global L2 norm before clipping
-    lr: float  # learning rate this update used
+    lr: float  # learning rate this update used (or would have used, when skipped)
+    skipped: bool = False  # the gradients overflowed under loss scaling: no update was made
+    loss_scale: float | None = None  # the scale this step's loss was multiplied by; None without a scaler
 
 
 def _call_model(model: Any, *batch: Any) -> Any:
@@ -53,6 +61,12 @@ def _all_reduce_mean(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [mint.reshape(p, t.shape) for p, t in zip(pieces, tensors)]
 
 
+def _fp32(grads: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    # fp16/bf16 gradients are summed, reduced and applied in fp32 (the optimizer keeps fp32 main params);
+    # dtypes are compile-time constants, so fp32 graphs get no cast.
+    return tuple([g if g.dtype == ms.float32 else F.cast(g, ms.float32) for g in grads])
+
+
 def _batch(micro_batch: Sequence[Any]) -> Any:
     # mutable: tensors inside a tuple argument are otherwise jit constants, recompiled on every new value.
     return ms.mutable(tuple(micro_batch))
@@ -60,7 +74,8 @@ def _batch(micro_batch: Sequence[Any]) -> Any:
 
 class TrainStep(ms.nn.Cell):
     def __init__(self, model: ms.nn.Cell, optimizer: optim.AdamW, loss_fn: Callable[..., Any] | None = None,
-                 lr_scheduler: Any = None, clip_grad: float = 1.0, increment: int = 1, jit: bool | None = None) -> None:
+                 lr_scheduler: Any = None, clip_grad: float = 1.0, increment: int = 1, jit: bool | None = None,
+                 grad_scaler: ConstantGradScaler | None = None) -> None:
         # auto_prefix=False: holding the model must not rename its parameters to `model.*`.
         super().__init__(auto_prefix=False)
         self.model, self.optimizer = model, optimizer
@@ -69,31 +84,47 @@ class TrainStep(ms.nn.Cell):
         self.lr_scheduler, self.increment = lr_scheduler, increment
         self.jit = DEFAULT_JIT if jit is None else bool(jit)
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
+        self.grad_scaler = grad_scaler
         self._grad_fn = ms.value_and_grad(self._loss, None, optimizer.params)
+        self._scaled_grad_fn = ms.value_and_grad(self._scaled_loss, None, optimizer.params, has_aux=True)
         wrap = ms.jit if self.jit else (lambda fn: fn)
         # The update (clip + AdamW) is compiled even with jit=False: it has no user code to debug, and in
         # PyNative its ~4 small ops per parameter cost more than the graph (measured in docs/portable-api.md).
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
-                          "accumulate": wrap(self._accumulate), "update": ms.jit(self._update)}
+                          "accumulate": wrap(self._accumulate), "update": ms.jit(self._update),
+                          "unscale": ms.jit(self._unscale), "apply": ms.jit(self._apply)}
 
     def _loss(self, *batch):
         return self.loss_fn(self.model, *batch)
 
-    def _grads(self, batch):
-        return self._grad_fn(*batch)
+    def _scaled_loss(self, scale, *batch):
+        # Differentiate loss x scale; the loss itself rides along as aux, undifferentiated.
+        loss = self.loss_fn(self.model, *batch)
+        return loss * scale, loss
 
-    def _accumulate(self, acc, batch):
-        loss, grads = self._grad_fn(*batch)
-        return loss, tuple([a + g for a, g in zip(acc, grads)])
+    def _grads(self, batch, scale):
+        (_, loss), grads = self._scaled_grad_fn(scale, *batch)
+        return loss, _fp32(grads)
 
-    def _update(self, grads, scale, scalars):
-        grads = tuple([g * scale for g in grads])
-        grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
+    def _accumulate(self, acc, batch, scale):
+        (_, loss), grads = self._scaled_grad_fn(scale, *batch)
+        return loss, tuple([a + g for a, g in zip(acc, _fp32(grads))])
+
+    def _unscale(self, grads, factor):
+        grads = tuple([g * factor for g in grads])
+        return grads, optim.global_norm(grads)
+
+    def _apply(self, grads, norm, scalars):
+        grads, norm = optim.clip_grad_norm(grads, self.clip_grad, total=norm)
         return F.depend(norm, self.optimizer(grads, scalars))
+
+    def _update(self, grads, factor, scalars):
+        grads, norm = self._unscale(grads, factor)
+        return self._apply(grads, norm, scalars)
 
     def _fused_step(self, batch, scalars):
         loss, grads = self._grad_fn(*batch)
-        grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
+        grads, norm = optim.clip_grad_norm(_fp32(grads), self.clip_grad)
         done = self.optimizer(grads, scalars)
         return F.depend(loss, done), F.depend(norm, done)
 
@@ -104,19 +135,34 @@ class TrainStep(ms.nn.Cell):
             self.world_size = _world_size()
         lr = self.lr_scheduler.get_lr() if self.lr_scheduler is not None else self.optimizer.lr
         self.optimizer.set_lr(lr)
-        scalars = self.optimizer.next_scalars()
         num_micro = len(micro_batches)
-        if self.jit and num_micro == 1 and self.world_size == 1:
-            loss, norm = self._compiled["fused"](_batch(micro_batches[0]), scalars)
-        else:
-            loss, grads = self._compiled["grads"](_batch(micro_batches[0]))
-            for batch in micro_batches[1:]:
-                micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch))
-                loss = loss + micro_loss
-            loss = loss / num_micro
-            if self.world_size > 1:
-                *grads, loss = _all_reduce_mean(list(grads) + [loss])
-            norm = self._compiled["update"](ms.mutable(tuple(grads)), Tensor(1.0 / num_micro, ms.float32), scalars)
-        if self.lr_scheduler is not None:
+        if self.grad_scaler is None and self.jit and num_micro == 1 and self.world_size == 1:
+            loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer.next_scalars())
+            return self._finish(loss, float(norm), lr)
+        scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
+        # Each micro-batch loss is divided by their number, then scaled (Megatron's order, and torch's here).
+        scale_t = Tensor(scale / num_micro, ms.float32)
+        loss, grads = self._compiled["grads"](_batch(micro_batches[0]), scale_t)
+        for batch in micro_batches[1:]:
+            micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch), scale_t)
+            loss = loss + micro_loss
+        loss = loss / num_micro
+        if self.world_size > 1:
+            *grads, loss = _all_reduce_mean(list(grads) + [loss])
+        factor = Tensor(1.0 / scale, ms.float32)
+        if self.grad_scaler is None:
+            norm = self._compiled["update"](ms.mutable(tuple(grads)), factor, self.optimizer.next_scalars())
+            return self._finish(loss, float(norm), lr)
+        grads, norm = self._compiled["unscale"](ms.mutable(tuple(grads)), factor)
+        norm_value = float(norm)
+        skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
+        self.grad_scaler.update(skipped)
+        if not skipped:
+            self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer.next_scalars())
+        return self._finish(loss, norm_value, lr, skipped, scale)
+
+    def _finish(self, loss: Tensor, norm: float, lr: float, skipped: bool = False,
+                scale: float | None = None) -> StepResult:
+        if self.lr_scheduler is not None and not skipped:
             self.lr_scheduler.step(self.increment)
-        return StepResult(float(loss), float(norm), float(lr))
+        return StepResult(float(loss), norm, float(lr), skipped, scale)

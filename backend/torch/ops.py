@@ -2,6 +2,10 @@
 
 Same public names and signatures as `mmrun.backend.mindspore.ops`. `like=` arguments put a new tensor
 on the same device as an existing one (MindSpore has one global device and ignores them).
+
+Mixed precision, as Megatron does it: fp16/bf16 inputs of `softmax` and `layer_norm` are computed in
+fp32 and returned in their own dtype (attention_softmax_in_fp32, apex's mixed-dtype LayerNorm), and
+`cross_entropy` works on fp32 logits (Megatron's `logits.float()`), so the loss is fp32.
 """
 from __future__ import annotations
 
@@ -11,6 +15,11 @@ import torch
 import torch.nn.functional as F
 
 Tensor = torch.Tensor
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _fp32(x: Tensor | None) -> Tensor | None:
+    return x if x is None or x.dtype not in HALF_DTYPES else x.float()
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -23,6 +32,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    if x.dtype in HALF_DTYPES:
+        return torch.softmax(x, dim=dim, dtype=torch.float32).to(x.dtype)
     return torch.softmax(x, dim=dim)
 
 
@@ -37,7 +48,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """logits (N, C), integer target (N,); reduction "mean" | "sum" | "none" (per-item, 0 where ignored)."""
-    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+    return F.cross_entropy(_fp32(logits), target, ignore_index=ignore_index, reduction=reduction)
 
 
 def causal_mask(seq_len: int, like: Tensor | None = None) -> Tensor:
@@ -56,6 +67,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    if x.dtype in HALF_DTYPES:
+        return F.layer_norm(x.float(), tuple(normalized_shape), _fp32(weight), _fp32(bias), eps).to(x.dtype)
     return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
 
 

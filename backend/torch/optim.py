@@ -6,6 +6,10 @@ Same public names as `mmrun.backend.mindspore.optim`. The contract (both backend
   selects parameters without weight decay (`megatron_no_decay`: biases and 1-D parameters).
   `set_lr(lr)`, `lr`, `step(grads=None)` (grads aligned with `params`; torch also takes them from
   `.grad`), `state_dict()` / `load_state_dict()` with framework-neutral names.
+- Mixed precision (Megatron's Float16Optimizer): parameters that are fp16/bf16 when the optimizer is
+  built (cast the model first) are updated through fp32 copies, `main_params`; after each update the
+  model parameter gets the rounded copy. Their state adds `<param>.main_param`, and
+  `reload_model_params()` re-reads the copies from the model after its weights were loaded.
 - `clip_grad_norm(grads, max_norm) -> (grads, total_norm)`: torch's clip_grad_norm_ (coefficient
   max_norm / (norm + 1e-6), capped at 1); max_norm <= 0 only measures.
 """
@@ -16,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from mmrun.backend.optimizer_params import (  # noqa: F401 - megatron_no_decay is part of this API
-    STATE_KEYS, NoDecay, check_optimizer_state, megatron_no_decay, named_params)
+    MAIN_PARAM_KEY, STATE_KEYS, NoDecay, check_optimizer_state, megatron_no_decay, named_params)
 
 
 class AdamW:
@@ -27,9 +31,11 @@ class AdamW:
         pairs = named_params(params)
         self.names = [name for name, _ in pairs]
         self.params = [param for _, param in pairs]
+        # An fp16/bf16 update would round most of AdamW's small steps away: update fp32 copies instead.
+        self.main_params = [p if p.dtype == torch.float32 else p.detach().float().clone() for p in self.params]
         self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
-        decay = [p for n, p in pairs if no_decay is None or not no_decay(n, p)]
-        keep = [p for n, p in pairs if no_decay is not None and no_decay(n, p)]
+        decay = [m for (n, p), m in zip(pairs, self.main_params) if no_decay is None or not no_decay(n, p)]
+        keep = [m for (n, p), m in zip(pairs, self.main_params) if no_decay is not None and no_decay(n, p)]
         groups = [{"params": decay, "weight_decay": weight_decay}]
         if keep:
             groups.append({"params": keep, "weight_decay": 0.0})
@@ -45,37 +51,62 @@ class AdamW:
             group["lr"] = lr
 
     def zero_grad(self) -> None:
+        """Clear the gradients of the model's parameters (and of their fp32 copies)."""
         self._opt.zero_grad(set_to_none=True)
+        for param, _ in self._half_pairs():
+            param.grad = None
 
     @torch.no_grad()
     def step(self, grads: Sequence[torch.Tensor] | None = None) -> None:
         """One AdamW update; `grads` aligned with `params`, else each parameter's `.grad`."""
-        if grads is not None:
-            for param, grad in zip(self.params, grads):
-                param.grad = grad
+        if grads is None:
+            grads = [param.grad for param in self.params]
+        for main, grad in zip(self.main_params, grads):
+            main.grad = grad if grad is None or grad.dtype == main.dtype else grad.float()
         self._opt.step()
+        for param, main in self._half_pairs():
+            param.copy_(main)
         self.step_count += 1
 
+    def _half_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(p, m) for p, m in zip(self.params, self.main_params) if m is not p]
+
+    @torch.no_grad()
+    def reload_model_params(self) -> None:
+        """Refresh the fp32 copies from the model's (just loaded) fp16/bf16 parameters."""
+        for param, main in self._half_pairs():
+            main.copy_(param)
+
     def state_dict(self) -> dict[str, Any]:
-        """{"step", "lr", "tensors": {"<param>.exp_avg" | "<param>.exp_avg_sq": tensor}}; zeros before step 1."""
+        """{"step", "lr", "tensors": {"<param>.exp_avg" | "<param>.exp_avg_sq" [| "<param>.main_param"]: tensor}};
+        moments are zeros before step 1."""
         tensors = {}
-        for name, param in zip(self.names, self.params):
-            state = self._opt.state.get(param, {})
+        for name, param, main in zip(self.names, self.params, self.main_params):
+            state = self._opt.state.get(main, {})
             for key in STATE_KEYS:
-                tensors[f"{name}.{key}"] = state[key] if key in state else torch.zeros_like(param)
+                tensors[f"{name}.{key}"] = state[key] if key in state else torch.zeros_like(main)
+            if main is not param:
+                tensors[f"{name}.{MAIN_PARAM_KEY}"] = main
         return {"step": self.step_count, "lr": self.lr, "tensors": tensors}
 
     @torch.no_grad()
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_optimizer_state(state, self.names, [tuple(p.shape) for p in self.params])
         step = int(state["step"])
-        for name, param in zip(self.names, self.params):
-            slot = self._opt.state[param]
+        for name, param, main in zip(self.names, self.params, self.main_params):
+            slot = self._opt.state[main]
             for key in STATE_KEYS:
                 value = state["tensors"][f"{name}.{key}"]
-                slot[key] = torch.as_tensor(value, dtype=param.dtype).to(param.device).clone()
+                slot[key] = torch.as_tensor(value, dtype=main.dtype).to(main.device).clone()
             # torch keeps the step per parameter as a float tensor (non-capturable AdamW).
             slot["step"] = torch.tensor(float(step))
+            saved_main = state["tensors"].get(f"{name}.{MAIN_PARAM_KEY}")
+            if saved_main is not None:
+                # The fp32 weights of an fp16/bf16 run are the exact ones: they win over the rounded model copy,
+                # in this precision or any other.
+                main.copy_(torch.as_tensor(saved_main, dtype=main.dtype).to(main.device))
+                if main is not param:
+                    param.copy_(main)
         self.step_count = step
         if "lr" in state:
             self.set_lr(float(state["lr"]))

@@ -12,20 +12,30 @@ their number), averaged over data-parallel ranks when there are several (before 
 does, so every rank clips the same gradients), clipped to `clip_grad` (<= 0: not clipped, norm still
 measured), and applied with the learning rate the scheduler gives for this step; the scheduler then
 advances by `increment` (Megatron counts in samples: pass the global batch size).
+
+Mixed precision (a model cast to fp16/bf16 before its optimizer was built, see `optim`): gradients
+are summed over micro-batches and reduced in fp32, and the optimizer updates fp32 main params. With a
+`grad_scaler` (`mmrun.backend.grad_scaler`, fp16) the loss is multiplied by the scale before backward
+and the gradients by its inverse after; a step whose gradients are not finite is skipped (no update,
+no scheduler advance, `result.skipped`), and the scaler adjusts, exactly as Megatron's fp16 optimizer.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
+from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.backend.torch import optim
 
 
 class StepResult(NamedTuple):
     loss: float  # mean micro-batch loss, averaged over data-parallel ranks
     grad_norm: float  # global L2 norm before clipping
-    lr: float  # learning rate this update used
+    lr: float  # learning rate this update used (or would have used, when skipped)
+    skipped: bool = False  # the gradients overflowed under loss scaling: no update was made
+    loss_scale: float | None = None  # the scale this step's loss was multiplied by; None without a scaler
 
 
 def _call_model(model: Any, *batch: Any) -> Any:
@@ -48,7 +58,8 @@ def _all_reduce_mean(tensors: Sequence[torch.Tensor]) -> None:
 
 class TrainStep:
     def __init__(self, model: torch.nn.Module, optimizer: optim.AdamW, loss_fn: Callable[..., Any] | None = None,
-                 lr_scheduler: Any = None, clip_grad: float = 1.0, increment: int = 1, jit: bool | None = None) -> None:
+                 lr_scheduler: Any = None, clip_grad: float = 1.0, increment: int = 1, jit: bool | None = None,
+                 grad_scaler: ConstantGradScaler | None = None) -> None:
         if jit:
             raise NotImplementedError(
                 "TrainStep(jit=True) is not supported with the pytorch backend. Received: jit=True; "
@@ -56,7 +67,9 @@ class TrainStep:
         self.model, self.optimizer = model, optimizer
         self.loss_fn = loss_fn or _call_model
         self.lr_scheduler, self.clip_grad, self.increment = lr_scheduler, clip_grad, increment
+        self.grad_scaler = grad_scaler
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
+        self._fp32_sums = any(p.dtype != torch.float32 for p in optimizer.params)
 
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
         if not micro_batches:
@@ -65,20 +78,42 @@ class TrainStep:
             self.world_size = _world_size()
         lr = self.lr_scheduler.get_lr() if self.lr_scheduler is not None else self.optimizer.lr
         self.optimizer.set_lr(lr)
-        self.optimizer.zero_grad()
-        num_micro = len(micro_batches)
-        total = None
-        for batch in micro_batches:
-            loss = self.loss_fn(self.model, *batch)
-            (loss / num_micro).backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        params = self.optimizer.params
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        loss = total / num_micro
+        scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
+        loss, grads = self._backward(micro_batches, scale)
         if self.world_size > 1:
             _all_reduce_mean(grads + [loss])
+        if scale != 1.0:
+            torch._foreach_mul_(grads, 1.0 / scale)
         grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
-        self.optimizer.step(grads)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step(self.increment)
-        return StepResult(float(loss), float(norm), float(lr))
+        norm_value = float(norm)
+        skipped = False
+        if self.grad_scaler is not None:
+            skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
+            self.grad_scaler.update(skipped)
+        if not skipped:
+            self.optimizer.step(grads)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(self.increment)
+        self.optimizer.zero_grad()
+        return StepResult(float(loss), norm_value, float(lr), skipped, None if self.grad_scaler is None else scale)
+
+    def _backward(self, micro_batches: Sequence[Sequence[Any]], scale: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward and backward of every micro-batch: (mean loss, gradients of scale x mean loss), fp32."""
+        self.optimizer.zero_grad()
+        params = self.optimizer.params
+        num_micro = len(micro_batches)
+        total, sums = None, None
+        for batch in micro_batches:
+            loss = self.loss_fn(self.model, *batch)
+            # Megatron's order: each micro-batch loss divided by their number, then the loss scale applied.
+            # The MindSpore step multiplies by the same fp32 factor, so both overflow at the same scale.
+            (loss * (scale / num_micro)).backward()
+            total = loss.detach() if total is None else total + loss.detach()
+            if self._fp32_sums:
+                # fp16/bf16 gradients are summed in fp32 (Megatron's main grads), not in the parameter dtype.
+                grads = [torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.float() for p in params]
+                sums = grads if sums is None else torch._foreach_add(sums, grads)
+                self.optimizer.zero_grad()
+        if sums is None:
+            sums = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        return (total / num_micro).float(), sums

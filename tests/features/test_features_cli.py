@@ -27,8 +27,10 @@ def test_table_lists_every_entry_and_column(capsys):
     assert " ".join(header[2:]) == "pytorch npu pytorch cuda pytorch cpu mindspore npu mindspore cuda mindspore cpu"
     rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.strip() and not line.startswith("yes =")}
     assert set(rows) == {e.name for e in TABLE.entries}
-    # last column is mindspore cpu: bf16 falls back there, local layers run, tensor parallelism stops
-    assert (rows["bf16"][-1], rows["transformer-local"][-1], rows["tensor-parallel"][-1]) == ("off", "yes", "NO")
+    # last column is mindspore cpu: bf16 stops there (no kernels), fp16 and local layers run, flash attention
+    # falls back, tensor parallelism stops
+    assert (rows["bf16"][-1], rows["fp16"][-1], rows["transformer-local"][-1], rows["flash-attention"][-1],
+            rows["tensor-parallel"][-1]) == ("NO", "yes", "yes", "off", "NO")
     assert rows["backend-nccl"][-1] == "->mccl"
 
 
@@ -87,9 +89,16 @@ def test_check_stops_with_exit_2_and_one_line_per_flag(capsys):
 
 def test_check_with_warn_runs_fallbacks(capsys):
     code, out, _ = run(capsys, "--ai-framework", "mindspore", "--device", "cpu", "--on-unsupported", "warn",
-                       "--check", "--bf16 --use-flash-attn")
+                       "--check", "--recompute-granularity full --use-flash-attn")
     assert code == 0
     assert [line.split(":")[0] for line in out.splitlines()] == ["warning", "warning"]
+
+
+def test_check_with_warn_still_stops_what_has_no_kernel(capsys):
+    code, out, _ = run(capsys, "--ai-framework", "mindspore", "--device", "cpu", "--on-unsupported", "warn",
+                       "--check", "--bf16 --use-flash-attn")
+    assert code == 2
+    assert [line.split(":")[0] for line in out.splitlines()] == ["error", "warning"]
 
 
 def test_check_with_nothing_to_say(capsys):

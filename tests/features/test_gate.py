@@ -60,10 +60,12 @@ def test_check_flags_follows_the_table(entry, trig, fw, dev):
 
 # Facts the table must keep whatever else changes (measured on this machine or stated by the brief).
 @pytest.mark.parametrize("tokens, fw, dev, status", [
-    (["--bf16"], "mindspore", "cpu", "fallback"),          # fp32 train step; no bf16 MatMul kernel on MindSpore CPU
-    (["--bf16"], "pytorch", "npu", "fallback"),            # the portable train step has no mixed precision yet
-    (["--fp16"], "mindspore", "cpu", "fallback"),
-    (["--fp16"], "pytorch", "cuda", "fallback"),
+    (["--bf16"], "mindspore", "cpu", "unsupported"),       # no bf16 MatMul kernel on MindSpore CPU
+    (["--bf16"], "mindspore", "cuda", "unsupported"),      # MindSpore's bf16 kernels are Ascend-only
+    (["--bf16"], "pytorch", "cpu", "supported"),           # fp32 main params, measured in tests/backend_api
+    (["--bf16"], "pytorch", "npu", "supported"),
+    (["--fp16"], "mindspore", "cpu", "supported"),         # fp16 kernels exist, dynamic loss scaling
+    (["--fp16"], "pytorch", "cuda", "supported"),
     (["--use-flash-attn"], "mindspore", "cpu", "fallback"),
     (["--tensor-model-parallel-size", "2"], "pytorch", "cuda", "unsupported"),
     (["--pipeline-model-parallel-size", "4"], "mindspore", "npu", "unsupported"),

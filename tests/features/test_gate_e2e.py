@@ -29,6 +29,7 @@ EXTRA_SCRIPT_ARGS = {
     "backend-mccl": lambda tmp: ["--global-batch-size", "4"],
 }
 TWO_PROCESSES = {"backend-gloo", "backend-mccl"}  # a communication backend only acts with world size > 1
+EXCLUSIVE = [{"fp16", "bf16"}]  # the arguments refuse these together
 
 
 def needs_entry() -> None:
@@ -98,14 +99,17 @@ def supported_runs(framework: str) -> list[list[tuple[ft.Entry, ft.Trigger]]]:
     """Every supported CPU trigger of the table, packed into as few runs as possible.
 
     A MindSpore run costs tens of seconds, so compatible flags share a run; two triggers of one flag
-    (--ckpt-format torch_dcp vs safetensors) cannot, and go to separate runs.
+    (--ckpt-format torch_dcp vs safetensors) cannot, nor can exclusive entries (--fp16 and --bf16).
     """
+    def fits(run: list[tuple[ft.Entry, ft.Trigger]], entry: ft.Entry, trig: ft.Trigger) -> bool:
+        return all(t.flag != trig.flag and {e.name, entry.name} not in EXCLUSIVE for e, t in run)
+
     runs: list[list[tuple[ft.Entry, ft.Trigger]]] = []
     for entry in ft.load_table().entries:
         if entry.cells[(framework, "cpu")].status != "supported":
             continue
         for trig in entry.triggers:
-            run = next((r for r in runs if all(t.flag != trig.flag for _, t in r)), None)
+            run = next((r for r in runs if fits(r, entry, trig)), None)
             if run is None:
                 runs.append(run := [])
             run.append((entry, trig))

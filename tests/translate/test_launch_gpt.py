@@ -58,11 +58,11 @@ def test_translated_seed_script_trains_under_msrun(tmp_path: Path, tx) -> None:
     source = tmp_path / "pretrain_single.sh"
     source.write_text(text, encoding="utf-8")
     translated = tmp_path / "pretrain_single_ms.sh"
-    # --fp16 is a fallback for mmrun's train step (fp32 only): take it out; nccl and --ckpt-format torch
-    # are swapped by the training entry itself (mccl, safetensors), with a notice.
+    # --fp16 is supported on MindSpore CPU and stays; nccl and --ckpt-format torch are swapped by the
+    # training entry itself (mccl, safetensors), with a notice.
     assert main([str(source), "--device", "cpu", "--on-unsupported", "remove", "-o", str(translated)]) == 0
     script = translated.read_text(encoding="utf-8")
-    assert "msrun $DISTRIBUTED_ARGS" in script and "--fp16" not in script.split("GPT_ARGS=", 1)[1]
+    assert "msrun $DISTRIBUTED_ARGS" in script and "--fp16" in script.split("GPT_ARGS=", 1)[1]
 
     # msrun starts `python` from PATH; a parent job's MS_* variables confuse it.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
@@ -81,4 +81,5 @@ def test_translated_seed_script_trains_under_msrun(tmp_path: Path, tx) -> None:
     iterations = re.findall(r"iteration\s+(\d+)/\s*3", logs)
     assert {"1", "2", "3"} <= set(iterations), logs[-3000:]
     assert "with the mindspore backend" in logs  # the training entry's gate notices: MindSpore really ran
+    assert "> fp16 model with fp32 main params in the optimizer, dynamic loss scale from 4.29497e+09" in logs
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"

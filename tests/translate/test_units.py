@@ -209,6 +209,7 @@ def test_gate_fallbacks_warn_unsupported_stop_and_unknown_values_are_not_judged(
     assert "$TP" in messages and "not checked here" in messages
     with pytest.raises(TranslationRefused):
         translate("torchrun --nproc_per_node 2 t.py --tensor-model-parallel-size 2\n")
-    removed = translate("torchrun --nproc_per_node 2 t.py --tensor-model-parallel-size 2 --fp16\n", on_unsupported="remove")
+    removed = translate("torchrun --nproc_per_node 2 t.py --tensor-model-parallel-size 2 --use-flash-attn\n",
+                        on_unsupported="remove")
     command = [line for line in removed.splitlines() if line.startswith("msrun")][0]
     assert command.endswith(" t.py --ai-framework mindspore")
