@@ -13,6 +13,8 @@ import mindspore as ms
 from mindspore import mint
 from mindspore import ops as _ops
 
+from mmrun.backend.mindspore import seeding
+
 Tensor = ms.Tensor
 
 _softmax = mint.nn.functional.softmax
@@ -64,11 +66,72 @@ def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
     return _ops.masked_fill(x, mask, value)
 
 
+# Dropout draws its mask from seeding.DROPOUT_GENERATOR, whose state a checkpoint can save and restore.
+# Not ops.dropout: that primitive keeps its generator inside the kernel, out of reach, so a resumed run
+# drew other masks. Not the Generator-based mint ops (dropout_ext, rand_like, bernoulli_): no CPU kernel
+# in 2.10. The mask is a counter-based hash of (seed, call number, element index) in uint32 arithmetic,
+# which wraps modulo 2**32 by definition, so PyNative and jit draw the same masks.
+_ONE = Tensor(1, ms.int64)
+_TWO_POW_32 = Tensor(1 << 32, ms.int64)
+_SHIFTS = {bits: Tensor(bits, ms.uint32) for bits in (15, 16)}
+# The best two-round xorshift-multiply hash of Wellons' hash-prospector (bias 0.108), and two salts for keys.
+_MULTIPLIERS = (Tensor(0x21F0AAAD, ms.uint32), Tensor(0x735A2D97, ms.uint32))
+_SALTS = (Tensor(0x9E3779B9, ms.uint32), Tensor(0x85EBCA6B, ms.uint32))
+_ODD = Tensor(1, ms.uint32)
+_right_shift = _ops.RightShift()
+
+
+def _xorshift(h: Tensor, bits: int) -> Tensor:
+    return _ops.bitwise_xor(h, _right_shift(h, _SHIFTS[bits]))
+
+
+def _hash32(h: Tensor) -> Tensor:
+    """A bijection of uint32 onto itself that mixes every input bit into every output bit."""
+    h = _xorshift(h, 16) * _MULTIPLIERS[0]
+    h = _xorshift(h, 15) * _MULTIPLIERS[1]
+    return _xorshift(h, 15)
+
+
+def _words(value: Tensor) -> tuple[Tensor, Tensor]:
+    """The low and high 32 bits of an int64 scalar, as uint32."""
+    return _ops.cast(value, ms.uint32), _ops.cast(_ops.floor_div(value, _TWO_POW_32), ms.uint32)
+
+
+# Compiled even in PyNative: there its ~40 small dependent ops cost ~60 ms a call, as a graph ~2 ms
+# (measured on 2048 elements, loaded 2-core CPU). Under an outer jit it is inlined; each new shape compiles once.
+@ms.jit
+def _random_words(shape: tuple[int, ...], numel: int) -> Tensor:
+    """Uniform uint32 values, one per element; one step of DROPOUT_GENERATOR per call."""
+    # _step is how mint's random functions draw from a Generator too: (seed, offset), then offset += 1.
+    seed, call = seeding.DROPOUT_GENERATOR._step(_ONE)
+    call_low, call_high = _words(call)
+    seed_low, seed_high = _words(seed)
+    key = _hash32(_ops.bitwise_xor(_hash32(_ops.bitwise_xor(call_low, call_high)), seed_low))
+    key = _hash32(_ops.bitwise_xor(key, seed_high))
+    # An odd multiplier makes index -> index * multiplier + offset a bijection mod 2**32: within a call no
+    # two elements hash the same word.
+    multiplier = _ops.bitwise_or(_hash32(_ops.bitwise_xor(key, _SALTS[0])), _ODD)
+    offset = _hash32(_ops.bitwise_xor(key, _SALTS[1]))
+    index = _ops.arange(0, numel, dtype=ms.uint32)
+    return mint.reshape(_hash32(index * multiplier + offset), shape)
+
+
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    # mint.nn.functional.dropout has no CPU kernel. The early return also keeps p=0 free under jit.
+    """torch's dropout: zero each element with probability p, scale the rest by 1/(1-p); identity when
+    not training or p == 0. Reproducible from DROPOUT_GENERATOR's state (seeding.get_rng_state)."""
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    # The early return also keeps p=0 free under jit.
     if not training or p == 0.0:
         return x
-    return _ops.dropout(x, p=p, training=True)
+    if p == 1.0:
+        return x * 0.0
+    numel = int(x.size)
+    if numel > 1 << 32:
+        raise ValueError(f"dropout draws at most 2**32 elements per call on mindspore; got shape {tuple(x.shape)}")
+    threshold = Tensor(min(round(p * (1 << 32)), (1 << 32) - 1), ms.uint32)
+    keep = _random_words(tuple(x.shape), numel) >= threshold
+    return x * (_ops.cast(keep, x.dtype) / (1.0 - p))
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,

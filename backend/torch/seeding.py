@@ -1,7 +1,9 @@
-"""One seed for Python, numpy and torch (every device), the same on every rank."""
+"""One seed for Python, numpy and torch (every device), the same on every rank; torch's RNG state as JSON."""
 from __future__ import annotations
 
+import base64
 import random
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,3 +22,56 @@ def seed_everything(seed: int) -> int:
     np.random.seed(seed)
     torch.manual_seed(seed)
     return seed
+
+
+def _to_text(state: torch.Tensor) -> str:
+    # base64 of the raw ByteTensor: the CPU generator's state is 5056 bytes, three times longer as a list of ints.
+    return base64.b64encode(state.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _from_text(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def _accelerator() -> tuple[str, Any] | None:
+    """("npu" | "cuda", its torch module) when this process runs on one, else None."""
+    from mmrun.backend.torch import device
+
+    kind = device.detect().kind
+    # By the device kind, not torch.cuda.is_available(): transfer_to_npu makes torch.cuda answer for the NPU.
+    if kind == "npu":
+        return kind, torch.npu
+    if kind == "cuda":
+        return kind, torch.cuda
+    return None
+
+
+def get_rng_state() -> dict[str, Any]:
+    """torch's RNG state as JSON: the CPU generator, and on an accelerator every visible device's generator.
+
+    Covers what dropout draws from: the CPU default generator (`torch.get_rng_state`), and
+    `torch.cuda.get_rng_state_all()` on CUDA or `torch.npu.get_rng_state_all()` on an Ascend NPU
+    (torch_npu). Each state is the generator's ByteTensor, base64-encoded. Python's and numpy's
+    generators are not here (the checkpoint saves them itself). The CUDA and NPU paths have not been
+    run (CPU-only test machine); only the CPU path is tested.
+    """
+    state: dict[str, Any] = {"cpu": _to_text(torch.get_rng_state())}
+    accelerator = _accelerator()
+    if accelerator is not None:
+        kind, module = accelerator
+        state[kind] = [_to_text(s) for s in module.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore a state from `get_rng_state` (after a JSON round trip): the generators draw on as they would have.
+
+    Accelerator states are restored when the saved state has this process's device kind; one device
+    count against another, the devices both have are restored. Unverified on CUDA and NPU (see
+    `get_rng_state`).
+    """
+    torch.set_rng_state(_from_text(state["cpu"]))
+    accelerator = _accelerator()
+    if accelerator is not None and accelerator[0] in state:
+        kind, module = accelerator
+        module.set_rng_state_all([_from_text(text) for text in state[kind][:module.device_count()]])
