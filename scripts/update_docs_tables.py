@@ -1,20 +1,33 @@
-"""Regenerate the tables in docs/ that come from the code's own data (run after changing a table)."""
+"""Regenerate the tables in docs/ that come from the code's own data (run after changing a table).
+
+    python scripts/update_docs_tables.py
+
+docs/features.md is generated whole by `mmrun features --format markdown > docs/features.md`.
+"""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 from mmrun.launchers.options import options_markdown
+from mmrun.training.arguments import ignored_and_refused_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+# (file, start marker, end marker, what goes between them)
+BLOCKS = [
+    ("launcher.md", "<!-- options-table:start -->\n", "<!-- options-table:end -->", options_markdown),
+    ("training.md", "<!-- BEGIN training/megatron_flags.yaml -->\n", "<!-- END training/megatron_flags.yaml -->",
+     ignored_and_refused_markdown),
+]
 
 
-def replace_block(path: Path, name: str, content: str) -> None:
-    text = path.read_text()
-    pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", flags=re.S)
-    path.write_text(pattern.sub(lambda m: f"{m.group(1)}{content}\n{m.group(2)}", text))
+def replace_block(path: Path, start: str, end: str, content: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(f"({re.escape(start)}).*?({re.escape(end)})", flags=re.S)
+    path.write_text(pattern.sub(lambda m: f"{m.group(1)}{content}\n{m.group(2)}", text), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    replace_block(DOCS / "launcher.md", "options-table", options_markdown())
-    print("updated docs/launcher.md")
+    for name, start, end, render in BLOCKS:
+        replace_block(DOCS / name, start, end, render())
+        print(f"updated docs/{name}")

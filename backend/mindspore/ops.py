@@ -4,6 +4,9 @@ Same public names as `mmrun.backend.torch.ops`. Every function here runs in PyNa
 `mindspore.jit` on CPU: several `mint` ops have no CPU kernel in MindSpore 2.10 (measured, see
 docs/portable-api.md), so each op below uses the spelling that does. `like=` arguments exist for torch's
 devices; MindSpore has one global device and ignores them.
+
+Mixed precision as on torch (see there): fp16/bf16 inputs of `softmax` and `layer_norm` are computed in
+fp32 and returned in their own dtype; `cross_entropy` works on fp32 logits and returns an fp32 loss.
 """
 from __future__ import annotations
 
@@ -18,6 +21,12 @@ from mmrun.backend.mindspore import seeding
 Tensor = ms.Tensor
 
 _softmax = mint.nn.functional.softmax
+HALF_DTYPES = (ms.float16, ms.bfloat16)
+
+
+def _fp32(x: Tensor | None) -> Tensor | None:
+    # dtype is known when a graph is compiled, so under jit this branch costs nothing.
+    return x if x is None or x.dtype not in HALF_DTYPES else _ops.cast(x, ms.float32)
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -36,6 +45,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    if x.dtype in HALF_DTYPES:
+        return _ops.cast(_softmax(_fp32(x), dim=dim), x.dtype)
     return _softmax(x, dim=dim)
 
 
@@ -53,7 +64,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """logits (N, C), integer target (N,); reduction "mean" | "sum" | "none" (per-item, 0 where ignored)."""
     # mint.nn.functional.cross_entropy has no CPU kernel; ops.cross_entropy has torch's semantics.
-    return _ops.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+    return _ops.cross_entropy(_fp32(logits), target, ignore_index=ignore_index, reduction=reduction)
 
 
 def causal_mask(seq_len: int, like: Tensor | None = None) -> Tensor:
@@ -139,8 +150,13 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None
     # ops.layer_norm and mint's LayerNorm dispatch to LayerNormExt, which has no CPU kernel; the LayerNorm
     # primitive (what nn.LayerNorm uses) has one. eps is explicit: nn.LayerNorm's default is 1e-7, torch's 1e-5.
     begin_axis = -len(normalized_shape)
-    y, _, _ = _ops.LayerNorm(begin_norm_axis=begin_axis, begin_params_axis=begin_axis, epsilon=eps)(x, weight, bias)
-    return y
+    norm = _ops.LayerNorm(begin_norm_axis=begin_axis, begin_params_axis=begin_axis, epsilon=eps)
+    # The primitive needs both affine tensors; torch's None means weight 1, bias 0.
+    shape = tuple(normalized_shape)
+    weight = mint.ones(shape, dtype=ms.float32) if weight is None else _fp32(weight)
+    bias = mint.zeros(shape, dtype=ms.float32) if bias is None else _fp32(bias)
+    y, _, _ = norm(_fp32(x), weight, bias)
+    return y if x.dtype == ms.float32 else _ops.cast(y, x.dtype)
 
 
 def embedding(ids: Tensor, weight: Tensor) -> Tensor:
