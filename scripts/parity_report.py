@@ -4,8 +4,9 @@
 The same GPT source (models/gpt.py) is built on both frameworks, given the same initial weights
 (a numpy state dict) and the same batches, then compared: forward loss and gradients, 20 AdamW
 steps with clipping and warmup (MindSpore in PyNative and under jit, fused and torch-order AdamW,
-with and without gradient accumulation), a checkpoint saved on one framework and loaded on the
-other, and the ViT patch embedding (Conv2d). Writes the table in docs/parity.md.
+with and without gradient accumulation), the same with dropout 0.1 (both frameworks draw the same
+masks), a checkpoint saved on one framework and loaded on the other, and the ViT patch embedding
+(Conv2d). Writes the table in docs/parity.md.
 tests/backend_api/test_parity.py runs these same functions and asserts the thresholds.
 """
 from __future__ import annotations
@@ -26,6 +27,9 @@ OPTIMIZER = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 SCHEDULE = dict(lr=1e-3, min_lr=1e-4, lr_warmup_fraction=0.25, lr_decay_style="cosine")
 CLIP_GRAD = 1.0
 THRESHOLDS = {"forward_loss": 1e-5, "max_grad": 1e-6, "step_loss": 1e-4}
+DROPOUT = 0.1
+GPT_DROPOUT_CONFIG = {**GPT_CONFIG, "hidden_dropout": DROPOUT, "attention_dropout": DROPOUT}
+SEED = 1234  # seeds each framework's dropout generator before every measurement: same seed, same masks
 
 FRAMEWORKS = ("pytorch", "mindspore")
 
@@ -34,7 +38,7 @@ def backend(framework: str) -> Any:
     """The backend package with the submodules used here imported."""
     from mmrun.models import portable
     package = portable.backend_package(framework)
-    for sub in ("tensors", "optim", "autograd", "train_step"):
+    for sub in ("tensors", "optim", "autograd", "train_step", "seeding"):
         __import__(f"{package.__name__}.{sub}")
     return package
 
@@ -54,10 +58,13 @@ def initial_state(seed: int = 0, config: dict | None = None) -> dict[str, np.nda
 
 
 def build_model(framework: str, state: dict[str, np.ndarray], config: dict | None = None) -> Any:
-    gpt = gpt_module(framework)
+    """The GPT with `state`'s weights, in training mode (dropout on when the config has it), and the
+    framework seeded with SEED so that both draw the same dropout masks from here on."""
+    be, gpt = backend(framework), gpt_module(framework)
+    be.seeding.seed_everything(SEED)
     model = gpt.GPT(gpt.GPTConfig(**(config or GPT_CONFIG)))
-    model.load_state_dict(backend(framework).tensors.state_dict_from_numpy(state))
-    return model
+    model.load_state_dict(be.tensors.state_dict_from_numpy(state))
+    return model.train()
 
 
 def make_batches(count: int, seed: int = 1, config: dict | None = None,
@@ -87,12 +94,13 @@ def eval_loss(framework: str, model: Any, batch: tuple[np.ndarray, ...]) -> floa
         return float(be.tensors.to_numpy(gpt_module(framework).gpt_loss(model, *to_framework(framework, batch))))
 
 
-def forward_backward(state: dict[str, np.ndarray], batch: tuple[np.ndarray, ...]) -> dict[str, Any]:
+def forward_backward(state: dict[str, np.ndarray], batch: tuple[np.ndarray, ...],
+                     config: dict | None = None) -> dict[str, Any]:
     """Loss and gradients of one batch on both frameworks, compared."""
     results = {}
     for fw in FRAMEWORKS:
         be, gpt = backend(fw), gpt_module(fw)
-        model = build_model(fw, state)
+        model = build_model(fw, state, config)
         names = [name for name, _ in model.named_parameters()]
         fn = be.autograd.value_and_grad(lambda *b: gpt.gpt_loss(model, *b), [p for _, p in model.named_parameters()])
         loss, grads = fn(*to_framework(fw, batch))
@@ -122,10 +130,10 @@ def make_step(framework: str, model: Any, steps: int, jit: bool | None = None, f
 
 def train(framework: str, state: dict[str, np.ndarray], batches: list, steps: int, micro_batches: int = 1,
           jit: bool | None = None, fused: bool = True, precision: str = "fp32",
-          grad_scaler: Any = None) -> dict[str, Any]:
+          grad_scaler: Any = None, config: dict | None = None) -> dict[str, Any]:
     """`steps` TrainStep calls; returns per-step losses, grad norms, lrs, skipped flags, step times and
     final weights (for fp16/bf16: the optimizer's fp32 main params)."""
-    model = build_model(framework, state)
+    model = build_model(framework, state, config)
     step = make_step(framework, model, steps, jit=jit, fused=fused, precision=precision, grad_scaler=grad_scaler)
     losses, norms, lrs, skipped, times = [], [], [], [], []
     for i in range(steps):
@@ -154,6 +162,40 @@ def compare_training(torch_run: dict[str, Any], ms_run: dict[str, Any]) -> dict[
             "final_param_diff": param_diff, "max_param_change": moved,
             "loss_first": torch_run["losses"][0], "loss_last": torch_run["losses"][-1],
             "lr_equal": torch_run["lrs"] == ms_run["lrs"]}
+
+
+def _training_row(label: str, state: dict[str, np.ndarray], torch_run: dict[str, Any],
+                  ms_run: dict[str, Any]) -> dict[str, Any]:
+    row = compare_training(torch_run, {**ms_run, "initial": state})
+    row["label"] = label
+    row["ms_step_ms"] = 1e3 * float(np.median(ms_run["times"][1:]))
+    row["torch_step_ms"] = 1e3 * float(np.median(torch_run["times"][1:]))
+    return row
+
+
+DROPOUT_RUNS: list[tuple[str, dict[str, Any]]] = [
+    ("PyNative, fused AdamW", {"jit": False}),
+    ("jit, fused AdamW", {"jit": True}),
+]
+
+
+def dropout_parity(steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Forward/backward and `steps` training steps with hidden and attention dropout DROPOUT: both
+    frameworks seeded alike draw the same masks (backend/dropout_hash.py), so the numbers match as
+    closely as with dropout 0. `loss_no_dropout` shows that the masks changed the loss."""
+    state = initial_state(config=GPT_DROPOUT_CONFIG)
+    batches = make_batches(steps, config=GPT_DROPOUT_CONFIG)
+    progress(f"forward and backward with dropout {DROPOUT}")
+    result: dict[str, Any] = {"forward_backward": forward_backward(state, batches[0], config=GPT_DROPOUT_CONFIG),
+                              "loss_no_dropout": forward_backward(state, batches[0])["loss_torch"],
+                              "training": []}
+    progress(f"{steps} steps on torch with dropout {DROPOUT}")
+    torch_run = train("pytorch", state, batches, steps, config=GPT_DROPOUT_CONFIG)
+    for label, options in DROPOUT_RUNS:
+        progress(f"{steps} steps on mindspore with dropout {DROPOUT}, {label}")
+        ms_run = train("mindspore", state, batches, steps, jit=options["jit"], config=GPT_DROPOUT_CONFIG)
+        result["training"].append(_training_row(label, state, torch_run, ms_run))
+    return result
 
 
 def checkpoint_roundtrip(state: dict[str, np.ndarray], batch: tuple[np.ndarray, ...], steps: int = 3,
@@ -280,12 +322,8 @@ def run_all(steps: int, progress: Callable[[str], None]) -> dict[str, Any]:
         progress(f"{steps} steps on mindspore, {label}")
         ms_run = train("mindspore", state, batches, steps, micro_batches=micro,
                        jit=options["jit"], fused=options["fused"])
-        ms_run["initial"] = state
-        row = compare_training(torch_runs[micro], ms_run)
-        row["label"] = label
-        row["ms_step_ms"] = 1e3 * float(np.median(ms_run["times"][1:]))
-        row["torch_step_ms"] = 1e3 * float(np.median(torch_runs[micro]["times"][1:]))
-        report["training"].append(row)
+        report["training"].append(_training_row(label, state, torch_runs[micro], ms_run))
+    report["dropout"] = dropout_parity(steps, progress)
     report["precision"] = mixed_precision(state, batches, steps, progress)
     progress("checkpoint saved on one framework, loaded on the other")
     report["checkpoint"] = checkpoint_roundtrip(state, batches[0])
@@ -300,9 +338,42 @@ def _versions() -> str:
     return f"torch {torch.__version__}, mindspore {mindspore.__version__}, numpy {np.__version__}"
 
 
+def _ok(value: float, limit: float) -> str:
+    return "yes" if value <= limit else "**NO**"
+
+
+def _forward_lines(fb: dict[str, Any]) -> list[str]:
+    return [
+        "| measure | value | limit | within |",
+        "|---|---|---|---|",
+        f"| loss, torch | {fb['loss_torch']:.7f} | | |",
+        f"| loss, mindspore | {fb['loss_mindspore']:.7f} | | |",
+        f"| loss difference | {fb['loss_diff']:.2e} | {THRESHOLDS['forward_loss']:.0e} "
+        f"| {_ok(fb['loss_diff'], THRESHOLDS['forward_loss'])} |",
+        f"| max gradient difference (any element, any parameter) | {fb['max_grad_diff']:.2e} "
+        f"| {THRESHOLDS['max_grad']:.0e} | {_ok(fb['max_grad_diff'], THRESHOLDS['max_grad'])} |",
+        f"| largest gradient element (for scale) | {fb['max_grad']:.2e} | | |",
+    ]
+
+
+def _training_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| MindSpore mode | max per-step loss diff | limit | within | max grad-norm diff | final max param diff "
+        "| max param change | same lr every step | loss first -> last | step ms torch / mindspore |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['label']} | {row['max_step_loss_diff']:.2e} | {THRESHOLDS['step_loss']:.0e} "
+            f"| {_ok(row['max_step_loss_diff'], THRESHOLDS['step_loss'])} | {row['max_grad_norm_diff']:.2e} "
+            f"| {row['final_param_diff']:.2e} | {row['max_param_change']:.2e} | {'yes' if row['lr_equal'] else 'no'} "
+            f"| {row['loss_first']:.4f} -> {row['loss_last']:.4f} "
+            f"| {row['torch_step_ms']:.0f} / {row['ms_step_ms']:.0f} |")
+    return lines
+
+
 def render(report: dict[str, Any]) -> str:
-    fb, cfg = report["forward_backward"], GPT_CONFIG
-    ok = lambda value, limit: "yes" if value <= limit else "**NO**"  # noqa: E731
+    fb, cfg, drop = report["forward_backward"], GPT_CONFIG, report["dropout"]
     lines = [
         "# Parity: the portable API on PyTorch and MindSpore",
         "",
@@ -311,8 +382,8 @@ def render(report: dict[str, Any]) -> str:
         "",
         f"Setup: one process, {_versions()}, CPU, float32. GPT from `models/gpt.py`: "
         f"{cfg['num_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} heads, "
-        f"vocab {cfg['vocab_size']}, seq {cfg['seq_length']}, batch {BATCH_SIZE}, dropout 0 (the two "
-        "frameworks draw different random masks), tied embeddings. Same initial weights (a numpy state "
+        f"vocab {cfg['vocab_size']}, seq {cfg['seq_length']}, batch {BATCH_SIZE}, dropout 0 (dropout "
+        f"{DROPOUT} has its own section below), tied embeddings. Same initial weights (a numpy state "
         "dict) and same batches on both. AdamW lr 1e-3, betas (0.9, 0.95), weight decay 0.1 (not on "
         f"biases and LayerNorm), clip {CLIP_GRAD}, Megatron schedule: warmup over the first "
         f"{SCHEDULE['lr_warmup_fraction']:.0%} of the iterations (the first update uses lr 0, as in Megatron), "
@@ -320,34 +391,27 @@ def render(report: dict[str, Any]) -> str:
         "",
         "## Forward and backward (one batch)",
         "",
-        "| measure | value | limit | within |",
-        "|---|---|---|---|",
-        f"| loss, torch | {fb['loss_torch']:.7f} | | |",
-        f"| loss, mindspore | {fb['loss_mindspore']:.7f} | | |",
-        f"| loss difference | {fb['loss_diff']:.2e} | {THRESHOLDS['forward_loss']:.0e} "
-        f"| {ok(fb['loss_diff'], THRESHOLDS['forward_loss'])} |",
-        f"| max gradient difference (any element, any parameter) | {fb['max_grad_diff']:.2e} "
-        f"| {THRESHOLDS['max_grad']:.0e} | {ok(fb['max_grad_diff'], THRESHOLDS['max_grad'])} |",
-        f"| largest gradient element (for scale) | {fb['max_grad']:.2e} | | |",
+        *_forward_lines(fb),
         "",
         f"## {report['steps']} training steps (TrainStep: forward, backward, clip, AdamW, schedule)",
         "",
-        "| MindSpore mode | max per-step loss diff | limit | within | max grad-norm diff | final max param diff "
-        "| max param change | same lr every step | loss first -> last | step ms torch / mindspore |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in report["training"]:
-        lines.append(
-            f"| {row['label']} | {row['max_step_loss_diff']:.2e} | {THRESHOLDS['step_loss']:.0e} "
-            f"| {ok(row['max_step_loss_diff'], THRESHOLDS['step_loss'])} | {row['max_grad_norm_diff']:.2e} "
-            f"| {row['final_param_diff']:.2e} | {row['max_param_change']:.2e} | {'yes' if row['lr_equal'] else 'no'} "
-            f"| {row['loss_first']:.4f} -> {row['loss_last']:.4f} "
-            f"| {row['torch_step_ms']:.0f} / {row['ms_step_ms']:.0f} |")
-    lines += [
+        *_training_lines(report["training"]),
         "",
         "Step times are medians after the first step, on a shared 2-core machine: indicative only (see",
         "docs/portable-api.md for the benchmark). The micro-batch row compares against torch with the same",
         "2 micro-batches per step.",
+        "",
+        f"## Dropout {DROPOUT}",
+        "",
+        f"The same model, weights and batches with hidden and attention dropout {DROPOUT}, both frameworks",
+        f"seeded with `seed_everything({SEED})`: torch's `ops.dropout` draws MindSpore's masks (a counter-based",
+        "hash of seed, call number and element index, `backend/dropout_hash.py`), so the same elements are",
+        "dropped on both and the limits are those of dropout 0. Loss of the same batch on torch without",
+        f"dropout: {drop['loss_no_dropout']:.7f} (the masks do change it).",
+        "",
+        *_forward_lines(drop["forward_backward"]),
+        "",
+        *_training_lines(drop["training"]),
         "",
         "## Mixed precision",
         "",

@@ -16,6 +16,7 @@ import mindspore as ms
 from mindspore import mint
 from mindspore import ops as _ops
 
+from mmrun.backend import dropout_hash
 from mmrun.backend.mindspore import seeding
 
 Tensor = ms.Tensor
@@ -81,26 +82,28 @@ def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
 # Not ops.dropout: that primitive keeps its generator inside the kernel, out of reach, so a resumed run
 # drew other masks. Not the Generator-based mint ops (dropout_ext, rand_like, bernoulli_): no CPU kernel
 # in 2.10. The mask is a counter-based hash of (seed, call number, element index) in uint32 arithmetic,
-# which wraps modulo 2**32 by definition, so PyNative and jit draw the same masks.
+# which wraps modulo 2**32 by definition, so PyNative and jit draw the same masks. The hash and its
+# constants are backend/dropout_hash.py's, which torch's dropout draws too: same seed, same masks.
+# The key is derived in the graph, not on the host as on torch, because under jit the generator's
+# (seed, offset) is only known when the graph runs.
 _ONE = Tensor(1, ms.int64)
 _TWO_POW_32 = Tensor(1 << 32, ms.int64)
-_SHIFTS = {bits: Tensor(bits, ms.uint32) for bits in (15, 16)}
-# The best two-round xorshift-multiply hash of Wellons' hash-prospector (bias 0.108), and two salts for keys.
-_MULTIPLIERS = (Tensor(0x21F0AAAD, ms.uint32), Tensor(0x735A2D97, ms.uint32))
-_SALTS = (Tensor(0x9E3779B9, ms.uint32), Tensor(0x85EBCA6B, ms.uint32))
+_SHIFTS = tuple(Tensor(bits, ms.uint32) for bits in dropout_hash.XORSHIFTS)
+_MULTIPLIERS = tuple(Tensor(m, ms.uint32) for m in dropout_hash.MULTIPLIERS)
+_SALTS = tuple(Tensor(salt, ms.uint32) for salt in dropout_hash.SALTS)
 _ODD = Tensor(1, ms.uint32)
 _right_shift = _ops.RightShift()
 
 
-def _xorshift(h: Tensor, bits: int) -> Tensor:
-    return _ops.bitwise_xor(h, _right_shift(h, _SHIFTS[bits]))
+def _xorshift(h: Tensor, bits: Tensor) -> Tensor:
+    return _ops.bitwise_xor(h, _right_shift(h, bits))
 
 
 def _hash32(h: Tensor) -> Tensor:
-    """A bijection of uint32 onto itself that mixes every input bit into every output bit."""
-    h = _xorshift(h, 16) * _MULTIPLIERS[0]
-    h = _xorshift(h, 15) * _MULTIPLIERS[1]
-    return _xorshift(h, 15)
+    """dropout_hash.hash32 on uint32 tensors."""
+    h = _xorshift(h, _SHIFTS[0]) * _MULTIPLIERS[0]
+    h = _xorshift(h, _SHIFTS[1]) * _MULTIPLIERS[1]
+    return _xorshift(h, _SHIFTS[2])
 
 
 def _words(value: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,18 +132,16 @@ def _random_words(shape: tuple[int, ...], numel: int) -> Tensor:
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """torch's dropout: zero each element with probability p, scale the rest by 1/(1-p); identity when
-    not training or p == 0. Reproducible from DROPOUT_GENERATOR's state (seeding.get_rng_state)."""
-    if p < 0.0 or p > 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    not training or p == 0. Reproducible from DROPOUT_GENERATOR's state (seeding.get_rng_state); the same
+    masks as torch's dropout for the same seed and sequence of calls."""
+    dropout_hash.check_probability(p)
     # The early return also keeps p=0 free under jit.
     if not training or p == 0.0:
         return x
     if p == 1.0:
         return x * 0.0
-    numel = int(x.size)
-    if numel > 1 << 32:
-        raise ValueError(f"dropout draws at most 2**32 elements per call on mindspore; got shape {tuple(x.shape)}")
-    threshold = Tensor(min(round(p * (1 << 32)), (1 << 32) - 1), ms.uint32)
+    numel = dropout_hash.check_size(int(x.size), x.shape)
+    threshold = Tensor(dropout_hash.threshold(p), ms.uint32)
     keep = _random_words(tuple(x.shape), numel) >= threshold
     return x * (_ops.cast(keep, x.dtype) / (1.0 - p))
 

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from mmrun.backend.torch import ops
+
 Module = torch.nn.Module
 ModuleList = torch.nn.ModuleList
 Parameter = torch.nn.Parameter
@@ -38,8 +40,13 @@ class LayerNorm(torch.nn.LayerNorm):
 
 
 class Dropout(torch.nn.Dropout):
+    """torch.nn.Dropout drawing its masks with ops.dropout: MindSpore's masks for the same seed."""
+
     def __init__(self, p: float = 0.5) -> None:
         super().__init__(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.dropout(x, self.p, self.training)
 
 
 class GELU(torch.nn.GELU):

@@ -1,4 +1,5 @@
-"""One seed for Python, numpy and torch (every device), the same on every rank; torch's RNG state as JSON."""
+"""One seed for Python, numpy, torch (every device) and the dropout generator, the same on every rank;
+their state as JSON."""
 from __future__ import annotations
 
 import base64
@@ -8,19 +9,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrun.backend import checks
+from mmrun.backend import checks, dropout_hash
+
+# What `ops.dropout` draws from: MindSpore's DROPOUT_GENERATOR in Python, so that the same seed gives the
+# same masks on both frameworks (backend/dropout_hash.py). A host-side counter, not a torch Generator:
+# the key of each call is derived on the host, and the state is two integers on every device.
+DROPOUT_GENERATOR = dropout_hash.CounterGenerator()
 
 
 def seed_everything(seed: int) -> int:
     """Seed every generator this process uses and return the seed.
 
     torch.manual_seed also seeds every CUDA device and the registered custom device (torch_npu's NPU),
-    so no per-device call is needed.
+    so no per-device call is needed. DROPOUT_GENERATOR drives the backend's dropout.
     """
     checks.seed(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    DROPOUT_GENERATOR.manual_seed(seed)
     return seed
 
 
@@ -47,15 +54,17 @@ def _accelerator() -> tuple[str, Any] | None:
 
 
 def get_rng_state() -> dict[str, Any]:
-    """torch's RNG state as JSON: the CPU generator, and on an accelerator every visible device's generator.
+    """torch's RNG state as JSON: the dropout generator, the CPU generator, and on an accelerator every
+    visible device's generator.
 
-    Covers what dropout draws from: the CPU default generator (`torch.get_rng_state`), and
+    "dropout" is DROPOUT_GENERATOR's (seed, offset), everything `ops.dropout` draws. The others are what
+    torch's own random functions draw from: the CPU default generator (`torch.get_rng_state`), and
     `torch.cuda.get_rng_state_all()` on CUDA or `torch.npu.get_rng_state_all()` on an Ascend NPU
-    (torch_npu). Each state is the generator's ByteTensor, base64-encoded. Python's and numpy's
-    generators are not here (the checkpoint saves them itself). The CUDA and NPU paths have not been
-    run (CPU-only test machine); only the CPU path is tested.
+    (torch_npu), each the generator's ByteTensor, base64-encoded. Python's and numpy's generators are
+    not here (the checkpoint saves them itself). The CUDA and NPU paths have not been run (CPU-only
+    test machine); only the CPU path is tested.
     """
-    state: dict[str, Any] = {"cpu": _to_text(torch.get_rng_state())}
+    state: dict[str, Any] = {"cpu": _to_text(torch.get_rng_state()), "dropout": DROPOUT_GENERATOR.get_state()}
     accelerator = _accelerator()
     if accelerator is not None:
         kind, module = accelerator
@@ -68,9 +77,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
     Accelerator states are restored when the saved state has this process's device kind; one device
     count against another, the devices both have are restored. Unverified on CUDA and NPU (see
-    `get_rng_state`).
+    `get_rng_state`). A state saved before dropout had its own generator has no "dropout" entry; the
+    generator then keeps its seeded state (that run's masks came from torch's generator, not this one).
     """
     torch.set_rng_state(_from_text(state["cpu"]))
+    if "dropout" in state:
+        DROPOUT_GENERATOR.set_state(state["dropout"])
     accelerator = _accelerator()
     if accelerator is not None and accelerator[0] in state:
         kind, module = accelerator

@@ -69,6 +69,37 @@ def test_checkpoint_saved_on_one_framework_loads_on_the_other(parity, setup):
         assert row["next_step_loss_diff"] <= parity.THRESHOLDS["forward_loss"]
 
 
+# ------------------------------------------------------------------ dropout 0.1: the same masks on both
+
+@pytest.fixture(scope="module")
+def dropout_setup(parity):
+    config = parity.GPT_DROPOUT_CONFIG
+    return parity.initial_state(config=config), parity.make_batches(1, config=config)
+
+
+def test_forward_loss_and_gradients_match_with_dropout(parity, dropout_setup):
+    state, batches = dropout_setup
+    result = parity.forward_backward(state, batches[0], config=parity.GPT_DROPOUT_CONFIG)
+    assert result["loss_diff"] <= parity.THRESHOLDS["forward_loss"]
+    assert result["max_grad_diff"] <= parity.THRESHOLDS["max_grad"]
+    assert len(result["grad_diffs"]) == 28
+    without = parity.forward_backward(state, batches[0])
+    # the masks changed the numbers by far more than the limits: dropout was on, on both
+    assert abs(result["loss_torch"] - without["loss_torch"]) > 10 * parity.THRESHOLDS["forward_loss"]
+    assert abs(result["max_grad"] - without["max_grad"]) > 10 * parity.THRESHOLDS["max_grad"]
+
+
+@pytest.mark.slow
+def test_twenty_adamw_steps_match_with_dropout(parity):
+    result = parity.dropout_parity(20, progress=lambda _: None)
+    assert [row["label"] for row in result["training"]] == [label for label, _ in parity.DROPOUT_RUNS]
+    for row in result["training"]:
+        assert row["max_step_loss_diff"] <= parity.THRESHOLDS["step_loss"]
+        assert row["lr_equal"]
+        assert row["final_param_diff"] <= 1e-4 < row["max_param_change"]
+        assert row["loss_last"] < row["loss_first"] - 0.1  # it learned something
+
+
 def test_vit_patch_embedding_conv2d_matches(parity):
     result = parity.vit_patch_embedding()
     assert result["forward_diff"] <= 1e-5

@@ -137,16 +137,111 @@ def _hash32(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint32(15))
 
 
-def test_mindspore_mask_is_the_counter_based_hash_of_seed_call_and_index(bm):
-    """numpy's uint32 arithmetic, written out: MindSpore's kernels must wrap modulo 2**32 the same way."""
-    seeding = _seeding(bm)
-    seeding.seed_everything(2**32 - 1)
-    _masks(bm, 2)
-    seed, call = (int(v) for v in seeding.DROPOUT_GENERATOR.get_state().asnumpy().view(np.int64))
+def _generator_position(be) -> tuple[int, int]:
+    """(seed, call number) the dropout generator hands the next dropout call."""
+    generator = _seeding(be).DROPOUT_GENERATOR
+    if hasattr(generator, "step"):  # torch: dropout_hash.CounterGenerator
+        state = generator.get_state()
+        return state["seed"], state["offset"]
+    # mindspore.Generator: two little-endian int64, what _step(1) returns next
+    seed, call = (int(v) for v in generator.get_state().asnumpy().view(np.int64))
+    return seed, call
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_mask_is_the_counter_based_hash_of_seed_call_and_index(backends, framework):
+    """numpy's uint32 arithmetic with the constants written out: pins the masks of both backends (and
+    of dropout_hash's reference), so a change to the shared constants cannot pass unnoticed.
+    MindSpore's uint32 kernels and torch's int64-masked ones must wrap modulo 2**32 the same way."""
+    from mmrun.backend import dropout_hash
+
+    be = backends[framework]
+    _seeding(be).seed_everything(2**32 - 1)
+    _masks(be, 2)
+    seed, call = _generator_position(be)
+    assert (seed, call) == (2**32 - 1, 2)
     words = [np.array([v & 0xFFFFFFFF, v >> 32], np.uint32) for v in (seed, call)]
     key = _hash32(_hash32(_hash32(words[1][0] ^ words[1][1]) ^ words[0][0]) ^ words[0][1])
     multiplier = _hash32(key ^ np.uint32(0x9E3779B9)) | np.uint32(1)
     offset = _hash32(key ^ np.uint32(0x85EBCA6B))
     expected = _hash32(np.arange(np.prod(SHAPE), dtype=np.uint32) * multiplier + offset) >= round(0.3 * 2**32)
-    got = _masks(bm, 1, p=0.3)[0]
+    got = _masks(be, 1, p=0.3)[0]
     np.testing.assert_array_equal(got.ravel(), expected)
+    np.testing.assert_array_equal(dropout_hash.keep_mask(seed, call, SHAPE, 0.3).ravel(), expected)
+
+
+# ------------------------------------------------------------------ the same masks on both frameworks
+
+# Consecutive calls of different shapes and probabilities, as a GPT's dropout layers make them; one
+# above 2**18 elements, so torch's chunked CPU hash runs more than one chunk.
+CALLS = [((4, 32, 64), 0.1), ((2, 4, 32, 32), 0.1), ((3, 1000, 100), 0.5), ((7,), 0.9), ((4, 32, 64), 0.1)]
+
+
+def _call_masks(be, calls=CALLS, compiled=None) -> list[np.ndarray]:
+    masks = []
+    for shape, p in calls:
+        x = be.tensors.from_numpy(np.ones(shape, np.float32))
+        out = compiled[p](x) if compiled else be.ops.dropout(x, p, training=True)
+        masks.append(be.tensors.to_numpy(out) != 0)
+    return masks
+
+
+def _reference(seed: int, first_call: int = 0, calls=CALLS) -> list[np.ndarray]:
+    from mmrun.backend import dropout_hash
+    return [dropout_hash.keep_mask(seed, first_call + i, shape, p) for i, (shape, p) in enumerate(calls)]
+
+
+def _assert_same(got: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("seed", [0, 1234, 2**32 - 1])
+def test_torch_and_mindspore_draw_the_same_masks(bt, bm, seed):
+    outputs = {}
+    for be in (bt, bm):
+        _seeding(be).seed_everything(seed)
+        outputs[be] = _call_masks(be)
+        assert _generator_position(be) == (seed, len(CALLS))
+    _assert_same(outputs[bt], outputs[bm])
+    _assert_same(outputs[bt], _reference(seed))
+    assert 0.08 < 1 - outputs[bt][0].mean() < 0.12  # p=0.1 drops about 10 % (6 standard deviations)
+
+
+def test_torch_dropout_values_equal_mindspore_values(bt, bm):
+    """Not only the masks: survivors scaled by the same float32 factor, so the outputs are bit-identical."""
+    x_np = np.random.default_rng(4).standard_normal((8, 300)).astype(np.float32)
+    outs = []
+    for be in (bt, bm):
+        _seeding(be).seed_everything(11)
+        outs.append([be.tensors.to_numpy(be.ops.dropout(be.tensors.from_numpy(x_np), p, True)) for p in (0.1, 0.3)])
+    _assert_same(outs[0], outs[1])
+
+
+def test_torch_masks_equal_mindspore_jit_masks(bt, bm):
+    import mindspore as ms
+
+    def compiled(p):
+        @ms.jit
+        def drop(x):
+            return bm.ops.dropout(x, p, True)
+        return drop
+    graphs = {p: compiled(p) for p in {p for _, p in CALLS}}
+    _seeding(bm).seed_everything(21)
+    _seeding(bt).seed_everything(21)
+    _assert_same(_call_masks(bt), _call_masks(bm, compiled=graphs))
+
+
+def test_torch_replays_the_shared_masks_after_set_rng_state(bt):
+    seeding = _seeding(bt)
+    seeding.seed_everything(5)
+    _call_masks(bt, CALLS[:2])
+    state = _json_state(bt)
+    assert state["dropout"] == {"seed": 5, "offset": 2}
+    first = _call_masks(bt)
+    _assert_same(first, _reference(5, first_call=2))
+    seeding.seed_everything(6)  # elsewhere in the stream, different seed
+    _call_masks(bt, CALLS[:1])
+    seeding.set_rng_state(state)
+    _assert_same(_call_masks(bt), first)

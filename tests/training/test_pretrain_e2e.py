@@ -8,7 +8,7 @@ demo corpus tokenized by `mmrun preprocess-data`. Runs are made once per session
     pt_resume     PyTorch, resumed from pt1's iteration-10 checkpoint
     ms_resume     MindSpore, resumed from the same (PyTorch-written) checkpoint
     pt_killed     PyTorch, SIGKILLed in the middle of saving iteration 10 (the test hook), then resumed
-    pt_drop / ms_drop                  dropout 0.1, checkpoint at iteration 10
+    pt_drop / ms_drop                  dropout 0.1 (the same masks on both frameworks), checkpoint at iteration 10
     pt_drop_resume / ms_drop_resume    the same, resumed from that checkpoint on the same framework
 
 Losses are compared from --metrics-file (full float precision); the Megatron-format log is checked too.
@@ -31,7 +31,7 @@ from mmrun.training.training_log import parse_log
 pytestmark = pytest.mark.slow
 
 ITERS = 20
-# Dropout off: dropout masks come from each framework's own RNG, and this compares frameworks.
+# Dropout off in the runs most tests share; the dropout runs (DROPOUT below) are compared across frameworks too.
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--micro-batch-size", "4", "--global-batch-size", "8",
         "--lr", "2e-3", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
@@ -127,13 +127,18 @@ def test_two_process_data_parallel_equals_one_process_with_the_same_global_batch
     assert diff <= 1e-5
 
 
-def test_pytorch_and_mindspore_agree_from_the_same_seed(runs):
-    pt, ms = runs("pt1"), runs("ms1")
+def _assert_frameworks_agree(pt, ms, what: str = "") -> float:
+    """Every iteration's loss and the validation/test losses within 1e-4; returns the largest loss difference."""
     diff = _max_diff(pt.losses(), ms.losses(), range(1, ITERS + 1))
-    print(f"max |mindspore - pytorch| over {ITERS} iterations: {diff:.2e}")
+    print(f"max |mindspore - pytorch|{what} over {ITERS} iterations: {diff:.2e}")
     assert diff <= 1e-4
     for kind in ("valid", "test"):
         assert max(abs(a - b) for a, b in zip(pt.evals(kind), ms.evals(kind))) <= 1e-4
+    return diff
+
+
+def test_pytorch_and_mindspore_agree_from_the_same_seed(runs):
+    _assert_frameworks_agree(runs("pt1"), runs("ms1"))
 
 
 def test_checkpoint_layout_and_same_framework_resume_is_bit_exact(runs):
@@ -148,6 +153,16 @@ def test_checkpoint_layout_and_same_framework_resume_is_bit_exact(runs):
     assert all(after[i] == full.losses()[i] for i in after), (after, full.losses())
     # the validation data resumes where it stopped: the later evaluations are identical too
     assert resumed.evals("valid") == full.evals("valid")[1:] and resumed.evals("test") == full.evals("test")
+
+
+def test_pytorch_and_mindspore_agree_with_dropout(runs):
+    """Both frameworks draw the same dropout masks from the same --seed (backend/dropout_hash.py)."""
+    pt = runs("pt_drop")
+    diff = _assert_frameworks_agree(pt, runs("ms_drop"), " with dropout 0.1")
+    # and dropout was on: far from the dropout-0 run of the same seed
+    effect = _max_diff(pt.losses(), runs("pt1").losses(), range(1, ITERS + 1))
+    print(f"max |dropout 0.1 - dropout 0| (pytorch): {effect:.2e}")
+    assert effect > 100 * max(diff, 1e-6)
 
 
 @pytest.mark.parametrize("framework", ["pt", "ms"])
