@@ -23,13 +23,7 @@ def _wait_for_listener(port: int, node0: subprocess.Popen, timeout: float = 120)
         time.sleep(0.2)
 
 
-FLAKY_TORCHRUN = pytest.mark.xfail(
-    strict=False,
-    reason="known flake: in two full-suite CI runs node 0's torchrun waited forever for node 1 (passes alone in "
-    "about 10 s); under investigation, see the closing note of the first session")
-
-
-@pytest.mark.parametrize("framework", [pytest.param("pytorch", marks=FLAKY_TORCHRUN), "mindspore"])
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
 def test_two_nodes_all_reduce_over_four_ranks(framework, job_env, tmp_path, jobs):
     port = jobs.free_port()
     nodes = []
