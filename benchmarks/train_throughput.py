@@ -11,10 +11,12 @@ Reported, all from this one invocation (the machine's load is the same for every
      processes, two model sizes; ratios against PyTorch on the same size and process count;
   2. the same GPT written in plain torch and plain MindSpore (PyNative and jit), timed by
      benchmarks/api_overhead.py's workers at the same sizes, and mmrun's step time over theirs;
-  3. how step time grows with sequence length and with hidden size (one process).
+  3. how step time grows with sequence length and with hidden size (one process);
+  4. fp16 and bf16 against fp32, per mode (one process, the medium size; MindSpore has no bf16 on CPU).
 
-    python benchmarks/train_throughput.py                 # everything (about 15-20 minutes on 2 cores)
+    python benchmarks/train_throughput.py                 # everything (about 20-25 minutes on 2 cores)
     python benchmarks/train_throughput.py --quick         # fewer iterations and sizes
+    python benchmarks/train_throughput.py --only precision --modes pytorch mindspore-jit
     python benchmarks/train_throughput.py --markdown out.md
 """
 from __future__ import annotations
@@ -41,6 +43,12 @@ MODES = {  # label -> (framework, extra arguments)
     "mindspore-jit": ("mindspore", ["--ms-jit"]),
 }
 
+# --fp16 starts from a low loss scale so that the few overflow-skipped iterations (cheaper: no update)
+# stay out of the median.
+PRECISIONS = {"fp32": [], "fp16": ["--fp16", "--initial-loss-scale", "4096"], "bf16": ["--bf16"]}
+UNSUPPORTED_PRECISIONS = {("mindspore", "bf16")}  # no bf16 CPU kernels: the feature gate stops the job
+SECTIONS = ("throughput", "scaling", "precision")
+
 
 @dataclass
 class Measurement:
@@ -54,6 +62,7 @@ class Measurement:
     peak_rss_mb: float
     ok: bool = True
     note: str = ""
+    precision: str = "fp32"
 
 
 # One intra-op thread per process for every job, references included: torchrun already sets it for
@@ -71,9 +80,10 @@ def _env() -> dict[str, str]:
 
 
 def run_job(label: str, size: str, layers: int, hidden: int, heads: int, seq: int, micro: int, nproc: int,
-            iters: int, warmup: int, workdir: Path) -> Measurement:
+            iters: int, warmup: int, workdir: Path, precision: str = "fp32") -> Measurement:
     framework, extra = MODES[label]
-    metrics = workdir / f"{label}_{size}_{nproc}_{seq}_{hidden}.jsonl"
+    extra = [*extra, *PRECISIONS[precision]]
+    metrics = workdir / f"{label}_{size}_{nproc}_{seq}_{hidden}_{precision}.jsonl"
     args = ["--mock-data", "--num-layers", str(layers), "--hidden-size", str(hidden), "--num-attention-heads",
             str(heads), "--seq-length", str(seq), "--max-position-embeddings", str(seq), "--micro-batch-size",
             str(micro), "--global-batch-size", str(micro * nproc), "--lr", "1e-4", "--train-iters", str(iters),
@@ -89,12 +99,12 @@ def run_job(label: str, size: str, layers: int, hidden: int, heads: int, seq: in
     if proc.returncode != 0 or not steps:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["no output"]
         return Measurement(label, size, nproc, seq, hidden, float("nan"), float("nan"), float("nan"), False,
-                           f"exit {proc.returncode}: {tail[0][:120]}")
+                           f"exit {proc.returncode}: {tail[0][:120]}", precision)
     step_ms = statistics.median(steps)
     tokens = micro * nproc * seq  # global batch x sequence length per step
     m = Measurement(label, size, nproc, seq, hidden, step_ms, tokens / (step_ms / 1000.0),
-                    float(summary.get("peak_rss_mb", float("nan"))))
-    print(f"  {label:19s} {size:7s} nproc={nproc} seq={seq:4d} hidden={hidden:4d}: {step_ms:8.1f} ms/step "
+                    float(summary.get("peak_rss_mb", float("nan"))), precision=precision)
+    print(f"  {label:19s} {precision} {size:7s} nproc={nproc} seq={seq:4d} hidden={hidden:4d}: {step_ms:8.1f} ms/step "
           f"{m.tokens_per_s:9.0f} tokens/s  peak RSS {m.peak_rss_mb:7.0f} MB  ({time.time() - start:.0f} s)",
           flush=True)
     return m
@@ -138,9 +148,12 @@ def plain_references(sizes: dict, modes: list[str], rounds: int = 2, steps: int 
     return found
 
 
-def markdown(results: list[Measurement], plain: dict, scaling: list[Measurement], header: str) -> str:
-    out = [header, "", "| mode | size | processes | ms/step | tokens/s | peak RSS (MB) | vs pytorch (tokens/s) |",
-           "|---|---|---|---|---|---|---|"]
+def markdown(results: list[Measurement], plain: dict, scaling: list[Measurement], header: str,
+             precisions: list[Measurement] = ()) -> str:
+    out = [header]
+    if results:
+        out += ["", "| mode | size | processes | ms/step | tokens/s | peak RSS (MB) | vs pytorch (tokens/s) |",
+                "|---|---|---|---|---|---|---|"]
     base = {(m.size, m.nproc): m.tokens_per_s for m in results if m.label == "pytorch" and m.ok}
     for m in results:
         ratio = m.tokens_per_s / base[(m.size, m.nproc)] if (m.size, m.nproc) in base and m.ok else float("nan")
@@ -162,6 +175,19 @@ def markdown(results: list[Measurement], plain: dict, scaling: list[Measurement]
             first.setdefault((m.label, m.note), m.step_ms)
             rel = m.step_ms / first[(m.label, m.note)] if m.ok else float("nan")
             out.append(f"| {m.label} | {m.note} | {m.seq} | {m.hidden} | {m.step_ms:.1f} | {rel:.2f} |")
+    if precisions:
+        out += ["", "| mode | precision | ms/step | tokens/s | peak RSS (MB) | tokens/s vs fp32 | RSS vs fp32 |",
+                "|---|---|---|---|---|---|---|"]
+        fp32 = {m.label: m for m in precisions if m.precision == "fp32" and m.ok}
+        for m in precisions:
+            if not m.ok:
+                out.append(f"| {m.label} | {m.precision} | failed: {m.note} | | | | |")
+                continue
+            ref = fp32.get(m.label)
+            ratios = (f"{m.tokens_per_s / ref.tokens_per_s:.2f} | {m.peak_rss_mb / ref.peak_rss_mb:.2f}" if ref
+                      else "n/a | n/a")
+            out.append(f"| {m.label} | {m.precision} | {m.step_ms:.1f} | {m.tokens_per_s:.0f} | {m.peak_rss_mb:.0f} "
+                       f"| {ratios} |")
     return "\n".join(out) + "\n"
 
 
@@ -173,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="iterations left out of the median (default 5, quick 3)")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     p.add_argument("--no-scaling", "--no_scaling", dest="no_scaling", action="store_true", help="skip the sweeps")
+    p.add_argument("--only", choices=SECTIONS, default=None,
+                   help="run one section: throughput (with the plain references), scaling or precision")
     p.add_argument("--markdown", default=None, help="also write the tables to this file")
     args = p.parse_args(argv)
     os.environ.update(THREADS)  # api_overhead's workers inherit this process's environment
@@ -184,14 +212,24 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"train_throughput.py: {iters} iterations per job, median after {warmup}; OMP_NUM_THREADS=1; "
               f"{os.cpu_count()} CPUs, load average {load:.1f} at the start; {time.strftime('%Y-%m-%d %H:%M')}")
     print(header, flush=True)
-    results = []
-    for size, (layers, hidden, heads, seq, micro) in sizes.items():
-        for nproc in (1, 2):
-            for label in args.modes:
-                results.append(run_job(label, size, layers, hidden, heads, seq, micro, nproc, iters, warmup, workdir))
-    plain = plain_references(sizes, args.modes)
-    scaling = []
-    if not args.no_scaling:
+    wanted = set(SECTIONS) - ({"scaling"} if args.no_scaling else set()) if args.only is None else {args.only}
+    results, plain, scaling, precisions = [], {}, [], []
+    if "throughput" in wanted:
+        for size, (layers, hidden, heads, seq, micro) in sizes.items():
+            for nproc in (1, 2):
+                for label in args.modes:
+                    results.append(run_job(label, size, layers, hidden, heads, seq, micro, nproc, iters, warmup,
+                                           workdir))
+        plain = plain_references(sizes, args.modes)
+    if "precision" in wanted:
+        size = "small" if args.quick else "medium"
+        layers, hidden, heads, seq, micro = SIZES[size]
+        for label in args.modes:
+            for precision in PRECISIONS:
+                if (MODES[label][0], precision) not in UNSUPPORTED_PRECISIONS:
+                    precisions.append(run_job(label, size, layers, hidden, heads, seq, micro, 1, iters, warmup,
+                                              workdir, precision))
+    if "scaling" in wanted:
         seqs, hiddens = ((32, 64, 128), (64, 128, 256)) if args.quick else ((32, 64, 128, 256), (64, 128, 256, 512))
         for label in [m for m in args.modes if m != "mindspore-pynative"]:
             for seq in seqs:
@@ -202,12 +240,13 @@ def main(argv: list[str] | None = None) -> int:
                 m = run_job(label, "sweep", 2, hidden, 4, 64, 4, 1, iters, warmup, workdir)
                 m.note = "hidden"
                 scaling.append(m)
-    text = markdown(results, plain, scaling, header) + f"\nload average at the end: {os.getloadavg()[0]:.1f}\n"
+    text = (markdown(results, plain, scaling, header, precisions)
+            + f"\nload average at the end: {os.getloadavg()[0]:.1f}\n")
     print()
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text, encoding="utf-8")
-    return 0 if all(m.ok for m in results + scaling) else 1
+    return 0 if all(m.ok for m in results + scaling + precisions) else 1
 
 
 if __name__ == "__main__":
