@@ -92,6 +92,15 @@ def demo_data(tmp_path_factory) -> dict[str, str]:
             "merges": str(CORPUS / "gpt2-merges.txt")}
 
 
+# The tiny GPT most end-to-end runs train: 20 iterations, dropout off (runs that want it pass their own).
+TINY_GPT = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--max-position-embeddings", "32", "--micro-batch-size", "4", "--global-batch-size", "8",
+            "--lr", "2e-3", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
+            "--weight-decay", "1e-2", "--clip-grad", "1.0", "--train-iters", "20",
+            "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234",
+            "--split", "949,50,1", "--log-interval", "5", "--eval-interval", "10", "--eval-iters", "1"]
+
+
 @pytest.fixture(scope="session")
 def tk():
     """The helpers above for test modules (conftest is not importable under --import-mode=importlib)."""
@@ -100,4 +109,10 @@ def tk():
         entry = ENTRY
         clean_env = staticmethod(clean_env)
         run_training = staticmethod(run_training)
+        tiny_gpt = tuple(TINY_GPT)
+        tiny_iters = 20
+
+        @staticmethod
+        def data_args(data: dict) -> list[str]:
+            return ["--data-path", data["data_path"], "--vocab-file", data["vocab"], "--merge-file", data["merges"]]
     return Toolkit

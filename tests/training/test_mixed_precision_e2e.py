@@ -13,22 +13,15 @@ from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.slow
 
-ITERS = 20
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-        "--max-position-embeddings", "32", "--micro-batch-size", "4", "--global-batch-size", "8",
-        "--lr", "2e-3", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
-        "--weight-decay", "1e-2", "--clip-grad", "1.0", "--train-iters", str(ITERS),
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234",
-        "--split", "949,50,1", "--log-interval", "5", "--eval-interval", "10", "--eval-iters", "1",
-        "--fp16", "--initial-loss-scale", str(2 ** 20)]
+ITERS = 20  # tk.tiny_gpt's --train-iters
+FP16 = ["--fp16", "--initial-loss-scale", str(2 ** 20)]
 LOG_FIELDS = re.compile(r"iteration\s+(\d+)/.*\| loss scale: ([0-9.]+) \|.*number of skipped iterations:\s+(\d+) \|")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, demo_data, tk):
     base = tmp_path_factory.mktemp("fp16")
-    args = TINY + ["--data-path", demo_data["data_path"], "--vocab-file", demo_data["vocab"],
-                   "--merge-file", demo_data["merges"]]
+    args = [*tk.tiny_gpt, *FP16, *tk.data_args(demo_data)]
     ckpt = base / "ckpt"
     done = {
         "pt": tk.run_training(base / "pt", args + ["--save", str(ckpt), "--save-interval", "10"]),

@@ -30,15 +30,9 @@ from mmrun.training.training_log import parse_log
 
 pytestmark = pytest.mark.slow
 
-ITERS = 20
-# Dropout off in the runs most tests share; the dropout runs (DROPOUT below) are compared across frameworks too.
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-        "--max-position-embeddings", "32", "--micro-batch-size", "4", "--global-batch-size", "8",
-        "--lr", "2e-3", "--min-lr", "1e-5", "--lr-decay-style", "cosine", "--lr-warmup-iters", "2",
-        "--weight-decay", "1e-2", "--clip-grad", "1.0", "--train-iters", str(ITERS),
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234",
-        "--split", "949,50,1", "--log-interval", "5", "--eval-interval", "10", "--eval-iters", "1"]
-
+ITERS = 20  # tk.tiny_gpt's --train-iters
+# tk.tiny_gpt (tests/training/conftest.py) has dropout off for the runs most tests share; the dropout runs
+# (DROPOUT below) are compared across frameworks too.
 
 # The one setting that draws random numbers every step: a resumed run matches only if the framework RNG resumes.
 DROPOUT = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
@@ -50,17 +44,13 @@ def _with(args: list[str], overrides: list[str]) -> list[str]:
     return [values.get(args[i - 1], a) if i else a for i, a in enumerate(args)]
 
 
-def _data_args(data: dict) -> list[str]:
-    return ["--data-path", data["data_path"], "--vocab-file", data["vocab"], "--merge-file", data["merges"]]
-
-
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory, demo_data, tk):
     run_training = tk.run_training
     base = tmp_path_factory.mktemp("runs")
-    args = TINY + _data_args(demo_data)
+    args = list(tk.tiny_gpt) + tk.data_args(demo_data)
     ckpt, killed = base / "ckpt_pt", base / "ckpt_killed"
-    drop_args = _with(TINY, DROPOUT) + _data_args(demo_data)
+    drop_args = _with(list(tk.tiny_gpt), DROPOUT) + tk.data_args(demo_data)
     drop_ckpt = {fw: base / f"ckpt_{fw}_drop" for fw in ("pt", "ms")}
     framework = {"pt": "pytorch", "ms": "mindspore"}
     specs = {
@@ -216,7 +206,7 @@ def _error_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 def test_checkpoint_of_another_shape_is_refused_before_loading_anything(runs, demo_data, tmp_path, tk):
     runs("pt1")
-    args = [a if a != "64" else "32" for a in TINY] + _data_args(demo_data) + ["--load", str(runs.ckpt)]
+    args = [a if a != "64" else "32" for a in tk.tiny_gpt] + tk.data_args(demo_data) + ["--load", str(runs.ckpt)]
     proc = _entry(tk, args, tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = _error_lines(proc)
@@ -232,7 +222,7 @@ def test_corrupt_checkpoint_file_is_refused(runs, demo_data, tmp_path, tk):
     shutil.copytree(runs.ckpt, copy)
     model_file = copy / "iter_0000020" / "mp_rank_00" / "model.safetensors"
     model_file.write_bytes(model_file.read_bytes()[: model_file.stat().st_size // 2])
-    proc = _entry(tk, TINY + _data_args(demo_data) + ["--load", str(copy), "--train-iters", "25"], tmp_path)
+    proc = _entry(tk, [*tk.tiny_gpt, *tk.data_args(demo_data), "--load", str(copy), "--train-iters", "25"], tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = _error_lines(proc)
     assert "is corrupt or truncated" in line and "iter_0000020/mp_rank_00" in line and "--ckpt-step N" in line
@@ -244,7 +234,7 @@ def test_corrupt_checkpoint_file_is_refused(runs, demo_data, tmp_path, tk):
     (["--hidden_sise", "64"], "unrecognized argument '--hidden_sise'"),
 ])
 def test_usage_errors_stop_before_any_model_is_built(demo_data, tmp_path, tk, extra, expected):
-    proc = _entry(tk, TINY + _data_args(demo_data) + extra, tmp_path)
+    proc = _entry(tk, list(tk.tiny_gpt) + tk.data_args(demo_data) + extra, tmp_path)
     assert proc.returncode == 2
     assert any(expected in line for line in _error_lines(proc)), proc.stderr[-2000:]
     assert "building GPT model" not in proc.stdout
