@@ -342,8 +342,13 @@ def _restore_rng(states: list[Any] | None, rank: int) -> str | None:
     if saved is None or setter is None:
         return "the framework RNG state was not saved or cannot be restored here; dropout masks after resume differ"
     if saved["name"] != backend.framework():
-        return (f"the framework RNG state was saved by {saved['name']}, this run is {backend.framework()}; "
-                "dropout masks after resume differ (weights, optimizer and data order resume exactly)")
+        # Dropout's counter generator has one format and one hash on both frameworks; nothing else carries over.
+        if "dropout" not in saved["state"]:
+            return (f"the framework RNG state was saved by {saved['name']}, this run is {backend.framework()}, "
+                    "and holds no dropout state; dropout masks after resume differ (weights, optimizer and data "
+                    "order resume exactly)")
+        setter({"dropout": saved["state"]["dropout"]})
+        return None
     setter(saved["state"])
     return None
 

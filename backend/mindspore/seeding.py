@@ -40,8 +40,24 @@ def _from_text(text: str) -> mindspore.Tensor:
     return mindspore.Tensor(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
 
 
+def _dropout_state() -> dict[str, int]:
+    # A Generator's state tensor is (seed, offset) as two little-endian int64; as integers it is the same
+    # JSON as the torch backend's dropout generator, so either framework restores the other's.
+    seed, offset = np.frombuffer(DROPOUT_GENERATOR.get_state().asnumpy().tobytes(), dtype="<i8")
+    return {"seed": int(seed), "offset": int(offset)}
+
+
+def _set_dropout_state(state: dict[str, int] | str) -> None:
+    if isinstance(state, str):  # base64 of the state tensor, as checkpoints written before 2026-11-22 hold it
+        DROPOUT_GENERATOR.set_state(_from_text(state))
+        return
+    raw = np.array([state["seed"], state["offset"]], dtype="<i8").view(np.uint8)
+    DROPOUT_GENERATOR.set_state(mindspore.Tensor(raw.copy()))
+
+
 def get_rng_state() -> dict[str, Any]:
-    """MindSpore's RNG state as JSON: the Generators' (seed, offset), base64 of their state tensors.
+    """MindSpore's RNG state as JSON: the default Generator as base64 of its state tensor, and the
+    dropout generator's {"seed", "offset"} (the torch backend's format).
 
     Covered: DROPOUT_GENERATOR (everything `ops.dropout` draws, in PyNative and under jit) and
     mindspore's default Generator (`mindspore.get_rng_state`, behind mint.* random functions, which
@@ -50,11 +66,14 @@ def get_rng_state() -> dict[str, Any]:
     it; `seed_everything` seeds them, and the training loop draws none of them after the model is built.
     Python's and numpy's generators are not here (the checkpoint saves them itself).
     """
-    return {"default": _to_text(mindspore.get_rng_state()), "dropout": _to_text(DROPOUT_GENERATOR.get_state())}
+    return {"default": _to_text(mindspore.get_rng_state()), "dropout": _dropout_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore a state from `get_rng_state` (after a JSON round trip): dropout draws on as it would have,
-    in PyNative and in graphs compiled before or after this call."""
-    mindspore.set_rng_state(_from_text(state["default"]))
-    DROPOUT_GENERATOR.set_state(_from_text(state["dropout"]))
+    in PyNative and in graphs compiled before or after this call. Generators without an entry keep their
+    state, so `{"dropout": ...}` from the torch backend restores just the dropout stream."""
+    if "default" in state:
+        mindspore.set_rng_state(_from_text(state["default"]))
+    if "dropout" in state:
+        _set_dropout_state(state["dropout"])

@@ -77,10 +77,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
     Accelerator states are restored when the saved state has this process's device kind; one device
     count against another, the devices both have are restored. Unverified on CUDA and NPU (see
-    `get_rng_state`). A state saved before dropout had its own generator has no "dropout" entry; the
-    generator then keeps its seeded state (that run's masks came from torch's generator, not this one).
+    `get_rng_state`). Generators without an entry keep their state: `{"dropout": ...}` (the MindSpore
+    backend's dropout state has this format) restores just the dropout stream, and a state saved before
+    dropout had its own generator leaves it seeded (that run's masks came from torch's generator).
     """
-    torch.set_rng_state(_from_text(state["cpu"]))
+    if "cpu" in state:
+        torch.set_rng_state(_from_text(state["cpu"]))
     if "dropout" in state:
         DROPOUT_GENERATOR.set_state(state["dropout"])
     accelerator = _accelerator()

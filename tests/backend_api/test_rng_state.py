@@ -3,6 +3,7 @@ the same dropout masks, on torch and on MindSpore (PyNative and under mindspore.
 run resumed from a checkpoint draw the masks the uninterrupted run drew."""
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 
@@ -43,6 +44,30 @@ def test_restoring_the_json_state_replays_the_same_dropout_masks(backends, frame
     _seeding(be).set_rng_state(state)
     assert all(np.array_equal(a, b) for a, b in zip(first, _masks(be, 3)))
     assert _json_state(be) == after  # and the generators end where they ended the first time
+
+
+@pytest.mark.parametrize("source, target", [("pytorch", "mindspore"), ("mindspore", "pytorch")])
+def test_the_dropout_state_of_one_framework_restores_on_the_other(backends, source, target):
+    src, dst = backends[source], backends[target]
+    _seeding(src).seed_everything(7)
+    _seeding(dst).seed_everything(99)
+    _masks(src, 2)
+    state = _json_state(src)
+    assert state["dropout"] == {"seed": 7, "offset": 2}  # one format on both frameworks
+    before = {k: v for k, v in _json_state(dst).items() if k != "dropout"}
+    _seeding(dst).set_rng_state({"dropout": state["dropout"]})  # what a cross-framework resume restores
+    assert all(np.array_equal(a, b) for a, b in zip(_masks(src, 3), _masks(dst, 3)))
+    assert {k: v for k, v in _json_state(dst).items() if k != "dropout"} == before  # nothing else touched
+
+
+def test_mindspore_reads_the_base64_dropout_state_of_earlier_checkpoints(bm):
+    seeding = _seeding(bm)
+    seeding.seed_everything(5)
+    _masks(bm, 1)
+    legacy = base64.b64encode(seeding.DROPOUT_GENERATOR.get_state().asnumpy().tobytes()).decode("ascii")
+    expected = _masks(bm, 2)
+    seeding.set_rng_state({"dropout": legacy})
+    assert all(np.array_equal(a, b) for a, b in zip(expected, _masks(bm, 2)))
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
