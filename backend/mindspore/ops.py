@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import mindspore as ms
+import numpy as np
 from mindspore import mint
 from mindspore import ops as _ops
 
@@ -143,7 +144,10 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     numel = dropout_hash.check_size(int(x.size), x.shape)
     threshold = Tensor(dropout_hash.threshold(p), ms.uint32)
     keep = _random_words(tuple(x.shape), numel) >= threshold
-    return x * (_ops.cast(keep, x.dtype) / (1.0 - p))
+    # torch divides the 0/1 mask by 1-p in fp32 and rounds once to x's dtype; a half-precision division
+    # here would round 1-p first (one ulp off in fp16 at p=0.3). The same factor, made on the host:
+    scale = _ops.cast(Tensor(float(np.float32(1.0) / np.float32(1.0 - p)), ms.float32), x.dtype)
+    return x * (_ops.cast(keep, x.dtype) * scale)
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,

@@ -234,13 +234,16 @@ def test_torch_and_mindspore_draw_the_same_masks(bt, bm, seed):
     assert 0.08 < 1 - outputs[bt][0].mean() < 0.12  # p=0.1 drops about 10 % (6 standard deviations)
 
 
-def test_torch_dropout_values_equal_mindspore_values(bt, bm):
-    """Not only the masks: survivors scaled by the same float32 factor, so the outputs are bit-identical."""
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_torch_dropout_values_equal_mindspore_values(bt, bm, dtype):
+    """Not only the masks: survivors scaled by the same factor (1/(1-p) in fp32, rounded once to the
+    input's dtype, as torch does), so the outputs are bit-identical, in half precision too."""
     x_np = np.random.default_rng(4).standard_normal((8, 300)).astype(np.float32)
     outs = []
     for be in (bt, bm):
         _seeding(be).seed_everything(11)
-        outs.append([be.tensors.to_numpy(be.ops.dropout(be.tensors.from_numpy(x_np), p, True)) for p in (0.1, 0.3)])
+        x = be.tensors.cast(be.tensors.from_numpy(x_np), be.tensors.dtype(dtype))
+        outs.append([be.tensors.to_numpy(be.ops.dropout(x, p, True)) for p in (0.1, 0.3, 0.7)])
     _assert_same(outs[0], outs[1])
 
 
