@@ -30,6 +30,18 @@ def test_workers_see_torch_style_rank_variables(framework, job_env, tmp_path, jo
         assert record["argv"] == ["--lr", "0.1", "--ai-framework", framework]
 
 
+def test_torch_workers_keep_pythons_exit_semantics(job_env, tmp_path, jobs):
+    # the bootstrap leaves torch workers with os._exit (their C++ teardown can abort a finished rank)
+    result = jobs.run(["--ai-framework", "pytorch", "--nproc-per-node", "2", "--master-port", "0",
+                       str(jobs.workers / "exit_semantics.py")], job_env, tmp_path)
+    assert result.returncode == 5, result.stderr[-2000:]
+    assert "mmrun: rank 1 (local rank 1) failed with exit code 5" in result.stderr
+    for rank in (0, 1):
+        assert (tmp_path / f"unclosed_{rank}.txt").read_text() == "buffered, never closed\n"
+        assert (tmp_path / f"thread_{rank}.txt").read_text() == "thread finished\n"
+        assert (tmp_path / f"atexit_{rank}.txt").read_text() == "atexit ran\n"
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_failing_rank_exit_code_and_log_tail(framework, job_env, tmp_path, jobs):
     job_env.update(FAIL_RANK="1", FAIL_CODE="7", SLEEP="30")
