@@ -46,7 +46,8 @@ def _arrays(state: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or creation inside `path` durable (the directory entry itself is fsynced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -76,7 +77,7 @@ def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
         for name in os.listdir(tmp):
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if target.exists():
             # A directory cannot be replaced in one rename; move the old one aside first, drop it after.
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
@@ -85,7 +86,7 @@ def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
             shutil.rmtree(old)
         else:
             os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -19,21 +19,25 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def tagged_processes(run_id: str, role: str | None = None) -> list[int]:
-    """PIDs whose environment carries this run's tag (and MS_ROLE=role, when given)."""
-    tag = f"{RUN_ID_VARIABLE}={run_id}".encode()
-    wanted_role = f"MS_ROLE={role}".encode() if role else None
+def processes_with(*variables: str) -> list[int]:
+    """PIDs (other than this one) whose environment holds every one of these `NAME=value` entries."""
+    wanted = [v.encode() for v in variables]
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            variables = (entry / "environ").read_bytes().split(b"\0")
+            environment = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue  # exited meanwhile, or not ours to read
-        if tag in variables and (wanted_role is None or wanted_role in variables):
+        if all(v in environment for v in wanted):
             found.append(int(entry.name))
     return found
+
+
+def tagged_processes(run_id: str, role: str | None = None) -> list[int]:
+    """PIDs whose environment carries this run's tag (and MS_ROLE=role, when given)."""
+    return processes_with(f"{RUN_ID_VARIABLE}={run_id}", *([f"MS_ROLE={role}"] if role else []))
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

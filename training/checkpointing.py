@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from mmrun.backend import checkpoint_io
+from mmrun.backend.checkpoint_io import fsync_dir
 from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -141,14 +142,6 @@ def _kill_if_requested(iteration: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _usual_permissions(path: Path) -> None:
     """mkdtemp/mkstemp create 0700/0600 entries; a checkpoint is shared like any output (umask applies)."""
     umask = os.umask(0)
@@ -191,7 +184,7 @@ def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str
     # checkpoint_io writes the files into tmp/mp_rank_00 (itself through a temporary name) and fsyncs them.
     checkpoint_io.save_checkpoint(tmp / RANK_DIR, model, optimizer, full_meta)
     _usual_permissions(tmp)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     _kill_if_requested(iteration)
     if final.exists():  # saving the same iteration again (a rerun): the old copy goes only after the new is in
         old = root / f".{final.name}.tmp-old-{os.getpid()}"
@@ -200,10 +193,10 @@ def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     checkpoint_io.atomic_write_text(root / TRACKER_FILE, f"{iteration}\n")
     _usual_permissions(root / TRACKER_FILE)
-    _fsync_dir(root)
+    fsync_dir(root)
     return final
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mmrun.launchers.supervisor import processes_with
+
 WORKERS = Path(__file__).parent / "workers"
 MMRUN = [sys.executable, "-m", "mmrun.launchers.cli"]
 
@@ -21,15 +23,7 @@ def free_port() -> int:
 
 def marked_processes(marker: str) -> list[int]:
     """Processes whose environment carries this test's marker (every descendant inherits it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if f"MMRUN_TEST_MARKER={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
+    return processes_with(f"MMRUN_TEST_MARKER={marker}")
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mmrun.launchers.supervisor import processes_with
+
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "models" / "pretrain_gpt.py"
 CORPUS = ROOT / "data" / "corpus"
@@ -27,18 +29,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
-
-
-def _marked(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if f"MMRUN_TRAINING_TEST={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
 
 
 @dataclass
@@ -71,7 +61,7 @@ def run_training(workdir: Path, args: list[str], framework: str = "pytorch", npr
         proc = subprocess.run([*cmd, "--metrics-file", str(metrics)], cwd=workdir, env=env, capture_output=True,
                               text=True, timeout=timeout)
     finally:
-        for pid in _marked(marker):  # launchers must reap their workers; never leave any behind
+        for pid in processes_with(f"MMRUN_TRAINING_TEST={marker}"):  # launchers must reap their workers; never leave any behind
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:

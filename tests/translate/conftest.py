@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import collections
+import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -80,13 +83,41 @@ def shellcheck_findings(script: bytes) -> collections.Counter:
     return found
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def run_msrun_script(script: Path, cwd: Path, timeout: float, **env_extra: str) -> tuple[int, str]:
+    """`bash script` (a script that calls msrun) in its own session: (exit code, console output).
+
+    msrun starts `python` (and `mmrun preprocess-data`) from PATH, and a parent job's MS_* variables
+    confuse it; it can also leave workers behind in its process group, which are reaped here.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    env.update(env_extra)
+    process = subprocess.Popen(["bash", str(script)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return process.returncode, output.decode(errors="replace")
+
+
 @pytest.fixture(scope="session")
 def tx() -> SimpleNamespace:
     """The helpers above, for test modules (pytest's importlib mode does not import conftest by name)."""
     return SimpleNamespace(
         HERE=HERE, FIXTURES=FIXTURES, SEED_001=SEED_001, SEED_003=SEED_003, shell_blocks=shell_blocks,
         seed001_scripts=seed001_scripts, seed003_forms=seed003_forms, without_marker=without_marker,
-        bash_n=bash_n, parses=parses, shellcheck_findings=shellcheck_findings,
+        bash_n=bash_n, parses=parses, shellcheck_findings=shellcheck_findings, free_port=free_port,
+        run_msrun_script=run_msrun_script,
     )
 
 

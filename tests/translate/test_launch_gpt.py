@@ -1,12 +1,7 @@
 """The translated seed script really launches the GPT job under msrun (CPU-sized, 2 workers, MindSpore)."""
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,12 +36,6 @@ CPU_SIZE = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not ENTRY.exists(), reason="needs the training entry models/pretrain_gpt.py")
 def test_translated_seed_script_trains_under_msrun(tmp_path: Path, tx) -> None:
@@ -54,7 +43,7 @@ def test_translated_seed_script_trains_under_msrun(tmp_path: Path, tx) -> None:
     text = (tx.FIXTURES / "seed001_pretrain_single.sh").read_text(encoding="utf-8")
     for seed_text, cpu_text in CPU_SIZE:
         assert seed_text in text, seed_text
-        text = text.replace(seed_text, cpu_text.format(port=free_port(), tmp=tmp_path))
+        text = text.replace(seed_text, cpu_text.format(port=tx.free_port(), tmp=tmp_path))
     source = tmp_path / "pretrain_single.sh"
     source.write_text(text, encoding="utf-8")
     translated = tmp_path / "pretrain_single_ms.sh"
@@ -64,20 +53,9 @@ def test_translated_seed_script_trains_under_msrun(tmp_path: Path, tx) -> None:
     script = translated.read_text(encoding="utf-8")
     assert "msrun $DISTRIBUTED_ARGS" in script and "--fp16" in script.split("GPT_ARGS=", 1)[1]
 
-    # msrun starts `python` from PATH; a parent job's MS_* variables confuse it.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    process = subprocess.Popen(["bash", str(translated)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=420)
-    finally:
-        try:  # msrun can leave workers behind in its process group: reap them
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    returncode, output = tx.run_msrun_script(translated, tmp_path, timeout=420)
     logs = "".join(p.read_text(errors="replace") for p in sorted((tmp_path / "msrun_log").glob("*.log")))
-    assert process.returncode == 0, output.decode(errors="replace")[-3000:] + logs[-3000:]
+    assert returncode == 0, output[-3000:] + logs[-3000:]
     iterations = re.findall(r"iteration\s+(\d+)/\s*3", logs)
     assert {"1", "2", "3"} <= set(iterations), logs[-3000:]
     assert "with the mindspore backend" in logs  # the training entry's gate notices: MindSpore really ran

@@ -10,12 +10,7 @@ and read the diff.
 from __future__ import annotations
 
 import math
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,32 +58,16 @@ def test_mmrun_own_options_match_the_launcher_parser() -> None:
     assert set(MMRUN_OWN_TO_MSRUN) == set(MMRUN_OPTIONS)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_twin_trains_under_msrun(tmp_path: Path) -> None:
+def test_twin_trains_under_msrun(tmp_path: Path, tx) -> None:
     """2 MindSpore workers under real msrun, 4 iterations on the demo corpus (about 35 s on the 2-core CPU box)."""
     pytest.importorskip("mindspore")
-    # msrun starts `python` (and the script `mmrun preprocess-data`) from PATH; a parent job's MS_* variables confuse it.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", GPUS_PER_NODE="2", TRAIN_ITERS="4",
-               LOG_INTERVAL="1", OUT_DIR=str(tmp_path / "out"), MASTER_PORT=str(free_port()))
-    process = subprocess.Popen(["bash", str(TWIN)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=300)
-    finally:
-        try:  # msrun can leave workers behind in its process group: reap them
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    returncode, output = tx.run_msrun_script(TWIN, tmp_path, timeout=300, GPUS_PER_NODE="2", TRAIN_ITERS="4",
+                                             LOG_INTERVAL="1", OUT_DIR=str(tmp_path / "out"),
+                                             MASTER_PORT=str(tx.free_port()))
     rank0 = tmp_path / "msrun_log" / "worker_0.log"
     log = rank0.read_text(errors="replace") if rank0.exists() else ""
-    assert process.returncode == 0, output.decode(errors="replace")[-3000:] + log[-3000:]
+    assert returncode == 0, output[-3000:] + log[-3000:]
     assert "mindspore" in log and "world size 2" in log, log[-3000:]  # MindSpore really ran, data parallel over 2 workers
     losses = [float(x) for x in re.findall(r"iteration\s+\d+/\s*4 \|.*?\| lm loss: ([-+.\dEe]+)", log)]
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
