@@ -24,6 +24,8 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from mmrun.common.atomic_write import fsync_dir, remove_stale_temporaries, replace_directory, temporary_name
+
 FORMAT = "mmrun-checkpoint"
 VERSION = 1
 MODEL_FILE, OPTIMIZER_FILE, META_FILE = "model.safetensors", "optimizer.safetensors", "meta.json"
@@ -46,15 +48,6 @@ def _arrays(state: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
     return out
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename or creation inside `path` durable (the directory entry itself is fsynced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
                     optimizer: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None) -> Path:
     """Write a checkpoint directory atomically; returns its path. `optimizer` is an optimizer's
@@ -68,7 +61,8 @@ def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
         info["optimizer"] = {k: v for k, v in optimizer.items() if k != "tensors"}
     text = json.dumps(info, indent=2, sort_keys=True)  # fails here, before any file is written, if not JSON-able
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    remove_stale_temporaries(target)
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_name(target), dir=target.parent))
     try:
         save_file(model_arrays, str(tmp / MODEL_FILE), metadata={"format": FORMAT})
         if opt_arrays is not None:
@@ -78,15 +72,7 @@ def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
         fsync_dir(tmp)
-        if target.exists():
-            # A directory cannot be replaced in one rename; move the old one aside first, drop it after.
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.replace(target, old / target.name)
-            os.replace(tmp, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, target)
-        fsync_dir(target.parent)
+        replace_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -110,18 +96,3 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     for key in ("format", "version"):
         meta.pop(key)
     return Checkpoint(model=load_file(str(root / MODEL_FILE)), optimizer=optimizer, meta=meta)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Replace a small text file atomically (e.g. a `latest_checkpointed_iteration.txt` tracker)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -3,13 +3,14 @@ that the errors (and the replacements made with a notice) read the same on torch
 """
 from __future__ import annotations
 
+from mmrun.backend import vocabulary
 from mmrun.backend.errors import UsageError, warn_once
 
 # framework -> device kind -> the communication backends that work there; the first is the default.
 WORKING_DIST_BACKENDS: dict[str, dict[str, tuple[str, ...]]] = {
     "pytorch": {"npu": ("hccl",), "cuda": ("nccl", "gloo"), "cpu": ("gloo",)},
     # MindSpore on CPU uses its own mccl; gloo is rejected there (measured, mindspore 2.10).
-    "mindspore": {"Ascend": ("hccl",), "GPU": ("nccl",), "CPU": ("mccl",)},
+    "mindspore": {"npu": ("hccl",), "cuda": ("nccl",), "cpu": ("mccl",)},
 }
 KNOWN_DIST_BACKENDS: tuple[str, ...] = ("hccl", "nccl", "gloo", "mccl", "mpi", "ucc")
 REDUCE_OPS: tuple[str, ...] = ("sum", "mean")
@@ -22,6 +23,7 @@ def dist_backend(framework: str, device_kind: str, requested: str | None = None)
     Megatron scripts pass `--distributed-backend nccl` everywhere; on an NPU or a CPU that must become
     hccl, gloo or mccl (transfer_to_npu makes the same nccl -> hccl swap).
     """
+    device_kind = vocabulary.device_kind(device_kind)
     working = WORKING_DIST_BACKENDS[framework][device_kind]
     if requested is None:
         return working[0]

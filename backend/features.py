@@ -30,20 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-import yaml
+from mmrun.backend.vocabulary import DEVICES, FRAMEWORKS
+from mmrun.backend.vocabulary import device_kind as normalise_device
+from mmrun.backend.vocabulary import framework_name as normalise_framework
+from mmrun.common.yaml_tables import TableError, check_keys, load_yaml
 
 TABLE_PATH = Path(__file__).with_name("features.yaml")
 
-FRAMEWORKS: tuple[str, ...] = ("pytorch", "mindspore")
-DEVICES: tuple[str, ...] = ("npu", "cuda", "cpu")
 STATUSES: tuple[str, ...] = ("supported", "unsupported", "fallback")
 POLICIES: tuple[str, ...] = ("error", "warn")
 
-# Other spellings callers hand us: MindSpore names its devices Ascend/GPU/CPU, and users say torch.
-FRAMEWORK_ALIASES: dict[str, str] = {"pytorch": "pytorch", "torch": "pytorch", "mindspore": "mindspore"}
-DEVICE_ALIASES: dict[str, str] = {
-    "npu": "npu", "ascend": "npu", "cuda": "cuda", "gpu": "cuda", "cpu": "cpu",
-}
 
 _ENTRY_KEYS = {"title", "group", "triggers", "companions", "support"}
 _REQUIRED_ENTRY_KEYS = {"title", "group", "triggers", "support"}
@@ -54,7 +50,7 @@ _WHEN_KINDS = {"gt", "in", "matches", "set"}
 _TAKES = (0, 1, "+")
 
 
-class FeatureTableError(ValueError):
+class FeatureTableError(TableError):
     """features.yaml breaks the schema; the message names the file and the entry."""
 
 
@@ -186,23 +182,6 @@ class FeatureTable:
         return found
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses duplicate keys: a second entry with the same name would silently win."""
-
-
-def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise FeatureTableError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-
-
 def load_table(path: str | Path | None = None) -> FeatureTable:
     """Load and validate a feature table (default: backend/features.yaml, cached)."""
     if path is None:
@@ -217,11 +196,9 @@ def _default_table() -> FeatureTable:
 
 def _load(path: Path) -> FeatureTable:
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-    except FeatureTableError as err:
-        raise FeatureTableError(f"{path}: {err}") from None
-    except yaml.YAMLError as err:
-        raise FeatureTableError(f"{path}: not valid YAML: {err}") from None
+        raw = load_yaml(path)
+    except TableError as err:
+        raise FeatureTableError(str(err)) from None
     if not isinstance(raw, dict) or set(raw) != {"features"} or not isinstance(raw["features"], dict):
         keys = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
         raise FeatureTableError(f"{path}: expected one top-level key 'features' holding a mapping. Received: {keys}")
@@ -235,14 +212,10 @@ def _fail(path: Path, name: str, message: str) -> FeatureTableError:
 
 
 def _check_keys(path: Path, name: str, where: str, mapping: Any, allowed: set[str]) -> dict:
-    if not isinstance(mapping, dict):
-        raise _fail(path, name, f"{where} must be a mapping. Received: {mapping!r}")
-    if any(isinstance(key, bool) for key in mapping):
-        raise _fail(path, name, f"a key in {where} was read as a boolean (YAML reads on/off/yes/no so); quote it")
-    unknown = sorted(set(map(str, mapping)) - allowed)
-    if unknown:
-        raise _fail(path, name, f"unknown key {unknown[0]!r} in {where} (allowed: {', '.join(sorted(allowed))})")
-    return mapping
+    try:
+        return check_keys(f"{path}: entry {name!r}: {where}", mapping, optional=allowed)
+    except TableError as err:
+        raise FeatureTableError(str(err)) from None
 
 
 def _check_flag(path: Path, name: str, flag: Any) -> str:
@@ -408,22 +381,6 @@ def _overlap(a: Trigger, b: Trigger) -> bool:
 
 
 # ------------------------------------------------------------------------------------ decisions
-
-def normalise_framework(name: str) -> str:
-    try:
-        return FRAMEWORK_ALIASES[str(name).lower()]
-    except KeyError:
-        raise ValueError(f"unknown framework {name!r}; choose one of: {', '.join(FRAMEWORKS)}") from None
-
-
-def normalise_device(name: str) -> str:
-    """npu/cuda/cpu from torch's names or MindSpore's (Ascend/GPU/CPU); an index (npu:0) is dropped."""
-    key = str(name).split(":")[0].lower()
-    try:
-        return DEVICE_ALIASES[key]
-    except KeyError:
-        raise ValueError(f"unknown device {name!r}; choose one of: {', '.join(DEVICES)} (or Ascend, GPU)") from None
-
 
 def _version_tuple(version: str) -> tuple[int, ...] | None:
     match = re.match(r"\d+(\.\d+)*", str(version))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    kind: str  # torch: "npu" | "cuda" | "cpu"; MindSpore: "Ascend" | "GPU" | "CPU"
+    kind: str  # "npu" | "cuda" | "cpu" on both frameworks (backend/vocabulary.py)
     index: int  # the local accelerator index (the local rank on NPU/GPU), 0 on CPU
     dist_backend: str  # torch: "hccl" | "nccl" | "gloo"; MindSpore: "hccl" | "nccl" | "mccl"
 

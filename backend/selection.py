@@ -18,12 +18,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from mmrun.backend.errors import FrameworkChoiceError, FrameworkConflictError, UsageError
+from mmrun.backend.errors import FrameworkConflictError, UsageError
+from mmrun.backend.vocabulary import DEFAULT_FRAMEWORK, FRAMEWORK_FLAGS, FRAMEWORKS, framework_name
 
-FRAMEWORKS: tuple[str, ...] = ("pytorch", "mindspore")
-DEFAULT_FRAMEWORK = "pytorch"
+__all__ = ["FRAMEWORKS", "DEFAULT_FRAMEWORK", "ENV_VAR", "ARGV_NAMES", "Choice", "argv_option", "resolve", "choice",
+           "framework", "select", "msadapter_request"]
 ENV_VAR = "MMRUN_AI_FRAMEWORK"
-ARGV_NAMES: tuple[str, ...] = ("--ai-framework", "--ai_framework")
+ARGV_NAMES: tuple[str, ...] = FRAMEWORK_FLAGS
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,6 @@ def argv_option(argv: Sequence[str], names: Sequence[str]) -> str | None:
     return value
 
 
-def _checked(name: str, source: str) -> str:
-    normalised = name.strip().lower()
-    if normalised not in FRAMEWORKS:
-        raise FrameworkChoiceError(
-            f"Unknown AI framework {name!r} from {source}. Choose one of: {', '.join(FRAMEWORKS)}"
-        )
-    return normalised
-
-
 def resolve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Choice:
     """The launch-time choice from argv and environment, without remembering it."""
     args = sys.argv[1:] if argv is None else argv
@@ -69,15 +61,15 @@ def resolve(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None
     from_argv = argv_option(args, ARGV_NAMES)
     from_env = env.get(ENV_VAR) or None
     if from_argv is not None:
-        chosen = _checked(from_argv, f"--ai-framework {from_argv} in the command line")
-        if from_env is not None and from_env.strip().lower() != chosen:
+        chosen = framework_name(from_argv, f"--ai-framework {from_argv} in the command line")
+        if from_env is not None and framework_name(from_env, f"{ENV_VAR}={from_env}") != chosen:
             warnings.warn(
                 f"--ai-framework {from_argv} in the command line overrides {ENV_VAR}={from_env} in the environment",
                 stacklevel=3,
             )
         return Choice(chosen, f"--ai-framework {chosen} in the command line")
     if from_env is not None:
-        chosen = _checked(from_env, f"{ENV_VAR}={from_env}")
+        chosen = framework_name(from_env, f"{ENV_VAR}={from_env}")
         return Choice(chosen, f"{ENV_VAR}={from_env} in the environment")
     return Choice(DEFAULT_FRAMEWORK, f"the default (no --ai-framework and no {ENV_VAR})", explicit=False)
 
@@ -112,7 +104,7 @@ def select(name: str, source: str | None = None) -> str:
     the launcher said nothing, code's request becomes the choice, unless the default was already used.
     """
     where = source or f"code: mmrun.backend.select({name!r})"
-    wanted = _checked(name, where)
+    wanted = framework_name(name, where)
     with _lock:
         current = _choice
         if current is None:

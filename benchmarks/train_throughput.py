@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmrun.common.atomic_write import atomic_write
+
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ROOT / "models" / "pretrain_gpt.py"
 
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.markdown:
-        Path(args.markdown).write_text(text, encoding="utf-8")
+        atomic_write(args.markdown, text)
     return 0 if all(m.ok for m in results + scaling + precisions) else 1
 
 

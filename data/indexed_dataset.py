@@ -25,6 +25,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from mmrun.common.atomic_write import AtomicFile
+
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 # Megatron's DType enum: code -> numpy dtype.
@@ -70,12 +72,9 @@ def dtype_code(dtype) -> int:
         ) from None
 
 
-def _tmp_name(path: str) -> str:
-    return f"{path}.tmp-{os.getpid()}"
-
-
 class IndexedDatasetWriter:
-    """Writes `<prefix>.bin`/`<prefix>.idx` under temporary names; `finalize()` renames them.
+    """Writes `<prefix>.bin`/`<prefix>.idx` under temporary names (mmrun.common.atomic_write); `finalize()`
+    renames them.
 
     Until `finalize()` returns, no file with the final names exists (an interrupted or failed run
     leaves nothing a reader could mistake for a dataset); `abort()`, or leaving a `with` block by
@@ -88,9 +87,8 @@ class IndexedDatasetWriter:
         self.dtype = np.dtype(dtype)
         self._code = dtype_code(self.dtype)
         self.multimodal = multimodal
-        self._bin_tmp = _tmp_name(bin_path(path_prefix))
-        self._idx_tmp = _tmp_name(idx_path(path_prefix))
-        self._bin = open(self._bin_tmp, "wb")
+        self._bin_file = AtomicFile(bin_path(path_prefix), "wb")
+        self._bin = self._bin_file.file
         self._lengths = array("q")
         self._modes = array("b") if multimodal else None
         self._doc_idx = array("q", [0])
@@ -175,8 +173,9 @@ class IndexedDatasetWriter:
         pointers = np.zeros(lengths.size, dtype=np.int64)
         if lengths.size:
             np.cumsum(lengths[:-1] * self.dtype.itemsize, out=pointers[1:])
-        self._bin.close()
-        with open(self._idx_tmp, "wb") as f:
+        index = AtomicFile(idx_path(self.path_prefix), "wb")
+        try:
+            f = index.file
             f.write(INDEX_HEADER)
             f.write(struct.pack("<Q", INDEX_VERSION))
             f.write(struct.pack("<B", self._code))
@@ -187,19 +186,20 @@ class IndexedDatasetWriter:
             f.write(np.asarray(self._doc_idx, dtype="<i8").tobytes())
             if self._modes is not None:
                 f.write(np.asarray(self._modes, dtype=np.int8).tobytes())
-        os.replace(self._bin_tmp, bin_path(self.path_prefix))
-        os.replace(self._idx_tmp, idx_path(self.path_prefix))
+            # Both files are complete before either is renamed; the .idx goes last, so an .idx on disk
+            # always has its .bin beside it.
+            self._bin_file.commit()
+            index.commit()
+        except BaseException:
+            index.abort()
+            raise
         self._done = True
 
     def abort(self) -> None:
         """Remove the temporary files; a no-op after `finalize()`."""
         if self._done:
             return
-        if not self._bin.closed:
-            self._bin.close()
-        for path in (self._bin_tmp, self._idx_tmp):
-            if os.path.exists(path):
-                os.remove(path)
+        self._bin_file.abort()
         self._done = True
 
 

@@ -9,11 +9,13 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from mmrun.backend.errors import UsageError
+from mmrun.backend.selection import ENV_VAR as FRAMEWORK_ENV_VAR
+from mmrun.backend.vocabulary import DEFAULT_FRAMEWORK, FRAMEWORK_FLAGS, FRAMEWORKS, framework_name
 from mmrun.launchers.options import MSRUN, OPTIONS, TORCHRUN, LauncherOption
 from mmrun.launchers.translation import Value
 
-FRAMEWORKS = ("pytorch", "mindspore")
-AI_FRAMEWORK_FLAGS = ("--ai-framework", "--ai_framework")
+AI_FRAMEWORK_FLAGS = FRAMEWORK_FLAGS
 
 EXAMPLES = """\
 examples:
@@ -116,12 +118,15 @@ def parse(argv: list[str], parser: argparse.ArgumentParser | None = None, enviro
 
     if ns.ai_framework is not None:
         framework, source = ns.ai_framework, "--ai-framework"
-    elif env.get("MMRUN_AI_FRAMEWORK"):
-        framework, source = env["MMRUN_AI_FRAMEWORK"], "MMRUN_AI_FRAMEWORK"
+    elif env.get(FRAMEWORK_ENV_VAR):
+        framework, source = env[FRAMEWORK_ENV_VAR], FRAMEWORK_ENV_VAR
     else:
-        framework, source = "pytorch", "default"
-    if framework not in FRAMEWORKS:
-        parser.error(f"{source} {framework!r} is not a framework mmrun runs; choose one of: {', '.join(FRAMEWORKS)}")
+        framework, source = DEFAULT_FRAMEWORK, "default"
+    try:
+        framework = framework_name(framework, f"--ai-framework {framework}" if source == "--ai-framework"
+                                   else f"{source}={framework}")
+    except UsageError as err:
+        parser.error(str(err))
 
     given: dict[str, Value] = dict(getattr(ns, "_given", {}))
     from_env: dict[str, str] = {}

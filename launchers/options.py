@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 TORCHRUN = "torchrun"
 MSRUN = "msrun"
+LAUNCHER_OF: dict[str, str] = {"pytorch": TORCHRUN, "mindspore": MSRUN}  # framework -> its launcher
+FRAMEWORK_OF: dict[str, str] = {launcher: framework for framework, launcher in LAUNCHER_OF.items()}
 
 
 @dataclass(frozen=True)

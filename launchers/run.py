@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mmrun.backend.cann import AUTOLOAD_VAR, guard_torch_npu_autoload
+from mmrun.backend.errors import UsageError
+from mmrun.backend.vocabulary import framework_name
 from mmrun.launchers import failure, launch_args
 from mmrun.launchers.ascend_env import check_ascend_env
-from mmrun.launchers.options import MSRUN, TORCHRUN
+from mmrun.launchers.options import LAUNCHER_OF, MSRUN, TORCHRUN
 from mmrun.launchers.supervisor import Supervisor, reap, wait_for_workers
 from mmrun.launchers.translation import Note, Refusal, Translation, to_msrun, to_torchrun
 from mmrun.launchers.worker_bootstrap import NODE_RANK_VAR, STATUS_DIR_VAR
 
 BOOTSTRAP = str(Path(__file__).with_name("worker_bootstrap.py"))
 LAUNCHER_MODULES = {TORCHRUN: "torch.distributed.run", MSRUN: "mindspore.parallel.cluster.run"}
-LAUNCHER_OF = {"pytorch": TORCHRUN, "mindspore": MSRUN}
 
 # Variables a launcher sets for its workers. Inherited from an outer job they mislead the inner one
 # (msrun's MS_* are a known cause of "Address already in use"), so they never reach the child.
@@ -34,10 +35,6 @@ INHERITED_JOB_VARIABLES = (
     "RANK_ID", "RANK_SIZE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", STATUS_DIR_VAR, NODE_RANK_VAR,
 )
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for: one line, exit 2, nothing started."""
 
 
 @dataclass
@@ -82,8 +79,7 @@ def _choose_framework(request: launch_args.LaunchRequest) -> str:
     in_script = _framework_in_script_args(request.script_args)
     if in_script is None:
         return request.ai_framework
-    if in_script not in launch_args.FRAMEWORKS:
-        raise UsageError(f"the script's --ai-framework {in_script!r} is not one of: {', '.join(launch_args.FRAMEWORKS)}")
+    in_script = framework_name(in_script, f"--ai-framework {in_script} in the script's arguments")
     if request.framework_source == "--ai-framework" and in_script != request.ai_framework:
         raise UsageError(f"--ai-framework {request.ai_framework} (for mmrun) disagrees with --ai-framework {in_script} "
                          "in the script's arguments; give it once")

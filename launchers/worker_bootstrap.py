@@ -9,7 +9,8 @@
    every failure into 1 and msrun hides the code in its logs.
 
 This file is run by path, so its folder lands on sys.path[0]; it is replaced by the script's folder
-before any user code runs. Only the standard library and mmrun.backend.rank_env are imported here.
+before any user code runs. Only the standard library, mmrun.backend.rank_env and mmrun.common are
+imported here.
 """
 from __future__ import annotations
 
@@ -79,12 +80,10 @@ def _write_status(exit_code: int, error: str | None) -> None:
         "error": error,
         "tail": _tail.snapshot(),
     }
-    path = os.path.join(status_dir, f"rank_{rank}.json")
-    tmp = f"{path}.{os.getpid()}.tmp"
+    from mmrun.common.atomic_write import atomic_write
+
     try:
-        with open(tmp, "w") as handle:
-            json.dump(record, handle)
-        os.replace(tmp, path)
+        atomic_write(os.path.join(status_dir, f"rank_{rank}.json"), json.dumps(record))
     except OSError:
         pass  # the status is a diagnosis aid; never turn a worker's result into a bootstrap failure
 

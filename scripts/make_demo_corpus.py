@@ -20,6 +20,8 @@ import os
 import random
 import sys
 
+from mmrun.common.atomic_write import atomic_write
+
 SEED = 1234
 DOCUMENTS = 560
 VOCAB_SIZE = 1536
@@ -87,7 +89,7 @@ WEATHER = [
     "the days grow longer", "the nights are clear and full of stars", "rain falls for days at a time",
 ]
 
-DEVICES = [
+MACHINES = [
     ("bicycle", "turning the pedals, which pull a chain that drives the rear wheel"),
     ("refrigerator", "pumping a fluid that absorbs heat inside and releases it outside"),
     ("compass", "letting a small magnet turn freely until it points along the earth's magnetic field"),
@@ -190,7 +192,7 @@ class _Writer:
 
     def explain(self) -> str:
         c = self.c
-        device, how = c(DEVICES)
+        device, how = c(MACHINES)
         s = [
             f"A {device} works by {how}.",
             f"When {c(CONDITIONS)}, the {c(PARTS)} {c(EFFECTS)}.",
@@ -278,11 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.output_dir, exist_ok=True)
     texts = generate_documents(args.seed, args.documents)
     corpus = os.path.join(args.output_dir, "demo_corpus.jsonl")
-    tmp = f"{corpus}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for text in texts:
-            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-    os.replace(tmp, corpus)
+    atomic_write(corpus, "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts))
     train_bpe(texts, args.vocab_size, args.output_dir)
     for name in ("demo_corpus.jsonl", "gpt2-vocab.json", "gpt2-merges.txt"):
         path = os.path.join(args.output_dir, name)

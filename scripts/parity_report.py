@@ -20,6 +20,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mmrun.backend.vocabulary import FRAMEWORKS
+from mmrun.common.atomic_write import atomic_write
+
 GPT_CONFIG = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256,
                   max_position_embeddings=64, seq_length=32, hidden_dropout=0.0, attention_dropout=0.0)
 BATCH_SIZE = 4
@@ -31,7 +34,6 @@ DROPOUT = 0.1
 GPT_DROPOUT_CONFIG = {**GPT_CONFIG, "hidden_dropout": DROPOUT, "attention_dropout": DROPOUT}
 SEED = 1234  # seeds each framework's dropout generator before every measurement: same seed, same masks
 
-FRAMEWORKS = ("pytorch", "mindspore")
 
 
 def backend(framework: str) -> Any:
@@ -477,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = run_all(args.steps, progress)
     text = render(report)
-    Path(args.output).write_text(text, encoding="utf-8")
+    atomic_write(args.output, text)
     progress(f"wrote {args.output}")
     print(text)
     return 0

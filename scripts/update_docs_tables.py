@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mmrun.common.atomic_write import atomic_write
 from mmrun.launchers.options import options_markdown
 from mmrun.training.arguments import ignored_and_refused_markdown
 
@@ -24,7 +25,7 @@ BLOCKS = [
 def replace_block(path: Path, start: str, end: str, content: str) -> None:
     text = path.read_text(encoding="utf-8")
     pattern = re.compile(f"({re.escape(start)}).*?({re.escape(end)})", flags=re.S)
-    path.write_text(pattern.sub(lambda m: f"{m.group(1)}{content}\n{m.group(2)}", text), encoding="utf-8")
+    atomic_write(path, pattern.sub(lambda m: f"{m.group(1)}{content}\n{m.group(2)}", text))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import yaml
-
 from mmrun.backend import rank_env
 from mmrun.backend.features import add_gate_arguments, load_table
-from mmrun.backend.selection import FRAMEWORKS
+from mmrun.backend.errors import UsageError
+from mmrun.backend.vocabulary import FRAMEWORKS, framework_name
+from mmrun.common.yaml_tables import check_keys, load_yaml
 from mmrun.data.tokenizers import TOKENIZER_BUILDERS
 
 PROG = "pretrain_gpt.py"
@@ -103,10 +103,11 @@ class ForeignFlag:
 @functools.lru_cache(maxsize=1)
 def foreign_flags() -> tuple[ForeignFlag, ...]:
     """megatron_flags.yaml, flattened and checked."""
-    raw = yaml.safe_load(FLAGS_TABLE.read_text(encoding="utf-8"))
+    raw = check_keys(str(FLAGS_TABLE), load_yaml(FLAGS_TABLE), required=("ignored", "refused"))
     found: list[ForeignFlag] = []
     for action in ("ignored", "refused"):
-        for group in raw[action]:
+        for i, group in enumerate(raw[action]):
+            check_keys(f"{FLAGS_TABLE}: {action}[{i}]", group, required=("flags", "reason"), optional=("hint",))
             for flag, takes in group["flags"].items():
                 if takes not in (0, 1, "+"):
                     raise ValueError(f"{FLAGS_TABLE}: {flag} takes must be 0, 1 or '+'. Received: {takes!r}")
@@ -122,6 +123,13 @@ def _add_by_takes(group, flag: str, takes: int | str, default: Any, help_text: s
     else:
         value_type = int if isinstance(default, int) and not isinstance(default, bool) else None
         _add(group, flag, type=value_type, default=default, help=help_text, metavar="VALUE")
+
+
+def _framework_arg(value: str) -> str:
+    try:
+        return framework_name(value)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 # Sentinel default of ignored/refused flags, so that "given on the command line" is unambiguous.
@@ -250,7 +258,7 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
     add(g, "--log-interval", type=int, default=100, help="iterations between log lines (100)")
 
     g = p.add_argument_group("mmrun")
-    add(g, "--ai-framework", choices=FRAMEWORKS, default=None,
+    add(g, "--ai-framework", type=_framework_arg, metavar="{" + ",".join(FRAMEWORKS) + "}", default=None,
         help="pytorch or mindspore (the mmrun launcher appends it; default $MMRUN_AI_FRAMEWORK, else pytorch)")
     add_gate_arguments(g)
     declared.add("--on-unsupported")

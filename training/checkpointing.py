@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from mmrun.backend import checkpoint_io
-from mmrun.backend.checkpoint_io import fsync_dir
+from mmrun.common.atomic_write import atomic_write, fsync_dir, replace_directory
 from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -186,17 +186,9 @@ def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str
     _usual_permissions(tmp)
     fsync_dir(tmp)
     _kill_if_requested(iteration)
-    if final.exists():  # saving the same iteration again (a rerun): the old copy goes only after the new is in
-        old = root / f".{final.name}.tmp-old-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    fsync_dir(root)
-    checkpoint_io.atomic_write_text(root / TRACKER_FILE, f"{iteration}\n")
-    _usual_permissions(root / TRACKER_FILE)
-    fsync_dir(root)
+    # Saving the same iteration again (a rerun) swaps the new copy in: the old goes only after the new is in.
+    replace_directory(tmp, final)
+    atomic_write(root / TRACKER_FILE, f"{iteration}\n")
     return final
 
 

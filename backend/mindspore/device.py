@@ -1,4 +1,9 @@
-"""Which device this MindSpore process runs on: Ascend, else GPU, else CPU, or MMRUN_MS_DEVICE."""
+"""Which device this MindSpore process runs on: Ascend, else GPU, else CPU, or MMRUN_MS_DEVICE.
+
+MindSpore calls its devices "Ascend", "GPU" and "CPU"; mmrun reports them by the names it uses
+everywhere ("npu", "cuda", "cpu", backend/vocabulary.py), so the same checks work on both frameworks.
+MindSpore's names are used only to talk to MindSpore, here.
+"""
 from __future__ import annotations
 
 import logging
@@ -12,10 +17,13 @@ import mindspore
 from mmrun.backend import cann, checks, rank_env
 from mmrun.backend.errors import UsageError
 from mmrun.backend.info import DeviceInfo
+from mmrun.backend.vocabulary import MINDSPORE_TARGETS
 
 DEVICE_VAR = "MMRUN_MS_DEVICE"
 # accepted spelling (lower case) -> MindSpore's device target, in detection order
 TARGETS: dict[str, str] = {"ascend": "Ascend", "gpu": "GPU", "cpu": "CPU"}
+# MindSpore's device target -> mmrun's device kind
+KIND_OF_TARGET: dict[str, str] = {target: kind for kind, target in MINDSPORE_TARGETS.items()}
 
 _lock = threading.Lock()
 _detected: DeviceInfo | None = None
@@ -72,7 +80,8 @@ def _target() -> str:
 
 
 def detect() -> DeviceInfo:
-    """The device target ("Ascend" | "GPU" | "CPU"), its local index and its communication backend.
+    """The device kind ("npu" | "cuda" | "cpu" for MindSpore's Ascend, GPU, CPU), its local index and its
+    communication backend.
 
     Detected once per process and set with mindspore.set_device at that time. No device_id is
     passed: under msrun MindSpore negotiates it itself, and a single process gets device 0.
@@ -88,10 +97,11 @@ def detect() -> DeviceInfo:
                 # MindSpore refuses any change once kernels ran: adopt the device that is in use.
                 target = mindspore.get_current_device().device_target
             index = 0 if target == "CPU" else rank_env.read_rank_info().local_rank
-            _detected = DeviceInfo(target, index, checks.dist_backend("mindspore", target))
+            kind = KIND_OF_TARGET[target]
+            _detected = DeviceInfo(kind, index, checks.dist_backend("mindspore", kind))
         return _detected
 
 
 def default_device() -> str:
-    """Where new tensors go, in MindSpore's spelling (the device is process-wide there)."""
-    return detect().kind
+    """Where new tensors go, as MindSpore names it ("Ascend" | "GPU" | "CPU"; the device is process-wide there)."""
+    return MINDSPORE_TARGETS[detect().kind]

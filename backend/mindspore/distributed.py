@@ -118,7 +118,7 @@ def broadcast(x: mindspore.Tensor, src: int = 0) -> mindspore.Tensor:
 def barrier() -> None:
     if not _grouped():
         return
-    if device.detect().kind == "CPU":
+    if device.detect().kind == "cpu":
         # mint.distributed.barrier works on CPU but ends with runtime.synchronize(), which logs
         # "[ERROR] CPU device is not supported" on every call (mindspore 2.10). A blocking all_reduce
         # of one number is a barrier too: no rank leaves it before every rank has entered it.

@@ -9,6 +9,8 @@ from typing import Any, Mapping
 import mindspore as ms
 import numpy as np
 
+from mmrun.backend.vocabulary import device_kind as device_kind_name
+
 float32 = ms.float32
 float16 = ms.float16
 bfloat16 = ms.bfloat16
@@ -28,8 +30,7 @@ _DTYPES: dict[str, Any] = {
 # listed without bf16, as backend/features.yaml does, until someone verifies it.
 _COMPUTE_DTYPES: dict[str, frozenset[str]] = {
     "cpu": frozenset({"fp32", "fp16"}),
-    "gpu": frozenset({"fp32", "fp16"}),
-    "ascend": frozenset({"fp32", "fp16", "bf16"}),
+    "cuda": frozenset({"fp32", "fp16"}),
     "npu": frozenset({"fp32", "fp16", "bf16"}),
 }
 
@@ -45,8 +46,8 @@ def dtype(name: str) -> Any:
 
 
 def supports_compute_dtype(name: str, device_kind: str) -> bool:
-    """Whether matmul in dtype `name` has a kernel on `device_kind` ("cpu", "gpu", "ascend"/"npu")."""
-    return _CANONICAL.get(name, name) in _COMPUTE_DTYPES.get(device_kind, frozenset())
+    """Whether matmul in dtype `name` has a kernel on `device_kind` (any spelling: "npu"/"Ascend", "cuda"/"GPU", "cpu")."""
+    return _CANONICAL.get(name, name) in _COMPUTE_DTYPES.get(device_kind_name(device_kind), frozenset())
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -9,6 +9,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from mmrun.backend.vocabulary import device_kind as device_kind_name
+
 float32 = torch.float32
 float16 = torch.float16
 bfloat16 = torch.bfloat16
@@ -43,8 +45,8 @@ def dtype(name: str) -> torch.dtype:
 
 
 def supports_compute_dtype(name: str, device_kind: str) -> bool:
-    """Whether matmul in dtype `name` has a kernel on `device_kind` ("cpu", "cuda", "npu")."""
-    return _CANONICAL.get(name, name) in _COMPUTE_DTYPES.get(device_kind, frozenset())
+    """Whether matmul in dtype `name` has a kernel on `device_kind` (any spelling: "npu"/"Ascend", "cuda"/"GPU", "cpu")."""
+    return _CANONICAL.get(name, name) in _COMPUTE_DTYPES.get(device_kind_name(device_kind), frozenset())
 
 
 def to_numpy(x: Any) -> np.ndarray:

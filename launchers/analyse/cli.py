@@ -5,6 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from mmrun.backend.errors import UsageError  # a bad command line: one line, exit status 2
+from mmrun.common.atomic_write import atomic_write
+
 from . import fixes, report
 from .findings import Change, Finding
 from .rules import RuleError, TARGETS, expand_prefixes, load_rules
@@ -28,10 +31,6 @@ a TODO comment above torch.nn.DataParallel, and `import torch_npu` where an NPU 
 exit status: 0 no error-level findings (left), 1 error-level findings remain, 2 usage error.
 The analysed code is parsed (LibCST), never imported or executed.
 """
-
-
-class UsageError(Exception):
-    """A bad command line: reported in one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,7 +139,7 @@ def _main(argv: list[str]) -> int:
             written = report.write_csv_set(output, findings)
         else:
             path = output / report.REPORT_NAMES[args.format]
-            path.write_text(text, encoding="utf-8")
+            atomic_write(path, text)
             written = [path]
         for line in report.summary_lines(findings, by_code, files=files):
             print(line)
@@ -158,14 +157,14 @@ def _fix(result, findings: list[Finding], real: dict[str, str], args: argparse.N
     changes: list[Change] = [c for r in changed for c in r.changes]
     if args.write:
         for r in changed:
-            fixes.write_atomically(real[r.path], r.new_source)
+            atomic_write(real[r.path], r.new_source)
             print(f"rewrote {r.path} ({_n(len(r.changes), 'change')})")
     else:
         for r in changed:
             sys.stdout.write(r.diff)
     if changes and (args.write or output is not None):
         where = (output or Path.cwd()) / "change_list.csv"
-        where.write_text(report.render_change_list(changes), encoding="utf-8")
+        atomic_write(where, report.render_change_list(changes))
         print(f"mmrun analyse: change list: {where}", file=sys.stderr)
     # What remains after the rewrites: findings no fix removes.
     remaining = [f for f in findings if not (f.fixable and any(r.path == f.path for r in changed))]

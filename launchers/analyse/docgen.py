@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
+from mmrun.common.atomic_write import atomic_write
+
 from .report import CSV_FILES
 from .rules import Rule, load_rules
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(table)
         return 0
     doc = DOC_PATH.read_text(encoding="utf-8")
-    DOC_PATH.write_text(splice(doc, table), encoding="utf-8")
+    atomic_write(DOC_PATH, splice(doc, table))
     return 0
 
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
-from pathlib import Path
 
 import libcst as cst
 
@@ -101,23 +99,3 @@ def unified_diff(path: str, old: str, new: str) -> str:
     before, after = (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=before, tofile=after))
-
-
-def write_atomically(path: str | os.PathLike, data: bytes) -> None:
-    """Replace `path` with `data` without a window where the file is half-written.
-
-    A symlink is followed: the file it points to is replaced, the link stays a link.
-    """
-    path = Path(os.path.realpath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".mmrun-tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

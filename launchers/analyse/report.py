@@ -8,6 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from mmrun.common.atomic_write import atomic_write
+
 from .findings import LEVEL_ORDER, Change, Finding
 from .rules import Rule
 
@@ -156,7 +158,7 @@ def write_csv_set(directory: Path, findings: list[Finding]) -> list[Path]:
     written = []
     for name, keep in _CSV_FILTERS.items():
         path = directory / name
-        path.write_text(render_csv(f for f in findings if keep(f)), encoding="utf-8")
+        atomic_write(path, render_csv(f for f in findings if keep(f)))
         written.append(path)
     return written
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-import yaml
+from mmrun.common.yaml_tables import TableError, check_keys, load_yaml
 
 RULES_PATH = Path(__file__).with_name("rules.yaml")
 
@@ -41,7 +41,7 @@ _FIX_KEYS = {
 }
 
 
-class RuleError(ValueError):
+class RuleError(TableError):
     """The rule table is malformed; the message names the rule and the offending key."""
 
 
@@ -92,13 +92,10 @@ def _fail(where: str, what: str) -> RuleError:
 
 
 def _check_keys(where: str, entry: Mapping, required: Iterable[str], optional: Iterable[str]) -> None:
-    required, optional = tuple(required), tuple(optional)
-    unknown = sorted(set(entry) - set(required) - set(optional))
-    if unknown:
-        raise _fail(where, f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(required + optional)})")
-    missing = [key for key in required if key not in entry]
-    if missing:
-        raise _fail(where, f"missing required key(s) {', '.join(missing)}")
+    try:
+        check_keys(where, entry, required, optional)
+    except TableError as err:
+        raise RuleError(str(err)) from None
 
 
 def _str_list(where: str, key: str, value: object) -> tuple[str, ...]:
@@ -213,8 +210,11 @@ def parse_rules(data: object) -> tuple[Rule, ...]:
 @functools.lru_cache(maxsize=4)
 def load_rules(path: str | None = None) -> tuple[Rule, ...]:
     """All rules from the table (validated), in table order."""
-    text = Path(path or RULES_PATH).read_text(encoding="utf-8")
-    return parse_rules(yaml.safe_load(text))
+    try:
+        data = load_yaml(path or RULES_PATH)
+    except TableError as err:
+        raise RuleError(str(err)) from None
+    return parse_rules(data)
 
 
 def all_codes(rules: Iterable[Rule]) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from mmrun.launchers.translate.parse import ScriptSyntaxError
 from mmrun.launchers.translate.report import Report
 from mmrun.launchers.translate.rewrite import Options, TranslationRefused, translate_script
+from mmrun.common.atomic_write import atomic_write
 from mmrun.launchers.translate.rules import DEVICES, LAUNCHER_OF, ON_UNSUPPORTED
 
 EPILOG = """\
@@ -139,18 +140,8 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _write(target: Path, data: bytes, mode_from: Path) -> None:
-    """Write atomically (a temporary file renamed over the target), keeping the input's permissions (+x)."""
-    directory = target.parent if str(target.parent) else Path(".")
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.chmod(temporary, os.stat(mode_from).st_mode & 0o7777)
-        os.replace(temporary, target)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    """Write through the one atomic writer; a new file gets the input script's permissions (+x)."""
+    atomic_write(target, data, new_file_mode=os.stat(mode_from).st_mode & 0o7777)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,12 @@ Data only: the option translation itself is launchers/translation.py, shared wit
 """
 from __future__ import annotations
 
-from mmrun.launchers.options import MSRUN, TORCHRUN, LauncherOption
+from mmrun.backend.vocabulary import DEVICES, FRAMEWORK_FLAGS  # noqa: F401 - re-exported for the rewrite
+from mmrun.launchers.options import FRAMEWORK_OF, LAUNCHER_OF, MSRUN, TORCHRUN, LauncherOption  # noqa: F401
 
 MMRUN = "mmrun"  # an `mmrun` launch line: torchrun's (and msrun's) options plus mmrun's own, translated as torchrun's
-FRAMEWORK_OF: dict[str, str] = {MSRUN: "mindspore", TORCHRUN: "pytorch"}
-LAUNCHER_OF: dict[str, str] = {"mindspore": MSRUN, "pytorch": TORCHRUN}
 OTHER: dict[str, str] = {MSRUN: TORCHRUN, TORCHRUN: MSRUN}
 ON_UNSUPPORTED: tuple[str, ...] = ("error", "comment", "remove")
-DEVICES: tuple[str, ...] = ("npu", "cuda", "cpu")
-FRAMEWORK_FLAGS: tuple[str, ...] = ("--ai-framework", "--ai_framework")
 MARKER_PREFIX = "# mmrun translate"
 
 # msrun options the Ascend guide (seed 003) adds beyond the translation: dest -> (value, devices).

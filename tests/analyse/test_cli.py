@@ -181,7 +181,7 @@ def test_help_lists_examples(capsys):
 
 
 def test_write_follows_symlinks_and_keeps_the_link(tmp_path: Path):
-    from mmrun.launchers.analyse.fixes import write_atomically
+    from mmrun.common.atomic_write import atomic_write as write_atomically
 
     real = tmp_path / "real.py"
     real.write_text("old\n")

@@ -64,10 +64,3 @@ def test_loading_something_else_is_a_clear_error(tmp_path):
     (path / "meta.json").write_text(json.dumps({"format": "other", "version": 9}))
     with pytest.raises(ValueError, match="has format 'other' version 9"):
         checkpoint_io.load_checkpoint(path)
-
-
-def test_atomic_write_text(tmp_path):
-    tracker = tmp_path / "latest_checkpointed_iteration.txt"
-    checkpoint_io.atomic_write_text(tracker, "100")
-    checkpoint_io.atomic_write_text(tracker, "200")
-    assert tracker.read_text() == "200" and os.listdir(tmp_path) == [tracker.name]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmrun.backend import cann, checks, errors, object_codec
+from mmrun.backend import cann, checks, errors, object_codec, vocabulary
 from mmrun.backend.errors import BackendWarning, UsageError
 
 
@@ -36,7 +36,7 @@ def test_distributed_backend_is_the_one_that_works_on_the_device(framework, devi
     notices = [w for w in recwarn if issubclass(w.category, BackendWarning)]
     assert len(notices) == int(notice)
     if notice:
-        assert f"--distributed-backend {requested.lower()} does not work with {framework} on {device}; using {used}" \
+        assert f"--distributed-backend {requested.lower()} does not work with {framework} on {vocabulary.device_kind(device)}; using {used}" \
             in str(notices[0].message)
 
 

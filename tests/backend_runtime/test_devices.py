@@ -90,7 +90,7 @@ print(json.dumps({
 def test_mindspore_on_cpu(run_python, clean_env, last_json):
     proc = run_python(MINDSPORE_SINGLE, env=clean_env(MMRUN_AI_FRAMEWORK="mindspore"))
     out = last_json(proc)
-    assert out["info"] == {"framework": "mindspore", "version": out["ms_version"], "device_kind": "CPU",
+    assert out["info"] == {"framework": "mindspore", "version": out["ms_version"], "device_kind": "cpu",
                            "device_index": 0, "dist_backend": "mccl", "rank": 0, "local_rank": 0, "world_size": 1}
     assert out["pynative"] and out["target"] == "CPU" and out["default_device"] == "CPU"
     assert out["sum"] == [1, 2, 3] and out["broadcast"] == [1, 2, 3] and out["input_after"] == [1, 2, 3]
@@ -120,4 +120,4 @@ def test_mindspore_device_forced_by_environment(run_python, clean_env, last_json
     out = last_json(run_python(FORCED_DEVICE, env=clean_env(MMRUN_AI_FRAMEWORK="mindspore")))
     assert out["tpu"] == "MMRUN_MS_DEVICE must be one of Ascend, GPU, CPU. Received: MMRUN_MS_DEVICE='tpu'"
     assert out["Ascend"].startswith("MMRUN_MS_DEVICE=Ascend but this MindSpore cannot use Ascend here")
-    assert out["cpu"] == "CPU"
+    assert out["cpu"] == "cpu"

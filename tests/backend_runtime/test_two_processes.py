@@ -16,8 +16,8 @@ import pytest
 EXPECTED = {
     "pytorch": {"device_kind": "cpu", "dist_backend": "gloo",
                 "replaced": "nccl does not work with pytorch on cpu; using gloo"},
-    "mindspore": {"device_kind": "CPU", "dist_backend": "mccl",
-                  "replaced": "nccl does not work with mindspore on CPU; using mccl"},
+    "mindspore": {"device_kind": "cpu", "dist_backend": "mccl",
+                  "replaced": "nccl does not work with mindspore on cpu; using mccl"},
 }
 
 

@@ -164,9 +164,9 @@ def test_nothing_triggered_means_nothing_said():
 def test_bad_policy_framework_or_device_is_a_clear_error():
     with pytest.raises(ValueError, match="on_unsupported must be one of error, warn. Received: 'ignore'"):
         ft.gate({}, "pytorch", "cpu", "ignore")
-    with pytest.raises(ValueError, match="unknown framework 'jax'"):
+    with pytest.raises(ValueError, match="Unknown AI framework 'jax'"):
         ft.gate({}, "jax", "cpu")
-    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+    with pytest.raises(ValueError, match="Unknown device 'tpu'"):
         ft.gate({}, "pytorch", "tpu")
 
 

@@ -44,9 +44,9 @@ def test_a_minimal_table_loads(tmp_path):
 @pytest.mark.parametrize(
     "body, fragment",
     [
-        pytest.param(entry(extra="    colour: red\n"), "unknown key 'colour' in the entry", id="unknown-entry-key"),
-        pytest.param(entry(triggers="      - {flag: --x, whenn: {gt: 1}}\n"), "unknown key 'whenn' in a trigger", id="unknown-trigger-key"),
-        pytest.param(entry(support='      "*": {status: supported, reason: "r", hnit: "h"}\n'), "unknown key 'hnit'", id="unknown-cell-key"),
+        pytest.param(entry(extra="    colour: red\n"), "the entry: unknown key(s) 'colour'", id="unknown-entry-key"),
+        pytest.param(entry(triggers="      - {flag: --x, whenn: {gt: 1}}\n"), "a trigger: unknown key(s) 'whenn'", id="unknown-trigger-key"),
+        pytest.param(entry(support='      "*": {status: supported, reason: "r", hnit: "h"}\n'), "unknown key(s) 'hnit'", id="unknown-cell-key"),
         pytest.param(entry(support='      "*": {status: maybe, reason: "r", hint: "h"}\n'), "unknown status 'maybe'", id="unknown-status"),
         pytest.param(entry(support='      "*": {status: supported}\n'), "missing reason", id="missing-reason"),
         pytest.param(entry(support='      "*": {status: unsupported, reason: "r"}\n'), "missing hint", id="missing-hint"),
@@ -100,7 +100,7 @@ def test_a_regex_that_catches_another_entrys_value_is_refused(tmp_path):
 
 
 def test_duplicate_entry_names_are_refused(tmp_path):
-    with pytest.raises(ft.FeatureTableError, match="duplicate key 'demo' at line"):
+    with pytest.raises(ft.FeatureTableError, match="key .demo. appears twice"):
         ft.load_table(write(tmp_path, GOOD_ENTRY + GOOD_ENTRY))
 
 

@@ -66,7 +66,7 @@ def test_unknown_framework_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         launch_args.parse(["--ai-framework", "jax", "t.py"], environ={})
     assert exit_info.value.code == 2
-    assert "'jax' is not a framework mmrun runs; choose one of: pytorch, mindspore" in capsys.readouterr().err
+    assert "Unknown AI framework 'jax' from --ai-framework jax. Choose one of: pytorch, mindspore" in capsys.readouterr().err
 
 
 def test_pet_environment_fallback():

@@ -1,0 +1,1 @@
+"""mmrun.common: small framework-free pieces every room of the house uses (atomic writes, YAML tables)."""
