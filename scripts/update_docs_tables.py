@@ -2,7 +2,8 @@
 
     python scripts/update_docs_tables.py
 
-docs/features.md is generated whole by `mmrun features --format markdown > docs/features.md`.
+docs/features.md is generated whole from the feature table (features/*.yaml); the other pages get
+a table between two markers.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 from pathlib import Path
 
 from mmrun.common.atomic_write import atomic_write
+from mmrun.features.render import docs_page
 from mmrun.launchers.options import options_markdown
 from mmrun.training.arguments import ignored_and_refused_markdown
 
@@ -20,6 +22,8 @@ BLOCKS = [
     ("training.md", "<!-- BEGIN training/megatron_flags.yaml -->\n", "<!-- END training/megatron_flags.yaml -->",
      ignored_and_refused_markdown),
 ]
+# (file, its whole text)
+PAGES = [("features.md", docs_page)]
 
 
 def replace_block(path: Path, start: str, end: str, content: str) -> None:
@@ -31,4 +35,7 @@ def replace_block(path: Path, start: str, end: str, content: str) -> None:
 if __name__ == "__main__":
     for name, start, end, render in BLOCKS:
         replace_block(DOCS / name, start, end, render())
+        print(f"updated docs/{name}")
+    for name, render in PAGES:
+        atomic_write(DOCS / name, render())
         print(f"updated docs/{name}")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mmrun.backend import rank_env
-from mmrun.backend.features import add_gate_arguments, load_table
+from mmrun.features import add_gate_arguments, trainer_table as load_table  # the trainer layer's flags
 from mmrun.backend.errors import UsageError
 from mmrun.backend.vocabulary import FRAMEWORKS, framework_name
 from mmrun.common.yaml_tables import check_keys, load_yaml

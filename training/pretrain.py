@@ -306,9 +306,13 @@ def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Calla
 
 
 def _gate(args: argparse.Namespace) -> tuple[str, str]:
-    """The feature gate, right after parsing and before any model exists (exit 2 on refusal)."""
+    """The feature gate, right after parsing and before any model exists (exit 2 on refusal).
+
+    It checks both layers of the feature table: what the framework stack can do on this device, and
+    what mmrun's trainer implements; each printed line names its layer.
+    """
     from mmrun import backend
-    from mmrun.backend.features import FeatureGateError, gate
+    from mmrun.features import FeatureGateError, gate
 
     if args.ai_framework is not None:
         backend.select(args.ai_framework, source=f"--ai-framework {args.ai_framework} in the training arguments")

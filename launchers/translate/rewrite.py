@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
 from mmrun.launchers.translate import lint as lints
@@ -30,6 +31,9 @@ from mmrun.launchers.translate.rules import (
 )
 from mmrun.launchers.translation import Refusal, Translation, to_msrun, to_torchrun
 
+if TYPE_CHECKING:
+    from mmrun.features.decisions import Decision
+
 
 def line_ending(source: bytes) -> str:
     """The script's own line ending, for the lines we add (a CRLF script stays CRLF)."""
@@ -44,6 +48,18 @@ def _splits(value: str) -> bool:
 
 _GAP = re.compile(r"[ \t]*(?:\\\r?\n[ \t]*|\r?\n[ \t]*)*")
 _NEEDS_QUOTES = re.compile(r"[\s;&|<>'\"`]")
+
+
+def _fallback_advice(decision: Decision) -> str:
+    """What a fallback warning adds: a user's script can only be changed, and translate can change it; mmrun's
+    trainer can also run with the feature off under its own --on-unsupported warn."""
+    value = decision.replacement
+    change = (f"write {' '.join(decision.replacement_tokens())} instead" if isinstance(value, str)
+              else "take it out of the script")
+    if decision.layer == "trainer":
+        return (" The job stops on it unless the training script runs with --on-unsupported warn (the feature then off); "
+                f"translate with --on-unsupported comment|remove to {change}.")
+    return f" Translate with --on-unsupported comment|remove to {change}."
 
 
 @dataclass(frozen=True)
@@ -193,7 +209,7 @@ class _Rewriter:
             self._options(launch, args)
         training = list({id(w): w for args in parsed for w in args.training}.values())
         self._framework_flag(launch, training)
-        self._gate(training)
+        self._gate(training, [args.script.text for args in parsed if args.script is not None])
 
     def _alternatives(self, launch: Launch) -> list[list[Word]]:
         """The launch's words after expansion, once per combination of if/else definitions of its option variables."""
@@ -512,45 +528,74 @@ class _Rewriter:
                     self.report.add_change(Change(self._line(words[0].start), " ".join(w.raw for w in words), "",
                                                   "PyTorch is the training script's default backend"))
 
-    def _gate(self, training: list[Word]) -> None:
+    def _gate(self, training: list[Word], scripts: list[str]) -> None:
+        """Check the training flags against the feature table (mmrun.features).
+
+        Every script is judged by the framework stack of the target; mmrun's own trainer is added only
+        when the launch line starts it (`models/pretrain_gpt.py`): a user's MindSpeed script is not
+        bound by what mmrun's GPT implements. Each reported line names its layer.
+        """
         if not self.options.gate or not training:
             return
-        from mmrun.backend.features import check_flags  # framework-free; loads the YAML table
+        from mmrun.features import check_flags, layers_for_scripts  # framework-free; loads the YAML tables
 
         framework, device = FRAMEWORK_OF[self.target], self.options.device
-        for decision in check_flags([w.text for w in training], framework, device):
+        decisions = check_flags([w.text for w in training], framework, device, layers=layers_for_scripts(scripts))
+        unknown: dict[str, int] = {}
+        taken_out: dict[tuple[int, int], list] = {}
+        for decision in decisions:
             if decision.status == "supported" or decision.span is None:
                 continue
             words = training[decision.span[0]:decision.span[1]]
-            start = words[0].start
-            if decision.automatic:
+            line = self._line(words[0].start)
+            if decision.status == "unknown":
+                unknown.setdefault(decision.received, line)
+            elif decision.automatic:
                 if decision.flag == "--distributed-backend":
-                    self.backend_findings.append(lints.Finding(self._line(start), self.script.column_of(start), "MT003", decision.line()))
+                    self.backend_findings.append(lints.Finding(line, self.script.column_of(words[0].start), "MT003", decision.line()))
                 else:
-                    self.report.add_note(self._line(start), decision.line())
-                continue
-            message = (f"{decision.received} ({decision.title}) is not supported with the {decision.framework} backend on "
-                       f"{decision.device}: {decision.reason}." + (f" Hint: {decision.hint}." if decision.hint else ""))
-            if not decision.value_known:
-                self.report.warn(self._line(start), f"{message} Its value is set when the script runs, so it is not checked here")
-                continue
-            if self.options.on_unsupported == "error":
-                if decision.status == "unsupported":
-                    self.report.refuse(self._line(start), f"{message} Or pass --on-unsupported comment|remove to take it out of the script")
-                else:
-                    # A fallback can still run: the training entry switches it off under its own --on-unsupported warn.
-                    self.report.warn(self._line(start), f"{message} The job stops on it unless the training script runs with "
-                                                        f"--on-unsupported warn (the feature then off); translate with "
-                                                        f"--on-unsupported comment|remove to take it out of the script")
-                continue
+                    self.report.add_note(line, decision.line())
+            elif not decision.value_known:
+                self.report.warn(line, decision.summary(" Its value is set when the script runs, so it is not checked here."))
+            elif self.options.on_unsupported != "error":
+                taken_out.setdefault(decision.span, []).append(decision)
+            elif decision.status == "unsupported":
+                self.report.refuse(line, decision.summary(" Or pass --on-unsupported comment|remove to take it out of the script."))
+            else:
+                self.report.warn(line, decision.summary(_fallback_advice(decision)))
+        for found in taken_out.values():
+            self._take_out(training, found)
+        if unknown:
+            self.report.add_note(min(unknown.values()), f"[stack] not checked: no public source says whether these work with the "
+                                                        f"{framework} backend on {device}: {', '.join(unknown)} (see docs/features.md)")
+
+    def _take_out(self, training: list[Word], found: list[Decision]) -> None:
+        """--on-unsupported comment|remove: drop the flag (and its companions), or put the value that works in its place."""
+        decision = found[0]
+        words = training[decision.span[0]:decision.span[1]]
+        message = " ".join(d.summary() for d in found)
+        replacement = decision.replacement
+        if isinstance(replacement, str) and decision.value_known and words[-1].static:
+            # A choice among values (--moe-token-dispatcher-type allgather): removing the flag would fall back
+            # to the script's default, which may be the very value refused; the working value replaces it.
+            value_word = words[-1]
+            inline = len(words) == 1
+            end = value_word.end - (1 if value_word.quote else 0)
+            start = end - len(str(decision.value).encode()) if inline else value_word.start + (1 if value_word.quote else 0)
+            before = " ".join(w.raw for w in words)
+            self._edit(start, end, replacement, Change(self._line(words[0].start), before,
+                                                       " ".join(decision.replacement_tokens()), message))
+            comment = f"{MARKER_PREFIX}: changed `{before}` to `{' '.join(decision.replacement_tokens())}`: {message}"
+        else:
             spans = [decision.span, *decision.companion_spans]
             removed = [w for a, b in spans for w in training[a:b]]
             self._remove_words(removed)
             before = " ".join(w.raw for w in removed)
-            self.report.add_change(Change(self._line(start), before, "", message))
-            if self.options.on_unsupported == "comment":
-                offset, text = self._above(words[0].container.statement, f"{MARKER_PREFIX}: removed `{before}`: {message}")
-                self.edits.append(Edit(offset, offset, text.encode()))
+            self.report.add_change(Change(self._line(words[0].start), before, "", message))
+            comment = f"{MARKER_PREFIX}: removed `{before}`: {message}"
+        if self.options.on_unsupported == "comment":
+            offset, text = self._above(words[0].container.statement, comment)
+            self.edits.append(Edit(offset, offset, text.encode()))
 
     # ---------------------------------------------------------------- edit helpers
 

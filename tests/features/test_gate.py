@@ -1,4 +1,4 @@
-"""gate() and check_flags() decide exactly what the table says, for every entry x framework x device."""
+"""gate() and check_flags() decide exactly what each layer of the table says, for every entry x framework x device."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
-from mmrun.backend import features as ft
+from mmrun import features as ft
+from mmrun.backend.vocabulary import device_kind
 
-TABLE = ft.load_table()
+TABLES = ft.load_tables()
 CASES = [
-    pytest.param(entry, trig, fw, dev, id=f"{entry.name}:{trig.flag}:{fw}:{dev}")
-    for entry in TABLE.entries for trig in entry.triggers for fw in ft.FRAMEWORKS for dev in ft.DEVICES
+    pytest.param(layer, feature, trig, fw, dev, id=f"{layer}:{feature.name}:{trig.flag}:{fw}:{dev}")
+    for layer in ft.LAYERS for feature in TABLES.features if TABLES.layer(layer).lists(feature.name)
+    for trig in feature.triggers for fw in ft.FRAMEWORKS for dev in ft.DEVICES
 ]
 
 
@@ -23,22 +25,25 @@ def args_for(trig: ft.Trigger) -> dict:
     return {trig.dest: True if not values else (values if trig.takes == "+" else values[0])}
 
 
-@pytest.mark.parametrize("entry, trig, fw, dev", CASES)
-def test_gate_follows_the_table(entry, trig, fw, dev):
-    cell = entry.cells[(fw, dev)]
+@pytest.mark.parametrize("layer, feature, trig, fw, dev", CASES)
+def test_gate_follows_the_layer(layer, feature, trig, fw, dev):
+    cell = TABLES.layer(layer).cell(feature.name, fw, dev)
     args = args_for(trig)
     stream = io.StringIO()
     for policy in ft.POLICIES:
         stops = cell.status == "unsupported" or (cell.status == "fallback" and not cell.has_substitute and policy == "error")
         if stops:
             with pytest.raises(ft.FeatureGateError) as info:
-                ft.gate(args, fw, dev, policy, stream=stream)
-            assert [d.feature for d in info.value.decisions] == [entry.name]
-            assert len(info.value.lines) == 1
+                ft.gate(args, fw, dev, policy, stream=stream, layers=(layer,))
+            assert [(d.feature, d.layer) for d in info.value.decisions] == [(feature.name, layer)]
+            assert len(info.value.lines) == 1 and info.value.lines[0].startswith(ft.table.LAYER_TAGS[layer])
             continue
-        result = ft.gate(args, fw, dev, policy, stream=stream)
+        result = ft.gate(args, fw, dev, policy, stream=stream, layers=(layer,))
+        if cell.status == "unknown":  # the gate says nothing about what no source states
+            assert result.decisions == [] and result.overrides == {}
+            continue
         (decision,) = result.decisions
-        assert (decision.feature, decision.status) == (entry.name, cell.status)
+        assert (decision.feature, decision.status, decision.layer) == (feature.name, cell.status, layer)
         if cell.status == "supported":
             assert result.overrides == {}
         elif cell.has_substitute:
@@ -49,78 +54,115 @@ def test_gate_follows_the_table(entry, trig, fw, dev):
             assert result.warnings and not result.notices
 
 
-@pytest.mark.parametrize("entry, trig, fw, dev", CASES)
-def test_check_flags_follows_the_table(entry, trig, fw, dev):
+@pytest.mark.parametrize("layer, feature, trig, fw, dev", CASES)
+def test_check_flags_follows_the_layer(layer, feature, trig, fw, dev):
     tokens = ["--num-layers", "2", *trig.example_tokens(), "--lr", "1e-3"]
-    (decision,) = ft.check_flags(tokens, fw, dev)
-    assert (decision.feature, decision.status) == (entry.name, entry.cells[(fw, dev)].status)
+    (decision,) = ft.check_flags(tokens, fw, dev, layers=(layer,))
+    assert (decision.feature, decision.status, decision.layer) == (feature.name, TABLES.layer(layer).cell(feature.name, fw, dev).status, layer)
     assert decision.span == (2, 2 + len(trig.example_tokens()))
     assert decision.received == " ".join(trig.example_tokens())
 
 
-# Facts the table must keep whatever else changes (measured on this machine or stated by the brief).
-@pytest.mark.parametrize("tokens, fw, dev, status", [
-    (["--bf16"], "mindspore", "cpu", "unsupported"),       # no bf16 MatMul kernel on MindSpore CPU
-    (["--bf16"], "mindspore", "cuda", "unsupported"),      # MindSpore's bf16 kernels are Ascend-only
-    (["--bf16"], "pytorch", "cpu", "supported"),           # fp32 main params, measured in tests/backend_api
-    (["--bf16"], "pytorch", "npu", "supported"),
-    (["--fp16"], "mindspore", "cpu", "supported"),         # fp16 kernels exist, dynamic loss scaling
-    (["--fp16"], "pytorch", "cuda", "supported"),
-    (["--use-flash-attn"], "mindspore", "cpu", "fallback"),
-    (["--tensor-model-parallel-size", "2"], "pytorch", "cuda", "unsupported"),
-    (["--pipeline-model-parallel-size", "4"], "mindspore", "npu", "unsupported"),
-    (["--context-parallel-size", "2"], "pytorch", "cpu", "unsupported"),
-    (["--expert-model-parallel-size", "8"], "mindspore", "cpu", "unsupported"),
-    (["--lora-target-modules", "linear_qkv"], "pytorch", "npu", "unsupported"),
-    (["--recompute-granularity", "full"], "mindspore", "cpu", "fallback"),
-    (["--transformer-impl", "local"], "mindspore", "cpu", "supported"),
-    (["--transformer-impl", "transformer_engine"], "pytorch", "cpu", "fallback"),
-    (["--ckpt-format", "safetensors"], "pytorch", "cpu", "supported"),
-    (["--ms-jit"], "mindspore", "cpu", "supported"),
-    (["--use-cpu-initialization"], "mindspore", "cpu", "supported"),
-    (["--distributed-backend", "gloo"], "pytorch", "cpu", "supported"),
+# Facts the table must keep whatever else changes (cited in stack.yaml, measured here, or stated by the brief).
+@pytest.mark.parametrize("tokens, fw, dev, layer, status", [
+    # the stack: what MindSpeed runs on the MindSpore backend (MindSpeed-LLM / MindSpeed-MM MindSpore docs and examples)
+    (["--tensor-model-parallel-size", "8"], "mindspore", "npu", "stack", "supported"),
+    (["--pipeline-model-parallel-size", "8"], "mindspore", "npu", "stack", "supported"),
+    (["--num-layers-per-virtual-pipeline-stage", "4"], "mindspore", "npu", "stack", "supported"),
+    (["--context-parallel-size", "2"], "mindspore", "npu", "stack", "supported"),
+    (["--expert-model-parallel-size", "8"], "mindspore", "npu", "stack", "supported"),
+    (["--use-distributed-optimizer"], "mindspore", "npu", "stack", "supported"),
+    (["--use-flash-attn"], "mindspore", "npu", "stack", "supported"),
+    (["--use-fused-rmsnorm"], "mindspore", "npu", "stack", "supported"),
+    (["--use-fused-swiglu"], "mindspore", "npu", "stack", "supported"),
+    (["--recompute-granularity", "full"], "mindspore", "npu", "stack", "supported"),
+    (["--lora-target-modules", "linear_qkv"], "mindspore", "npu", "stack", "supported"),
+    (["--qlora"], "mindspore", "npu", "stack", "supported"),
+    (["--distributed-backend", "nccl"], "mindspore", "npu", "stack", "supported"),  # the migration guide keeps it
+    (["--no-masked-softmax-fusion"], "mindspore", "npu", "stack", "supported"),  # kept in the maintainers' msrun scripts
+    (["--log-tps"], "mindspore", "npu", "stack", "fallback"),  # dropped from them
+    (["--moe-token-dispatcher-type", "allgather"], "mindspore", "npu", "stack", "fallback"),  # only alltoall
+    (["--use-torch-fsdp2"], "mindspore", "npu", "stack", "fallback"),  # MSAdapter: no DTensor/FSDP2
+    (["--bf16"], "mindspore", "cpu", "stack", "unsupported"),  # no bf16 MatMul kernel on MindSpore CPU
+    (["--bf16"], "mindspore", "cuda", "stack", "unknown"),
+    (["--use-flash-attn"], "mindspore", "cpu", "stack", "fallback"),  # flash_attention_score: Ascend only
+    (["--tensor-model-parallel-size", "2"], "mindspore", "cpu", "stack", "unknown"),
+    # mmrun's trainer
+    (["--bf16"], "mindspore", "cpu", "trainer", "unsupported"),
+    (["--bf16"], "mindspore", "cuda", "trainer", "unsupported"),
+    (["--bf16"], "pytorch", "cpu", "trainer", "supported"),
+    (["--bf16"], "pytorch", "npu", "trainer", "supported"),
+    (["--fp16"], "mindspore", "cpu", "trainer", "supported"),
+    (["--fp16"], "pytorch", "cuda", "trainer", "supported"),
+    (["--use-flash-attn"], "mindspore", "cpu", "trainer", "fallback"),
+    (["--tensor-model-parallel-size", "2"], "pytorch", "cuda", "trainer", "unsupported"),
+    (["--pipeline-model-parallel-size", "4"], "mindspore", "npu", "trainer", "unsupported"),
+    (["--context-parallel-size", "2"], "pytorch", "cpu", "trainer", "unsupported"),
+    (["--expert-model-parallel-size", "8"], "mindspore", "cpu", "trainer", "unsupported"),
+    (["--lora-target-modules", "linear_qkv"], "pytorch", "npu", "trainer", "unsupported"),
+    (["--recompute-granularity", "full"], "mindspore", "cpu", "trainer", "fallback"),
+    (["--transformer-impl", "local"], "mindspore", "cpu", "trainer", "supported"),
+    (["--transformer-impl", "transformer_engine"], "pytorch", "cpu", "trainer", "fallback"),
+    (["--ckpt-format", "safetensors"], "pytorch", "cpu", "trainer", "supported"),
+    (["--ms-jit"], "mindspore", "cpu", "trainer", "supported"),
+    (["--use-cpu-initialization"], "mindspore", "cpu", "trainer", "supported"),
+    (["--distributed-backend", "gloo"], "pytorch", "cpu", "trainer", "supported"),
 ])
-def test_known_facts(tokens, fw, dev, status):
-    (decision,) = ft.check_flags(tokens, fw, dev)
+def test_known_facts(tokens, fw, dev, layer, status):
+    (decision,) = ft.check_flags(tokens, fw, dev, layers=(layer,))
     assert decision.status == status
 
 
-@pytest.mark.parametrize("tokens, fw, dev, replacement", [
-    (["--distributed-backend", "nccl"], "pytorch", "cpu", ["--distributed-backend", "gloo"]),
-    (["--distributed-backend", "nccl"], "pytorch", "npu", ["--distributed-backend", "hccl"]),
-    (["--distributed-backend", "nccl"], "mindspore", "cpu", ["--distributed-backend", "mccl"]),
-    (["--distributed-backend", "gloo"], "mindspore", "npu", ["--distributed-backend", "hccl"]),
-    (["--distributed-backend", "npu:hccl,cpu:gloo"], "pytorch", "cpu", ["--distributed-backend", "gloo"]),
-    (["--ckpt-format", "torch"], "mindspore", "cpu", ["--ckpt-format", "safetensors"]),
-    (["--ckpt-format", "torch_dcp"], "pytorch", "cuda", ["--ckpt-format", "safetensors"]),
-    (["--ms-jit"], "pytorch", "cpu", []),
-    (["--sequence-parallel"], "mindspore", "npu", []),
+@pytest.mark.parametrize("tokens, fw, dev, layer, replacement", [
+    (["--distributed-backend", "nccl"], "pytorch", "cpu", "trainer", ["--distributed-backend", "gloo"]),
+    (["--distributed-backend", "nccl"], "pytorch", "cpu", "stack", ["--distributed-backend", "gloo"]),
+    (["--distributed-backend", "nccl"], "pytorch", "npu", "trainer", ["--distributed-backend", "hccl"]),
+    (["--distributed-backend", "nccl"], "mindspore", "cpu", "trainer", ["--distributed-backend", "mccl"]),
+    (["--distributed-backend", "gloo"], "mindspore", "npu", "trainer", ["--distributed-backend", "hccl"]),
+    (["--distributed-backend", "npu:hccl,cpu:gloo"], "pytorch", "cpu", "trainer", ["--distributed-backend", "gloo"]),
+    (["--ckpt-format", "torch"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
+    (["--ckpt-format", "torch_dcp"], "pytorch", "cuda", "trainer", ["--ckpt-format", "safetensors"]),
+    (["--ms-jit"], "pytorch", "cpu", "trainer", []),
+    (["--sequence-parallel"], "mindspore", "npu", "trainer", []),
 ])
-def test_substitutions_carry_their_replacement(tokens, fw, dev, replacement):
-    (decision,) = ft.check_flags(tokens, fw, dev)
+def test_substitutions_carry_their_replacement(tokens, fw, dev, layer, replacement):
+    (decision,) = ft.check_flags(tokens, fw, dev, layers=(layer,))
     assert decision.automatic
     assert decision.replacement_tokens() == replacement
 
 
-def test_error_policy_lists_every_stopping_flag_with_framework_device_reason_hint():
+def test_a_choice_among_values_falls_back_to_the_working_value():
+    (decision,) = ft.check_flags(["--moe-token-dispatcher-type", "allgather"], "mindspore", "npu")
+    assert not decision.automatic and decision.replacement_tokens() == ["--moe-token-dispatcher-type", "alltoall"]
+
+
+def test_error_policy_lists_every_stopping_flag_and_layer_with_reason_hint_and_source():
     args = {"use_flash_attn": True, "tensor_model_parallel_size": 2, "transformer_impl": "local", "distributed_backend": "nccl"}
     with pytest.raises(ft.FeatureGateError) as info:
         ft.gate(args, "mindspore", "CPU", stream=io.StringIO())
     err = info.value
     assert err.exit_code == 2
-    assert len(err.lines) == 2  # local layers are supported, nccl is substituted: neither stops the job
-    flash = ft.load_table().get("flash-attention").cell("mindspore", "cpu")
+    # flash attention: both layers fall back; tensor parallelism: the trainer refuses (the stack does not know, so says
+    # nothing); local layers are supported and nccl is substituted: neither stops the job
+    assert [(d.layer, d.feature) for d in err.decisions] == [
+        ("stack", "flash-attention"), ("trainer", "flash-attention"), ("trainer", "tensor-parallel")]
+    stack_flash = TABLES.layer("stack").cell("flash-attention", "mindspore", "cpu")
+    source = stack_flash.sources[0]
     assert err.lines[0] == (
-        f"--use-flash-attn (flash attention) is not supported with the mindspore backend on cpu: {flash.reason}. "
-        f"Hint: {flash.hint}. To run with it off, pass --on-unsupported warn.")
-    tp = ft.load_table().get("tensor-parallel").cell("mindspore", "cpu")
+        f"[stack] --use-flash-attn (flash attention) is not supported with the mindspore backend on cpu: {stack_flash.reason}. "
+        f"Hint: {stack_flash.hint}. To run with it off, pass --on-unsupported warn. Source: {source.title} <{source.url}>.")
+    flash = TABLES.layer("trainer").cell("flash-attention", "mindspore", "cpu")
     assert err.lines[1] == (
-        f"--tensor-model-parallel-size 2 (tensor parallelism) is not supported with the mindspore backend on cpu: "
-        f"{tp.reason}. Hint: {tp.hint}.")
+        f"[mmrun trainer] --use-flash-attn (flash attention) is not supported with the mindspore backend on cpu: {flash.reason}. "
+        f"Hint: {flash.hint}. To run with it off, pass --on-unsupported warn.")
+    tp = TABLES.layer("trainer").cell("tensor-parallel", "mindspore", "cpu")
+    assert err.lines[2] == (
+        f"[mmrun trainer] --tensor-model-parallel-size 2 (tensor parallelism) is not supported with the mindspore backend "
+        f"on cpu: {tp.reason}. Hint: {tp.hint}.")
     assert str(err) == "\n".join(err.lines)
 
 
-def test_warn_runs_fallbacks_off_prints_each_warning_once_and_still_stops_on_unsupported():
+def test_warn_runs_fallbacks_off_prints_each_line_once_and_still_stops_on_unsupported():
     parser = argparse.ArgumentParser()
     parser.add_argument("--use-flash-attn", action="store_true")
     parser.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
@@ -133,12 +175,13 @@ def test_warn_runs_fallbacks_off_prints_each_warning_once_and_still_stops_on_uns
     for _ in range(3):  # the training entry may call it on every rank restart; the user reads it once
         result = ft.gate(args, "pytorch", "cpu", args.on_unsupported, stream=stream)
     printed = stream.getvalue().splitlines()
-    assert len(printed) == 3
-    assert printed[0].startswith("notice: --distributed-backend nccl (NCCL communication) is not available with the "
-                                 "pytorch backend on cpu; using --distributed-backend gloo instead")
-    assert printed[1].startswith("warning: --use-flash-attn (flash attention) is not supported with the pytorch "
-                                 "backend on cpu; running with it off")
-    assert printed[2].startswith("warning: --recompute-granularity full (activation recomputation)")
+    assert [line.split(" (")[0] for line in printed] == [
+        "notice: [stack] --distributed-backend nccl", "notice: [mmrun trainer] --distributed-backend nccl",
+        "warning: [stack] --use-flash-attn", "warning: [mmrun trainer] --use-flash-attn",
+        "warning: [mmrun trainer] --recompute-granularity full",  # the stack says nothing: no source for torch on CPU
+    ]
+    assert "using --distributed-backend gloo instead" in printed[1]
+    assert "is not supported with the pytorch backend on cpu; running with it off" in printed[3]
     result.apply(args)
     assert (args.use_flash_attn, args.recompute_granularity, args.distributed_backend) == (False, None, "gloo")
     args.tensor_model_parallel_size = 2
@@ -146,11 +189,18 @@ def test_warn_runs_fallbacks_off_prints_each_warning_once_and_still_stops_on_uns
         ft.gate(args, "pytorch", "cpu", "warn", stream=stream)
 
 
+def test_the_stack_alone_can_stop_the_trainer():
+    with pytest.raises(ft.FeatureGateError) as info:
+        ft.gate({"bf16": True}, "mindspore", "cpu", "warn", stream=io.StringIO())
+    assert [d.layer for d in info.value.decisions] == ["stack", "trainer"]
+    assert "MindSpore has no bf16 MatMul kernel on the CPU" in info.value.lines[0]
+
+
 def test_notices_appear_under_the_default_policy_too():
     stream = io.StringIO()
     result = ft.gate({"ckpt_format": "torch"}, "pytorch", "cpu", stream=stream)
     assert result.overrides == {"ckpt_format": "safetensors"}
-    assert stream.getvalue().startswith("notice: --ckpt-format torch (pickled torch checkpoints)")
+    assert stream.getvalue().startswith("notice: [mmrun trainer] --ckpt-format torch (pickled torch checkpoints)")
 
 
 def test_nothing_triggered_means_nothing_said():
@@ -172,17 +222,24 @@ def test_bad_policy_framework_or_device_is_a_clear_error():
 
 @pytest.mark.parametrize("device, expected", [("Ascend", "npu"), ("GPU", "cuda"), ("npu:3", "npu"), ("CPU", "cpu")])
 def test_mindspore_device_names_are_understood(device, expected):
-    assert ft.normalise_device(device) == expected
+    assert device_kind(device) == expected
 
 
 @pytest.mark.parametrize("version, status", [("2.5.0", "unsupported"), ("2.6.0", "supported"), ("2.10.0", "supported"),
                                              ("2.6.0rc1", "supported"), (None, "supported")])
 def test_version_conditions(version, status):
-    (decision,) = ft.decide_args({"ms_jit": True}, "mindspore", "cpu", framework_version=version)
+    (decision,) = ft.decide_args({"ms_jit": True}, "mindspore", "cpu", framework_version=version, layers=("trainer",))
     assert decision.status == status
     if status == "unsupported":
         assert "needs mindspore >= 2.6, found 2.5.0" in decision.line()
         assert "upgrade mindspore to 2.6 or newer" in decision.line()
+
+
+def test_a_stack_version_condition_applies_too():
+    """MSAdapter writes torch-format checkpoints only from MindSpore 2.7.1 on."""
+    (old,) = ft.check_flags(["--ckpt-format", "torch"], "mindspore", "npu", framework_version="2.6.0")
+    (new,) = ft.check_flags(["--ckpt-format", "torch"], "mindspore", "npu", framework_version="2.7.2")
+    assert (old.status, new.status) == ("unsupported", "supported")
 
 
 def test_an_old_version_turns_a_supported_cell_into_a_stop():
@@ -196,26 +253,33 @@ def test_check_flags_spans_equals_form_underscores_and_companions():
     tokens = ["--bf16", "--tensor_model_parallel_size=2", "--use-torch-fsdp2", "--lr", "-1e-4",
               "--fsdp2-config-path", "./fsdp2.yaml", "--lora-target-modules", "linear_qkv", "linear_proj",
               "--lora-r", "16", "--seq-length", "32"]
-    decisions = {d.feature: d for d in ft.check_flags(tokens, "mindspore", "cpu")}
-    assert set(decisions) == {"bf16", "tensor-parallel", "torch-fsdp2", "lora"}
-    assert decisions["bf16"].span == (0, 1)
-    assert decisions["tensor-parallel"].span == (1, 2)
-    assert decisions["tensor-parallel"].received == "--tensor_model_parallel_size=2"
-    assert decisions["torch-fsdp2"].companion_spans == ((5, 7),)
-    assert decisions["lora"].span == (7, 10)
-    assert decisions["lora"].value == ["linear_qkv", "linear_proj"]
-    assert decisions["lora"].companion_spans == ((10, 12),)
+    decisions = {(d.layer, d.feature): d for d in ft.check_flags(tokens, "mindspore", "cpu", layers=ft.LAYERS)}
+    assert set(decisions) == {(layer, f) for layer in ft.LAYERS for f in ("bf16", "tensor-parallel", "torch-fsdp2", "lora")}
+    trainer = {f: d for (layer, f), d in decisions.items() if layer == "trainer"}
+    assert trainer["bf16"].span == (0, 1)
+    assert trainer["tensor-parallel"].span == (1, 2)
+    assert trainer["tensor-parallel"].received == "--tensor_model_parallel_size=2"
+    assert trainer["torch-fsdp2"].companion_spans == ((5, 7),)
+    assert trainer["lora"].span == (7, 10)
+    assert trainer["lora"].value == ["linear_qkv", "linear_proj"]
+    assert trainer["lora"].companion_spans == ((10, 12),)
+    assert decisions[("stack", "lora")].companion_spans == ((10, 12),)
+
+
+def test_check_flags_judges_by_the_stack_unless_asked():
+    tokens = ["--tensor-model-parallel-size", "2", "--lora-target-modules", "linear_qkv"]
+    assert {d.layer for d in ft.check_flags(tokens, "mindspore", "npu")} == {"stack"}
+    assert [d.status for d in ft.check_flags(tokens, "mindspore", "npu")] == ["supported", "supported"]
 
 
 def test_values_that_do_not_trigger_are_left_alone():
     tokens = ["--tensor-model-parallel-size", "1", "--context-parallel-size", "1", "--recompute-method", "uniform"]
-    assert ft.check_flags(tokens, "pytorch", "npu") == []
+    assert ft.check_flags(tokens, "pytorch", "npu", layers=ft.LAYERS) == []
 
 
 def test_shell_variables_are_flagged_as_unknown_values():
     tokens = ["--tensor-model-parallel-size", "$TP", "--ckpt-format", "${FMT}", "--fp16"]
-    decisions = ft.check_flags(tokens, "mindspore", "npu")
-    tp, fp16 = decisions
+    tp, fp16 = ft.check_flags(tokens, "mindspore", "npu", layers=("trainer",))
     assert (tp.feature, tp.value_known, tp.span) == ("tensor-parallel", False, (0, 2))
     assert (fp16.feature, fp16.value_known, fp16.span) == ("fp16", True, (4, 5))  # a choice among values ($FMT) cannot be judged
 
@@ -224,26 +288,9 @@ def test_a_flag_at_the_end_without_its_value_does_not_crash():
     assert ft.check_flags(["--fp16", "--tensor-model-parallel-size"], "pytorch", "cpu")[0].feature == "fp16"
 
 
-def test_importing_the_gate_imports_no_framework():
-    code = ("import sys, mmrun.backend.features as f, mmrun.launchers.features_cli; f.load_table(); "
-            "f.check_flags(['--bf16'], 'mindspore', 'cpu'); "
+def test_importing_the_feature_table_imports_no_framework():
+    code = ("import sys, mmrun.features as f, mmrun.features.cli; f.load_tables(); "
+            "f.check_flags(['--bf16'], 'mindspore', 'cpu', layers=f.LAYERS); f.gate({'bf16': False}, 'pytorch', 'cpu'); "
             "print(sorted(m for m in ('torch', 'mindspore', 'torch_npu') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-MS_DEVICE_KIND = {"npu": "Ascend", "cuda": "GPU", "cpu": "CPU"}
-
-
-@pytest.mark.parametrize("fw", ft.FRAMEWORKS)
-@pytest.mark.parametrize("dev", ft.DEVICES)
-@pytest.mark.parametrize("name", ["nccl", "hccl", "gloo", "mccl"])
-@pytest.mark.filterwarnings("ignore")  # the backend's own replacement notice
-def test_backend_choice_agrees_with_the_backends_own_check(fw, dev, name):
-    """The gate and mmrun.backend.checks (used by init_distributed) must pick the same backend."""
-    from mmrun.backend import checks
-
-    (decision,) = ft.check_flags(["--distributed-backend", name], fw, dev)
-    chosen = name if decision.status == "supported" else decision.substitute
-    kind = MS_DEVICE_KIND[dev] if fw == "mindspore" else dev
-    assert checks.dist_backend(fw, kind, name) == chosen

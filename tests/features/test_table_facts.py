@@ -1,4 +1,4 @@
-"""The MindSpore CPU kernel facts behind the table's precision reasons, re-measured on the installed framework.
+"""The MindSpore CPU kernel facts the stack layer cites as "measured here", re-measured on the installed framework.
 
 If a framework upgrade changes one of them (say MindSpore gains a bf16 MatMul kernel on CPU), this
 fails and names the table cell to revisit. Each probe runs in its own process: after one missing
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from mmrun.backend import features as ft
+from mmrun import features as ft
 
 MINDSPORE_PROBE = textwrap.dedent("""
     import numpy as np, mindspore as ms
@@ -39,9 +39,11 @@ def probe(code: str) -> str:
 
 def test_mindspore_cpu_runs_fp16_and_lacks_bf16_matmul():
     out = probe(MINDSPORE_PROBE)
-    table = ft.load_table()
-    fp16, bf16 = table.get("fp16").cell("mindspore", "cpu"), table.get("bf16").cell("mindspore", "cpu")
-    assert "fp16 ok True" in out, f"{out}\nMindSpore CPU fp16 changed: revisit fp16 mindspore/cpu ({fp16.reason})"
+    stack = ft.load_tables().layer("stack")
+    fp16, bf16 = stack.cell("fp16", "mindspore", "cpu"), stack.cell("bf16", "mindspore", "cpu")
+    assert [s.check for s in fp16.sources + bf16.sources] == ["tests/features/test_table_facts.py"] * 2
+    assert fp16.status == "supported"
+    assert "fp16 ok True" in out, f"{out}\nMindSpore CPU fp16 changed: revisit fp16 mindspore/cpu in features/stack.yaml ({fp16.reason})"
     assert "bf16 matmul fails: Select CPU operator[MatMul] fail! Unsupported data type" in out, (
-        f"{out}\nMindSpore's CPU bf16 MatMul changed: revisit bf16 mindspore/cpu in backend/features.yaml")
-    assert "no bf16 MatMul kernel on CPU" in bf16.reason and bf16.status != "supported"
+        f"{out}\nMindSpore's CPU bf16 MatMul changed: revisit bf16 mindspore/cpu in features/stack.yaml")
+    assert "no bf16 MatMul kernel on the CPU" in bf16.reason and bf16.status == "unsupported"

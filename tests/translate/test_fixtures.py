@@ -51,7 +51,7 @@ def test_fixture(path: Path, capsysbinary, monkeypatch, tx) -> None:
         if not refused:
             script_file.write_bytes(out)
     assert report == report_file.read_text(encoding="utf-8"), (
-        "report differs; if backend/features.yaml or a message changed on purpose, regenerate with "
+        "report differs; if features/*.yaml or a message changed on purpose, regenerate with "
         "MMRUN_REGEN_FIXTURES=1 and read the diff")
     if refused:
         assert code == 2 and out == b""

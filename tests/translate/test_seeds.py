@@ -75,6 +75,6 @@ def test_seed_lint_finds_the_known_bugs(tx) -> None:
     codes = {(f.line, f.code) for f in load.lint}
     assert (30, "MT001") in codes  # --hidden-size 1024 \<space>
     assert (66, "MT002") in codes  # $OUTPUT_ARGS is an array
-    assert (67, "MT003") in codes  # --distributed-backend nccl for mindspore on npu
+    assert not any(code == "MT003" for _, code in codes)  # MindSpeed's msrun launch line keeps --distributed-backend nccl
     example = translate_script((tx.FIXTURES / "seed003_example.sh").read_bytes(), Options(), "x.sh").report
     assert any(f.code == "MT004" and "$logfile" in f.message for f in example.lint)
