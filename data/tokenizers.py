@@ -20,7 +20,7 @@ GPT2_EOD_TOKEN = "<|endoftext|>"
 # directory) carries no `eos_token` setting of its own. First match wins.
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
 # A long text is tokenized in pieces of about this many characters, so that memory does not grow with the
-# document: one tokenizer call needs about 170 bytes per character (the `tokenizers` library's Encoding).
+# document: one tokenizer call needs about 150 bytes per character (the `tokenizers` library's Encoding).
 PIECE_CHARS = 1 << 16
 # The most characters one tokenizer call is given: a text that cannot be cut into pieces this long
 # (HuggingFaceTokenizer, whose pre-tokenizer is not known; a stretch with no cut point) is refused.
@@ -215,11 +215,11 @@ def tokenize_in_pieces(tokenizer: Tokenizer, text: str, piece_chars: int | None 
             cut = tokenizer.cut_points.search(text, start + piece_chars)
             end = cut.start() if cut else end
         if end - start > max_uncut_chars:
-            where = ("it has no place where it can be cut into smaller pieces" if tokenizer.cut_points is None else
-                     "it has no place to cut it (a space between words, or punctuation after a letter) in that stretch")
+            where = ("no place in it is known to be safe to cut" if tokenizer.cut_points is None else
+                     "that stretch has no place to cut (a space between words, or punctuation after a letter)")
             raise TokenizerError(f"a text of {end - start} characters is over the {max_uncut_chars} that "
-                                 f"{tokenizer.name} is given at once ({where}); tokenizing it whole would take "
-                                 f"about {(end - start) * 170 >> 20} MB: split the document")
+                                 f"{tokenizer.name} is given at once: {where}, and tokenizing it whole would take "
+                                 f"about {(end - start) * 150 >> 20} MB; split the document")
         yield tokenizer.tokenize(text[start:end])
         start = end
 

@@ -305,7 +305,7 @@ def find_checkpoint(root: str | os.PathLike, ckpt_step: int | None = None,
     except CheckpointError as err:
         newest = saved_iterations(root)
         how = f"--ckpt-step {newest[0]}" if newest else "--ckpt-step N"
-        raise CheckpointError(f"{err}; nothing was loaded. Fix or remove that file (without it --load resumes from "
+        raise CheckpointError(f"{err}; nothing was loaded. Fix or remove it (without a tracker, --load resumes from "
                               f"the newest complete checkpoint), or pass {how}; {_available(root)}") from None
     if iteration is not None:
         return read_checkpoint(root, iteration)

@@ -59,11 +59,11 @@ def test_a_stretch_that_cannot_be_cut_is_refused_before_tokenizing(demo_tokenize
         list(tokenize_in_pieces(demo_tokenizer, "a" * (MAX_UNCUT_CHARS + 1)))
     message = str(err.value)
     assert f"a text of {MAX_UNCUT_CHARS + 1} characters is over the {MAX_UNCUT_CHARS} that GPT2BPETokenizer" in message
-    assert "no place to cut it" in message and "split the document" in message
+    assert "that stretch has no place to cut" in message and "split the document" in message
     # a tokenizer whose pre-tokenizer is unknown is never cut: its limit is the whole text
     path = tmp_path / "tokenizer.json"
     demo_tokenizer._tok.save(str(path))
     hf = HuggingFaceTokenizer(str(path))
     assert _pieces(hf, "hello world " * 100, 7) == hf.tokenize("hello world " * 100)
-    with pytest.raises(TokenizerError, match="it has no place where it can be cut into smaller pieces"):
+    with pytest.raises(TokenizerError, match="no place in it is known to be safe to cut"):
         list(tokenize_in_pieces(hf, "hello world " * (MAX_UNCUT_CHARS // 12 + 1)))
