@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -48,10 +49,26 @@ def _arrays(state: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _save_tensors(arrays: Mapping[str, np.ndarray], file: Path) -> None:
+    try:
+        save_file(arrays, str(file), metadata={"format": FORMAT})
+    except Exception as err:  # safetensors reports a failed write as SafetensorError("... (os error 28)")
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(file)) from None
+
+
 def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
-                    optimizer: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None) -> Path:
+                    optimizer: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
+                    on_step: Callable[[str], None] | None = None) -> Path:
     """Write a checkpoint directory atomically; returns its path. `optimizer` is an optimizer's
-    state_dict() with numpy tensors; `meta` must be JSON-serialisable (iteration, RNG seeds, args...)."""
+    state_dict() with numpy tensors; `meta` must be JSON-serialisable (iteration, RNG seeds, args...).
+
+    `on_step(name)` is called after "model" (model.safetensors written, nothing else yet) and "files"
+    (every file written and fsynced, not yet renamed into place): the fault-injection tests kill the
+    process there."""
+    step = on_step or (lambda name: None)
     target = Path(path)
     model_arrays = _arrays(model, "model state")
     info: dict[str, Any] = {"format": FORMAT, "version": VERSION, **dict(meta or {})}
@@ -64,14 +81,16 @@ def save_checkpoint(path: str | os.PathLike, model: Mapping[str, np.ndarray],
     remove_stale_temporaries(target)
     tmp = Path(tempfile.mkdtemp(prefix=temporary_name(target), dir=target.parent))
     try:
-        save_file(model_arrays, str(tmp / MODEL_FILE), metadata={"format": FORMAT})
+        _save_tensors(model_arrays, tmp / MODEL_FILE)
+        step("model")
         if opt_arrays is not None:
-            save_file(opt_arrays, str(tmp / OPTIMIZER_FILE), metadata={"format": FORMAT})
+            _save_tensors(opt_arrays, tmp / OPTIMIZER_FILE)
         (tmp / META_FILE).write_text(text + "\n", encoding="utf-8")
         for name in os.listdir(tmp):
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
         fsync_dir(tmp)
+        step("files")
         replace_directory(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

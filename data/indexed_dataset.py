@@ -72,6 +72,22 @@ def dtype_code(dtype) -> int:
         ) from None
 
 
+def cast_tokens(tokens: Sequence[int] | np.ndarray, dtype) -> np.ndarray:
+    """Token ids as an array of `dtype`, refusing ids the dtype cannot hold (numpy would wrap them
+    silently, and a wrapped id is a wrong token, not an error later)."""
+    dtype = np.dtype(dtype)
+    data = np.asarray(tokens)
+    if data.size and dtype.kind in "iu" and (data.dtype.kind in "iu" or data.dtype == object):
+        info = np.iinfo(dtype)
+        low, high = data.min(), data.max()
+        if low < info.min or high > info.max:
+            raise IndexedDatasetError(
+                f"token ids [{low}, {high}] do not fit the dataset dtype {dtype}; "
+                "write with a wider dtype (int32 for vocabularies of 65500 or more)."
+            )
+    return data.astype(dtype, copy=False)
+
+
 class IndexedDatasetWriter:
     """Writes `<prefix>.bin`/`<prefix>.idx` under temporary names (mmrun.common.atomic_write); `finalize()`
     renames them.
@@ -104,16 +120,7 @@ class IndexedDatasetWriter:
             self.finalize()
 
     def _write_tokens(self, tokens) -> int:
-        data = np.asarray(tokens)
-        if data.size and data.dtype.kind in "iu" and self.dtype.kind in "iu":
-            info = np.iinfo(self.dtype)
-            if data.min() < info.min or data.max() > info.max:
-                # numpy would wrap silently; a wrapped id is a wrong token, not an error later.
-                raise IndexedDatasetError(
-                    f"token ids [{data.min()}, {data.max()}] do not fit the dataset dtype {self.dtype}; "
-                    "write with a wider dtype (int32 for vocabularies of 65500 or more)."
-                )
-        data = data.astype(self.dtype, copy=False)
+        data = cast_tokens(tokens, self.dtype)
         self._bin.write(data.tobytes(order="C"))
         return int(data.size)
 

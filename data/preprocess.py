@@ -3,6 +3,11 @@
 Same flags and output names as Megatron-LM's `tools/preprocess_data.py`, so a seed script's
 preprocessing line runs with `python tools/preprocess_data.py` swapped for `mmrun preprocess-data`.
 Output files appear only when the whole input has been tokenized (temporary names until then).
+
+Memory is bounded, whatever the input: lines go to the workers in batches, with at most
+IN_FLIGHT_BYTES of input read ahead of the writer, and a long document is tokenized in pieces
+(tokenizers.tokenize_in_pieces), its ids kept in the output dtype. SIGTERM and SIGINT remove the
+temporary files; after a SIGKILL the next run for the same output prefix removes them.
 """
 from __future__ import annotations
 
@@ -10,18 +15,30 @@ import argparse
 import json
 import multiprocessing
 import os
+import re
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 import time
 from typing import Iterator
 
 import numpy as np
 
-from mmrun.data.indexed_dataset import IndexedDatasetError, IndexedDatasetWriter, optimal_dtype
-from mmrun.data.tokenizers import TOKENIZER_BUILDERS, TokenizerError, build_tokenizer
+from mmrun.common.atomic_write import remove_stale_temporaries, temporary_name
+from mmrun.data.indexed_dataset import (IndexedDatasetError, IndexedDatasetWriter, bin_path, cast_tokens, idx_path,
+                                        optimal_dtype)
+from mmrun.data.tokenizers import TOKENIZER_BUILDERS, TokenizerError, build_tokenizer, tokenize_in_pieces
+from mmrun.launchers.supervisor import _die_with_parent
 
 PROG = "mmrun preprocess-data"
-# Lines handed to a worker at a time (Megatron uses the same chunk size).
+# Lines handed to a worker at a time (Megatron uses the same chunk size), or fewer when they hold BATCH_BYTES.
 CHUNK_SIZE = 32
+BATCH_BYTES = 1 << 20
+# Input read ahead of the writer, at most (plus one batch): what bounds memory on a large corpus.
+IN_FLIGHT_BYTES = 64 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # Megatron's --keep-sequential-samples moves to the next partition every this many lines.
 SEQUENTIAL_BLOCK_LINES = 1_000_000
 
@@ -38,7 +55,8 @@ EPILOG = """examples:
   mmrun preprocess-data --input ids.jsonl --output-prefix out/ids \\
       --tokenizer-type NullTokenizer --vocab-size 32000 --append-eod
 
-exit status: 0 done, 1 bad input data (line number in the message), 2 usage error.
+exit status: 0 done, 1 bad input data (line number in the message), 2 usage error,
+130/143 interrupted by SIGINT/SIGTERM (no output written, temporary files removed).
 """
 
 
@@ -96,10 +114,17 @@ class InputDataError(ValueError):
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_kwargs: dict, json_keys: list[str], append_eod: bool) -> None:
+def _init_worker(tokenizer_kwargs: dict, json_keys: list[str], append_eod: bool, dtype: str,
+                 in_pool: bool = False) -> None:
+    if in_pool:
+        # Ctrl-C reaches the whole process group: the main process stops the pool; workers stay quiet.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not main()'s handler, inherited through fork
+        _die_with_parent()  # SIGKILLed, the main process cannot stop a worker deep in a long document
     _WORKER["tokenizer"] = build_tokenizer(**tokenizer_kwargs)
     _WORKER["json_keys"] = json_keys
     _WORKER["append_eod"] = append_eod
+    _WORKER["dtype"] = np.dtype(dtype)
 
 
 def _encode_line(item: tuple[int, bytes]):
@@ -109,18 +134,46 @@ def _encode_line(item: tuple[int, bytes]):
         return lineno, _encode(raw, lineno), len(raw)
     except InputDataError as exc:
         return lineno, str(exc), len(raw)
-    except TokenizerError as exc:
+    except (TokenizerError, IndexedDatasetError) as exc:
         return lineno, f"line {lineno}: {exc}", len(raw)
 
 
-def _encode(raw: bytes, lineno: int) -> dict[str, tuple[np.ndarray, list[int]]]:
-    tok = _WORKER["tokenizer"]
+def _encode_batch(batch: list[tuple[int, bytes]]) -> list[tuple]:
+    return [_encode_line(item) for item in batch]
+
+
+class _LongInteger:
+    """Stands for an integer with more digits than Python converts (sys.get_int_max_str_digits): a key
+    that is not tokenized may hold one; a tokenized key holding one is refused like any non-string."""
+
+    def __init__(self, digits: str) -> None:
+        self.digits = len(digits)
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(digits: str) -> int | _LongInteger:
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    return _LongInteger(digits) if limit and len(digits) > limit else int(digits)
+
+
+def _parse(raw: bytes, lineno: int) -> dict:
     try:
-        obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        obj = json.loads(raw, parse_int=_parse_int)
+    except RecursionError:
+        raise InputDataError(f"line {lineno} is nested too deeply to parse (over about {sys.getrecursionlimit()} "
+                             f"levels of [ and {{). Received: {raw[:80]!r}") from None
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
         raise InputDataError(f"line {lineno} is not valid JSON ({exc}). Received: {raw[:80]!r}") from None
     if not isinstance(obj, dict):
         raise InputDataError(f"line {lineno} is a JSON {type(obj).__name__}, not an object. Received: {raw[:80]!r}")
+    return obj
+
+
+def _encode(raw: bytes, lineno: int) -> dict[str, tuple[np.ndarray, list[int]]]:
+    tok, dtype = _WORKER["tokenizer"], _WORKER["dtype"]
+    obj = _parse(raw, lineno)
     out = {}
     for key in _WORKER["json_keys"]:
         if key not in obj:
@@ -133,17 +186,24 @@ def _encode(raw: bytes, lineno: int) -> dict[str, tuple[np.ndarray, list[int]]]:
         sentences = text if isinstance(text, list) else [text]
         if not all(isinstance(s, str) for s in sentences):
             raise InputDataError(f"line {lineno}: {key!r} must be a string or a list of strings. Received: {text!r:.80}")
-        ids: list[int] = []
+        pieces: list[np.ndarray] = []
         lengths: list[int] = []
         for sentence in sentences:
-            sentence_ids = tok.tokenize(sentence)
-            if sentence_ids:
-                ids.extend(sentence_ids)
-                lengths.append(len(sentence_ids))
-        if ids and _WORKER["append_eod"]:
-            ids.append(tok.eod)
+            bad = _SURROGATE.search(sentence)
+            if bad:
+                raise InputDataError(f"line {lineno}: {key!r} holds a lone surrogate {bad.group()!r} at character "
+                                     f"{bad.start()}, which is not Unicode text (its writer split a surrogate pair); "
+                                     "fix or drop that line")
+            # In pieces, each kept in the output dtype: memory follows the piece, not the document.
+            ids = [cast_tokens(part, dtype) for part in tokenize_in_pieces(tok, sentence)]
+            count = sum(part.size for part in ids)
+            if count:
+                pieces.extend(ids)
+                lengths.append(count)
+        if pieces and _WORKER["append_eod"]:
+            pieces.append(cast_tokens([tok.eod], dtype))
             lengths[-1] += 1
-        out[key] = (np.asarray(ids, dtype=np.int64), lengths)
+        out[key] = (np.concatenate(pieces) if pieces else np.zeros(0, dtype), lengths)
     return out
 
 
@@ -153,6 +213,50 @@ def _read_lines(path: str) -> Iterator[tuple[int, bytes]]:
         for lineno, line in enumerate(f, start=1):
             if line.strip():
                 yield lineno, line
+
+
+class _Window:
+    """Bounds the input read ahead of the writer: the reader takes a batch's bytes before handing it
+    on, the writer gives them back when the batch is written (one batch is always allowed)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used, self.open = limit, 0, True
+        self._cond = threading.Condition()
+
+    def take(self, nbytes: int) -> None:
+        with self._cond:
+            while self.open and self.used and self.used + nbytes > self.limit:
+                self._cond.wait()
+            self.used += nbytes
+
+    def give(self, nbytes: int) -> None:
+        with self._cond:
+            self.used -= nbytes
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Let a blocked reader go (the run is ending)."""
+        with self._cond:
+            self.open = False
+            self._cond.notify_all()
+
+
+def _batches(path: str, window: _Window | None) -> Iterator[list[tuple[int, bytes]]]:
+    """Lines in batches of CHUNK_SIZE lines or BATCH_BYTES bytes, whichever comes first."""
+    batch: list[tuple[int, bytes]] = []
+    size = 0
+    for item in _read_lines(path):
+        batch.append(item)
+        size += len(item[1])
+        if len(batch) == CHUNK_SIZE or size >= BATCH_BYTES:
+            if window is not None:
+                window.take(size)
+            yield batch
+            batch, size = [], 0
+    if batch:
+        if window is not None:
+            window.take(size)
+        yield batch
 
 
 class _Progress:
@@ -220,44 +324,57 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
     if args.append_eod:
         tokenizer.eod  # noqa: B018 - raises now, not in a worker, if there is no EOD token
     dtype = optimal_dtype(tokenizer.vocab_size)
-    new_dirs = _missing_dirs(os.path.dirname(os.path.abspath(args.output_prefix)))
+    out_dir = os.path.dirname(os.path.abspath(args.output_prefix))
+    new_dirs = _missing_dirs(out_dir)
     for d in new_dirs:
         os.mkdir(d)
 
     final = {k: _output_prefix(args.output_prefix, k) for k in args.json_keys}
-    # One writer per key and partition; partitions are merged in order at the end (Megatron's
-    # layout). A single partition writes straight to the final (temporary-named) files.
+    for prefix in final.values():  # what a killed run for these outputs left behind (its pid is gone)
+        remove_stale_temporaries(bin_path(prefix))
+        remove_stale_temporaries(idx_path(prefix))
+    # One writer per key and partition; partitions are merged in order at the end (Megatron's layout).
+    # A single partition writes straight to the final (temporary-named) files; shards live in a
+    # temporary folder named after the final .bin, so that a killed run's shards are found as leftovers.
+    shard_dirs: list[str] = []
     if args.partitions == 1:
         shard_prefixes = {k: [final[k]] for k in args.json_keys}
     else:
-        shard_prefixes = {
-            k: [f"{final[k]}.part{i}-{os.getpid()}" for i in range(args.partitions)] for k in args.json_keys
-        }
+        shard_prefixes = {}
+        for k in args.json_keys:
+            shard_dirs.append(tempfile.mkdtemp(prefix=temporary_name(bin_path(final[k])), dir=out_dir))
+            shard_prefixes[k] = [os.path.join(shard_dirs[-1], f"part{i}") for i in range(args.partitions)]
     writers: list[IndexedDatasetWriter] = []
     stats = {k: {"prefix": final[k], "documents": 0, "sequences": 0, "tokens": 0} for k in args.json_keys}
     pool = None
+    window = _Window(IN_FLIGHT_BYTES) if args.workers > 1 else None
     finished = False
     try:
         shards = {k: [IndexedDatasetWriter(p, dtype) for p in prefixes] for k, prefixes in shard_prefixes.items()}
         writers = [w for ws in shards.values() for w in ws]
-        init_args = (tokenizer_kwargs, list(args.json_keys), args.append_eod)
+        init_args = (tokenizer_kwargs, list(args.json_keys), args.append_eod, np.dtype(dtype).str)
         if args.workers == 1:
             _init_worker(*init_args)
-            results = map(_encode_line, _read_lines(args.input))
+            results = map(_encode_batch, _batches(args.input, None))
         else:
-            pool = multiprocessing.Pool(args.workers, initializer=_init_worker, initargs=init_args)
-            results = pool.imap(_encode_line, _read_lines(args.input), CHUNK_SIZE)
+            pool = multiprocessing.Pool(args.workers, initializer=_init_worker, initargs=(*init_args, True))
+            results = pool.imap(_encode_batch, _batches(args.input, window))
         progress = _Progress(args.log_interval)
-        for doc_number, (lineno, encoded, nbytes) in enumerate(results):
-            if isinstance(encoded, str):
-                raise InputDataError(encoded)
-            part = _partition_of(doc_number, args.partitions, args.keep_sequential_samples)
-            for key, (ids, lengths) in encoded.items():
-                shards[key][part].add_document(ids, lengths)
-                stats[key]["documents"] += 1
-                stats[key]["sequences"] += len(lengths)
-                stats[key]["tokens"] += int(ids.size)
-            progress.update(nbytes)
+        doc_number = 0
+        for batch in results:
+            for lineno, encoded, nbytes in batch:
+                if isinstance(encoded, str):
+                    raise InputDataError(encoded)
+                part = _partition_of(doc_number, args.partitions, args.keep_sequential_samples)
+                for key, (ids, lengths) in encoded.items():
+                    shards[key][part].add_document(ids, lengths)
+                    stats[key]["documents"] += 1
+                    stats[key]["sequences"] += len(lengths)
+                    stats[key]["tokens"] += int(ids.size)
+                progress.update(nbytes)
+                doc_number += 1
+            if window is not None:
+                window.give(sum(item[2] for item in batch))
         if pool is not None:
             pool.close()
             pool.join()
@@ -272,19 +389,31 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
         finished = True
         return stats
     finally:
+        if window is not None:
+            window.close()
         if pool is not None:
             pool.terminate()
             pool.join()
         for w in writers:
             w.abort()  # a no-op for writers that finished
-        for prefix in [p for ps in shard_prefixes.values() for p in ps] if args.partitions > 1 else []:
-            for suffix in (".bin", ".idx"):
-                if os.path.exists(prefix + suffix):
-                    os.remove(prefix + suffix)
+        for d in shard_dirs:
+            shutil.rmtree(d, ignore_errors=True)
         if not finished:  # folders this run made for its output go too, when left empty
             for d in reversed(new_dirs):
                 if not os.listdir(d):
                     os.rmdir(d)
+
+
+class _Interrupted(Exception):
+    """SIGTERM arrived: unwind like Ctrl-C, so that every temporary file is removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise _Interrupted(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,8 +423,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
     start = time.time()
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted) if on_main_thread else None
     try:
         stats = run(args)
+    except (KeyboardInterrupt, _Interrupted) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"{PROG}: error: interrupted by {signal.Signals(signum).name}; no output written, temporary files "
+              "removed.", file=sys.stderr)
+        return 128 + signum
     except TokenizerError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -305,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # unreadable input, unwritable output folder, full disk
         print(f"{PROG}: error: {exc}; no output written.", file=sys.stderr)
         return 1
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     elapsed = time.time() - start
     for key, s in stats.items():
         print(

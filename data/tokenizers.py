@@ -8,8 +8,9 @@ The interface is Megatron's (`megatron/training/tokenizer/tokenizer.py`): `token
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterator
 
 # The `tokenizers` library is imported inside the classes that need it, so that NullTokenizer runs
 # (mock data, benchmarks) and `mmrun --help` never load it.
@@ -18,6 +19,17 @@ GPT2_EOD_TOKEN = "<|endoftext|>"
 # End-of-document candidates for a bare tokenizer.json, which (unlike a full Hugging Face tokenizer
 # directory) carries no `eos_token` setting of its own. First match wins.
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
+# A long text is tokenized in pieces of about this many characters, so that memory does not grow with the
+# document: one tokenizer call needs about 150 bytes per character (the `tokenizers` library's Encoding).
+PIECE_CHARS = 1 << 16
+# The most characters one tokenizer call is given: a text that cannot be cut into pieces this long
+# (HuggingFaceTokenizer, whose pre-tokenizer is not known; a stretch with no cut point) is refused.
+MAX_UNCUT_CHARS = 1 << 22
+# Where GPT-2's pre-tokenizer regex always starts a new word, whatever comes before or after: at a
+# space between two non-spaces, and at ASCII or CJK sentence punctuation after a letter or digit. BPE
+# merges only inside a word, so the ids of the pieces, concatenated, are the ids of the whole text.
+# (Python's \s covers every Unicode White_Space character the regex's \s does, so \S is never wrong.)
+GPT2_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=[^\W_])(?=[,.;:!?\uFF0C\u3002\u3001\uFF1B\uFF1A\uFF01\uFF1F])")
 
 
 class TokenizerError(ValueError):
@@ -28,6 +40,8 @@ class Tokenizer:
     """What the data pipeline and the training loop use; mirrors Megatron's MegatronTokenizer."""
 
     name: str = "Tokenizer"
+    # Zero-width matches where a text can be cut without changing its ids (None: nowhere is known to be safe).
+    cut_points: re.Pattern | None = None
 
     def tokenize(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -104,6 +118,7 @@ class GPT2BPETokenizer(_HFTokenizerFileBacked):
     """Megatron's `GPT2BPETokenizer`: byte-level BPE from `vocab.json` + `merges.txt`."""
 
     name = "GPT2BPETokenizer"
+    cut_points = GPT2_CUT
 
     def __init__(self, vocab_file: str, merge_file: str) -> None:
         from tokenizers import Tokenizer as _Backend, decoders, models, pre_tokenizers
@@ -156,6 +171,7 @@ class NullTokenizer(Tokenizer):
     """Megatron's `NullTokenizer`: text is space-separated ids; eod is `vocab_size` (one past)."""
 
     name = "NullTokenizer"
+    cut_points = re.compile(r"(?= )")  # ids are space-separated: any space is a boundary
 
     def __init__(self, vocab_size: int) -> None:
         self._vocab_size_without_eod = int(vocab_size)
@@ -182,6 +198,30 @@ class NullTokenizer(Tokenizer):
     @property
     def vocab(self) -> dict[str, int]:
         raise NotImplementedError("NullTokenizer has no vocabulary")
+
+
+def tokenize_in_pieces(tokenizer: Tokenizer, text: str, piece_chars: int | None = None,
+                       max_uncut_chars: int | None = None) -> Iterator[list[int]]:
+    """`tokenizer.tokenize(text)` in pieces of about `piece_chars` characters (PIECE_CHARS), cut only at the
+    tokenizer's `cut_points`: the pieces' ids, concatenated, are the whole text's. A piece over
+    `max_uncut_chars` (MAX_UNCUT_CHARS; no cut point in reach) raises TokenizerError instead of taking
+    memory in proportion."""
+    piece_chars = piece_chars or PIECE_CHARS
+    max_uncut_chars = max_uncut_chars or MAX_UNCUT_CHARS
+    start = 0
+    while start < len(text):
+        end = len(text)
+        if end - start > piece_chars and tokenizer.cut_points is not None:
+            cut = tokenizer.cut_points.search(text, start + piece_chars)
+            end = cut.start() if cut else end
+        if end - start > max_uncut_chars:
+            where = ("no place in it is known to be safe to cut" if tokenizer.cut_points is None else
+                     "that stretch has no place to cut (a space between words, or punctuation after a letter)")
+            raise TokenizerError(f"a text of {end - start} characters is over the {max_uncut_chars} that "
+                                 f"{tokenizer.name} is given at once: {where}, and tokenizing it whole would take "
+                                 f"about {(end - start) * 150 >> 20} MB; split the document")
+        yield tokenizer.tokenize(text[start:end])
+        start = end
 
 
 def _gpt2(vocab_file, merge_file, vocab_size, tokenizer_model) -> Tokenizer:

@@ -9,9 +9,13 @@
 #   GPUS_PER_NODE=1 TRAIN_ITERS=5 LOG_INTERVAL=1 OUT_DIR=/tmp/demo bash scripts/pretrain_gpt.sh
 #
 # The corpus is tokenized into $OUT_DIR/data on the first run (Megatron's preprocess_data.py step).
+# --load is --save, as in the guide's resume form: a second run continues from the newest checkpoint in
+# $OUT_DIR/ckpt (a finished run has nothing left to do; remove $OUT_DIR/ckpt to start over).
 # Left as in the guide on purpose, to show what mmrun does with them on a CPU: --distributed-backend
 # nccl (gloo or mccl is used, with a notice) and --ckpt-format torch (safetensors is written, with a
-# notice). Not carried over: --fp16 (mmrun's train step trains in fp32; see docs/training.md).
+# notice). Not carried over: --fp16. mmrun trains in fp16, but on a CPU it is slow, and with Megatron's
+# first loss scale of 2^32 this 40-iteration run would spend its first ~17 iterations backing the scale
+# off (add --fp16 to GPT_ARGS to see it; docs/training.md, "Mixed precision").
 set -euo pipefail
 
 AI_FRAMEWORK=${AI_FRAMEWORK:-pytorch}
@@ -96,4 +100,5 @@ mmrun --ai-framework "$AI_FRAMEWORK" $DISTRIBUTED_ARGS "$ROOT/models/pretrain_gp
     $OUTPUT_ARGS \
     --distributed-backend nccl \
     --save "$CHECKPOINT_PATH" \
+    --load "$CHECKPOINT_PATH" \
     --ckpt-format torch

@@ -14,10 +14,14 @@ resumed in fp32 (or bf16, or on the other framework) starts from them, not from 
 Megatron writes `model_optim_rng.pt` (pickle) in the same place; mmrun never pickles, so PyTorch and
 MindSpore read each other's checkpoints (backend/checkpoint_io.py writes the files).
 
-Atomicity: the whole `iter_XXXXXXX` directory is written under a temporary name, fsynced, renamed into
-place, and only then is the tracker file replaced (itself atomically). A process killed at any point
-leaves the tracker naming the previous complete checkpoint; leftovers of the interrupted save are
-temporary directories that the next save removes.
+The file layer is checkpoint_store.py (the save sequence, verified reads, recovery after a killed save)
+over checkpoint_layout.py (Megatron's names on disk); this module is Megatron's save_checkpoint and
+load_checkpoint around them. A process killed at any point of a save leaves the tracker naming a
+complete checkpoint.
+
+--load finds its checkpoint in this order: --ckpt-step; the tracker; with no tracker file, the newest
+checkpoint that verifies (one WARNING line says which); with no checkpoint at all, a fresh start
+(Megatron's warning). A tracker that exists but cannot be read stops the run with one line.
 
 Loading checks everything before changing anything: tensor names and shapes against the model and the
 optimizer, checksums against the files, the schedule against the arguments. A mismatch raises
@@ -26,12 +30,8 @@ CheckpointError naming the first problems; the model is never partially loaded.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import random
-import shutil
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,23 +39,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from mmrun.backend import checkpoint_io
-from mmrun.common.atomic_write import atomic_write, fsync_dir, replace_directory
 from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS
+from mmrun.training.checkpoint_layout import (RANK_DIR, TRACKER_FILE, CheckpointError, checkpoint_dir,  # noqa: F401
+                                              iteration_dir, rank_dir_name, read_tracker, saved_iterations)
+from mmrun.training.checkpoint_store import (KILL_DURING_SAVE_VAR, SAVE_STEPS, CheckpointSaveError,  # noqa: F401
+                                             LoadedCheckpoint, check_save_dir, find_checkpoint, read_checkpoint,
+                                             recover_interrupted_saves, write_checkpoint)
 
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
-RANK_DIR = "mp_rank_00"  # tensor and pipeline parallel sizes are 1: one model shard
-MEGATRON_TORCH_FILE = "model_optim_rng.pt"
 CHECKPOINT_VERSION = 3.0  # Megatron's checkpoint_version, recorded for tools that look for it
-# Test hook: SIGKILL this process in the middle of saving this iteration (files written, not yet
-# renamed into place), to prove that an interrupted save leaves the previous checkpoint loadable.
-KILL_DURING_SAVE_VAR = "MMRUN_TEST_KILL_DURING_SAVE"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be loaded into this run (one line: what, where, what to do)."""
-
-    exit_code = 2
 
 
 @dataclass
@@ -67,45 +58,7 @@ class TrainingProgress:
     consumed_valid_samples: int = 0
 
 
-def iteration_dir(root: str | os.PathLike, iteration: int | str) -> Path:
-    """`<root>/iter_0000010` (Megatron's 7-digit name), or `<root>/release` for a release checkpoint."""
-    name = "release" if iteration == "release" else f"iter_{int(iteration):07d}"
-    return Path(root) / name
-
-
-def checkpoint_dir(root: str | os.PathLike, iteration: int | str) -> Path:
-    return iteration_dir(root, iteration) / RANK_DIR
-
-
-def read_tracker(root: str | os.PathLike) -> int | str | None:
-    """The iteration in `<root>/latest_checkpointed_iteration.txt` ("release" or an int), None if absent."""
-    path = Path(root) / TRACKER_FILE
-    if not path.is_file():
-        return None
-    text = path.read_text(encoding="utf-8").strip()
-    if text == "release":
-        return "release"
-    try:
-        value = int(text)
-    except ValueError:
-        raise CheckpointError(f"{path} must hold an iteration number or 'release'. Received: {text[:40]!r}; "
-                              "fix it to name an existing iter_* directory") from None
-    if value < 0:
-        raise CheckpointError(f"{path} holds a negative iteration. Received: {value}")
-    return value
-
-
 # --------------------------------------------------------------------------------- state to save
-
-def _digest(arrays: Mapping[str, np.ndarray]) -> str:
-    """sha256 over names, dtypes, shapes and bytes, in name order: detects any changed byte on load."""
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.data)  # a memoryview: no copy
-    return h.hexdigest()
-
 
 def _jsonable(value: Any) -> Any:
     try:
@@ -134,74 +87,7 @@ def set_host_rng_state(state: Mapping[str, Any]) -> None:
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def _kill_if_requested(iteration: int) -> None:
-    wanted = os.environ.get(KILL_DURING_SAVE_VAR)
-    if wanted and int(wanted) == iteration:
-        print(f"{KILL_DURING_SAVE_VAR}={wanted}: killing this process (SIGKILL) in the middle of the save",
-              flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _usual_permissions(path: Path) -> None:
-    """mkdtemp/mkstemp create 0700/0600 entries; a checkpoint is shared like any output (umask applies)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    if path.is_file():
-        os.chmod(path, 0o666 & ~umask)
-        return
-    for dirpath, _, filenames in os.walk(path):
-        os.chmod(dirpath, 0o777 & ~umask)
-        for name in filenames:
-            os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)
-
-
-def remove_interrupted_saves(root: str | os.PathLike) -> list[Path]:
-    """Delete temporary directories that a killed save left behind (never a complete checkpoint)."""
-    removed = []
-    for path in Path(root).glob(".iter_*.tmp-*"):
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
-def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str, np.ndarray],
-                     optimizer: Mapping[str, Any] | None, meta: Mapping[str, Any]) -> Path:
-    """Write `<root>/iter_XXXXXXX/mp_rank_00` atomically, then point the tracker at it.
-
-    `model` maps names to numpy arrays; `optimizer` is the optimizer's state_dict with numpy tensors
-    (None to leave it out); `meta` is JSON-ready. Returns the iteration directory.
-    """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    remove_interrupted_saves(root)
-    final = iteration_dir(root, iteration)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    checksums = {"model": _digest(model)}
-    if optimizer is not None:
-        checksums["optimizer"] = _digest(optimizer["tensors"])
-    full_meta = {**meta, "checksums": checksums}
-    # checkpoint_io writes the files into tmp/mp_rank_00 (itself through a temporary name) and fsyncs them.
-    checkpoint_io.save_checkpoint(tmp / RANK_DIR, model, optimizer, full_meta)
-    _usual_permissions(tmp)
-    fsync_dir(tmp)
-    _kill_if_requested(iteration)
-    # Saving the same iteration again (a rerun) swaps the new copy in: the old goes only after the new is in.
-    replace_directory(tmp, final)
-    atomic_write(root / TRACKER_FILE, f"{iteration}\n")
-    return final
-
-
 # ------------------------------------------------------------------------------------- loading
-
-@dataclass
-class LoadedCheckpoint:
-    path: Path
-    iteration: int
-    model: dict[str, np.ndarray]
-    optimizer: dict[str, Any] | None
-    meta: dict[str, Any]
-
 
 def _shape_problems(saved: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]],
                     optional: Mapping[str, tuple[int, ...]] | None = None) -> list[str]:
@@ -218,56 +104,6 @@ def _shape_problems(saved: Mapping[str, np.ndarray], expected: Mapping[str, tupl
             more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
             problems.append(f"{label}: {', '.join(keys[:3])}{more}")
     return problems
-
-
-def _check_readable(file: Path) -> None:
-    """Open one safetensors file's header, so that a damaged file is named in the error."""
-    from safetensors import safe_open
-
-    if not file.exists():
-        return
-    try:
-        with safe_open(str(file), framework="np") as f:
-            f.keys()
-    except Exception as err:  # safetensors raises SafetensorError (not importable by a stable name)
-        raise CheckpointError(f"{file} is corrupt or truncated ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else 'no detail'}); resume from an earlier "
-                              "iteration with --ckpt-step N") from None
-
-
-def read_checkpoint(root: str | os.PathLike, iteration: int | str) -> LoadedCheckpoint:
-    """Read and verify one checkpoint (checksums, format); nothing is applied to a model here."""
-    path = checkpoint_dir(root, iteration)
-    if (path / MEGATRON_TORCH_FILE).is_file() and not (path / checkpoint_io.MODEL_FILE).is_file():
-        raise CheckpointError(f"{path / MEGATRON_TORCH_FILE} is a Megatron torch (pickle) checkpoint; mmrun loads "
-                              "only its own safetensors checkpoints and never unpickles. Start from scratch "
-                              "or convert the weights to safetensors")
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory {path} does not exist (iteration {iteration}). Received: "
-                              f"--load {root}; pick an existing iteration with --ckpt-step or fix {TRACKER_FILE}")
-    for name in (checkpoint_io.MODEL_FILE, checkpoint_io.OPTIMIZER_FILE):
-        _check_readable(path / name)
-    try:
-        ckpt = checkpoint_io.load_checkpoint(path)
-    except FileNotFoundError as err:
-        raise CheckpointError(f"incomplete checkpoint in {path}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path / checkpoint_io.META_FILE} is corrupt (not valid JSON: {err}); "
-                              "resume from an earlier iteration with --ckpt-step N") from None
-    except Exception as err:  # safetensors raises its own SafetensorError for truncated or garbled files
-        raise CheckpointError(f"a checkpoint file in {path} is corrupt or truncated ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else 'no detail'}); resume from an earlier "
-                              "iteration with --ckpt-step N") from None
-    checksums = ckpt.meta.get("checksums", {})
-    parts = {"model": ckpt.model, "optimizer": None if ckpt.optimizer is None else ckpt.optimizer["tensors"]}
-    for part, arrays in parts.items():
-        if arrays is not None and part in checksums and _digest(arrays) != checksums[part]:
-            filename = checkpoint_io.MODEL_FILE if part == "model" else checkpoint_io.OPTIMIZER_FILE
-            raise CheckpointError(f"{path / filename} is corrupt: its tensors do not match the checksum recorded "
-                                  "when it was saved; resume from an earlier iteration with --ckpt-step N")
-    saved_iteration = ckpt.meta.get("iteration", 0)
-    return LoadedCheckpoint(path=path, iteration=int(saved_iteration), model=ckpt.model,
-                            optimizer=ckpt.optimizer, meta=ckpt.meta)
 
 
 def check_model_fits(ckpt: LoadedCheckpoint, expected_shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -372,7 +208,7 @@ def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, model:
             "args": args_to_json(args),
             "saved_at": timestamp(),
         }
-        written = write_checkpoint(args.save, progress.iteration, model_arrays, opt, meta)
+        written = write_checkpoint(args.save, progress.iteration, model_arrays, opt, meta, log=log)
         log(f"  successfully saved checkpoint from iteration {progress.iteration:7d} to {args.save} "
             f"[ t 1/1, p 1/1 ] ({time.time() - start:.2f} s)")
     dist.barrier()
@@ -397,8 +233,15 @@ def load_checkpoint(args: argparse.Namespace, model: Any, optimizer: Any, schedu
     from mmrun.backend import tensors
 
     root = Path(args.load)
-    iteration: int | str | None = args.ckpt_step if args.ckpt_step is not None else read_tracker(root)
-    if iteration is None:
+    dist = backend.distributed
+    if dist.get_rank() == 0 and root.is_dir():
+        try:
+            recover_interrupted_saves(root, log)
+        except OSError:
+            pass  # a read-only --load: read what is there; a missing iteration is named by find_checkpoint
+    dist.barrier()
+    ckpt = find_checkpoint(root, args.ckpt_step, log)
+    if ckpt is None:
         message = (f"could not find the metadata file {root / TRACKER_FILE}; will not load any checkpoint "
                    "and will start from random")
         if args.exit_on_missing_checkpoint:
@@ -406,7 +249,6 @@ def load_checkpoint(args: argparse.Namespace, model: Any, optimizer: Any, schedu
                                   f"({TRACKER_FILE} is missing). Received: --load {args.load}")
         log(f"WARNING: {message}")
         return TrainingProgress()
-    ckpt = read_checkpoint(root, iteration)
     check_model_fits(ckpt, _expected_model_shapes(model))
     load_optim = not (args.finetune or args.no_load_optim)
     if load_optim:

@@ -238,12 +238,12 @@ def evaluate(forward_step_func: Callable, data_iterator: Iterator, model: Any, e
 
 # ------------------------------------------------------------------------------------ the loop
 
-def _usage_exit(message: str, rank: int) -> None:
+def _usage_exit(message: str, rank: int, code: int = 2) -> None:
     from mmrun.backend import rank_env
 
     if rank == 0 and rank_env.read_rank_info().rank == 0:  # every rank finds the same error: say it once
         print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, dp_rank: int) -> Any:
@@ -294,7 +294,7 @@ def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Calla
         return _pretrain(args, train_valid_test_datasets_provider, model_provider, forward_step_func)
     except (ArgumentsError, checkpointing.CheckpointError, DatasetConfigError, IndexedDatasetError,
             TokenizerError) as err:
-        _usage_exit(str(err), rank)
+        _usage_exit(str(err), rank, getattr(err, "exit_code", 2))  # a failed checkpoint save is a runtime error (1)
     except TrainingError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -354,6 +354,7 @@ class _Job:
 
 def _pretrain(args: argparse.Namespace, datasets_provider: Callable, model_provider: Callable,
               forward_step_func: Callable) -> TrainingResult:
+    checkpointing.check_save_dir(args.save)  # an unwritable --save stops now, not at the first save
     job = initialize(args)
     setup_model_and_optimizer(job, model_provider)
     iterators = build_train_valid_test_data_iterators(job, datasets_provider)

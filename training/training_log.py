@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
+
+from mmrun.backend.errors import UsageError
 
 ITERATION_RE = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|")
 LOSS_RE = re.compile(r"\| lm loss: ([0-9.Ee+-]+) \|")
@@ -87,15 +91,45 @@ def validation_block(prefix: str, losses: dict[str, float]) -> str:
 
 
 class MetricsFile:
-    """--metrics-file: one JSON object per line, full float precision (rank 0 only)."""
+    """--metrics-file: one JSON object per line, full float precision (rank 0 only).
+
+    A path that cannot be opened is a UsageError (one line, exit 2) before the first iteration. A write
+    that fails later (a full disk) cuts the file back to its last complete line and stops the metrics
+    with a warning: training, and its checkpoints, go on."""
 
     def __init__(self, path: str | None, enabled: bool) -> None:
-        self._fh: IO[str] | None = open(path, "a", encoding="utf-8") if (path and enabled) else None
+        self.path = path
+        self._fh = None
+        if not (path and enabled):
+            return
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise UsageError(f"--metrics-file {path}: the directory {folder} does not exist. Received: "
+                             f"--metrics-file {path}; create the directory or pass a file in an existing one")
+        try:
+            self._fh = open(path, "ab", buffering=0)  # unbuffered: a failed write leaves nothing to flush later
+        except OSError as err:
+            raise UsageError(f"--metrics-file {path} cannot be opened for appending ({err.strerror}); pass a "
+                             "writable file") from None
+        self._complete = os.fstat(self._fh.fileno()).st_size
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._fh is not None:
-            self._fh.write(json.dumps(record) + "\n")
-            self._fh.flush()
+        if self._fh is None:
+            return
+        data = memoryview((json.dumps(record) + "\n").encode())
+        try:
+            while data:
+                data = data[self._fh.write(data):]
+        except OSError as err:
+            try:
+                os.ftruncate(self._fh.fileno(), self._complete)
+            except OSError:
+                pass
+            self.close()
+            print(f"WARNING: --metrics-file {self.path}: {err.strerror or err}; it ends at its last complete line "
+                  "and gets no more metrics in this run; training goes on", file=sys.stderr, flush=True)
+            return
+        self._complete = os.fstat(self._fh.fileno()).st_size
 
     def close(self) -> None:
         if self._fh is not None:

@@ -1,16 +1,12 @@
-"""Megatron's checkpoint layout, atomic saves (a real SIGKILL mid-save), and clear errors on bad checkpoints.
+"""Megatron's checkpoint layout, verified reads and clear errors on bad checkpoints.
 
-These drive training/checkpointing.py's file layer with numpy state: no framework is imported. The
-end-to-end resume tests (tests/training/test_pretrain_e2e.py) load the same files into real models.
+These drive the checkpoint file layer with numpy state: no framework is imported. The save sequence
+under SIGKILL is tests/training/test_checkpoint_faults.py; the end-to-end resume tests
+(tests/training/test_pretrain_e2e.py) load the same files into real models.
 """
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -61,32 +57,12 @@ def test_saving_the_same_iteration_again_replaces_it_whole(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-KILL_SCRIPT = textwrap.dedent("""
-    import sys
-    import numpy as np
-    from mmrun.training import checkpointing as ck
-    root = sys.argv[1]
-    model = {"w": np.ones((256, 256), np.float32)}
-    ck.write_checkpoint(root, 10, model, None, {"iteration": 10})
-    print("not reached")
-""")
-
-
-def test_sigkill_in_the_middle_of_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
-    _save(tmp_path, 5)
-    env = {**os.environ, ck.KILL_DURING_SAVE_VAR: "10"}
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert "not reached" not in proc.stdout
-    # The killed save left only a temporary directory; the tracker still names iteration 5.
-    assert ck.read_tracker(tmp_path) == 5
-    assert not (tmp_path / "iter_0000010").exists()
-    assert [p.name for p in tmp_path.glob(".iter_0000010.tmp-*")]
-    assert ck.read_checkpoint(tmp_path, 5).iteration == 5
-    # The next save cleans the leftovers up.
-    _save(tmp_path, 15)
-    assert not list(tmp_path.glob(".iter_*")) and ck.read_tracker(tmp_path) == 15
+def test_rank_directories_are_named_as_megatron_names_them():
+    assert ck.RANK_DIR == ck.rank_dir_name() == "mp_rank_00"
+    assert ck.rank_dir_name(tp_rank=3, pp_rank=0, pp_size=1) == "mp_rank_03"
+    assert ck.rank_dir_name(tp_rank=1, pp_rank=2, pp_size=4) == "mp_rank_01_002"
+    assert ck.rank_dir_name(0, 1, 2, expert_rank=5) == "mp_rank_00_001_005"
+    assert ck.iteration_dir("/c", 12345678).name == "iter_12345678"
 
 
 def test_truncated_file_is_named_as_corrupt(tmp_path):
@@ -144,3 +120,88 @@ def test_host_rng_state_round_trips_through_json():
     expected = (random.random(), np.random.rand())
     ck.set_host_rng_state(state)
     assert (random.random(), np.random.rand()) == expected
+
+
+# ------------------------------------------------------------- what --load resumes from (issue 14)
+
+def _find(root: Path, ckpt_step: int | None = None) -> tuple[ck.LoadedCheckpoint | None, list[str]]:
+    lines: list[str] = []
+    return ck.find_checkpoint(root, ckpt_step, log=lines.append), lines
+
+
+def test_without_a_tracker_the_newest_verified_checkpoint_is_resumed_and_said_so(tmp_path):
+    for iteration in (5, 10, 15):
+        _save(tmp_path, iteration)
+    (tmp_path / "latest_checkpointed_iteration.txt").unlink()
+    model = tmp_path / "iter_0000015" / "mp_rank_00" / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 0xFF  # the newest fails its checksum
+    model.write_bytes(bytes(data))
+    ckpt, lines = _find(tmp_path)
+    assert ckpt.iteration == 10
+    (line,) = lines
+    assert line.startswith("WARNING: ") and "latest_checkpointed_iteration.txt is missing" in line
+    assert "resuming from the newest complete checkpoint, iter_0000010 (checksums verified)" in line
+    assert "skipped iter_0000015 (incomplete or corrupt)" in line
+    # --ckpt-step still picks exactly what it names, and nothing was changed on disk
+    assert _find(tmp_path, 5)[0].iteration == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000005", "iter_0000010", "iter_0000015"]
+
+
+def test_without_a_tracker_and_no_complete_checkpoint_it_stops(tmp_path):
+    (tmp_path / "iter_0000010" / "mp_rank_00").mkdir(parents=True)  # an interrupted copy by hand
+    with pytest.raises(ck.CheckpointError) as err:
+        _find(tmp_path)
+    message = str(err.value)
+    assert "has no latest_checkpointed_iteration.txt and none of its checkpoints is complete" in message
+    assert "iter_0000010" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("root", ["missing", "empty"])
+def test_a_missing_or_empty_directory_starts_fresh(tmp_path, root):
+    (tmp_path / "empty").mkdir()
+    assert _find(tmp_path / root) == (None, [])
+
+
+@pytest.mark.parametrize("tracker, reason", [
+    ("directory", "is a directory, not the tracker file"),
+    (b"\xff\xfe1\x000\x00", "is not text (not UTF-8). Received: b'\\xff\\xfe1"),
+    (b"", "must hold an iteration number or 'release'. Received: ''"),
+    (b"-3\n", "holds a negative iteration"),
+    (b"9" * 5000, "must hold an iteration number"),
+])
+def test_a_broken_tracker_stops_with_one_line_and_the_way_out(tmp_path, tracker, reason):
+    _save(tmp_path, 5)
+    _save(tmp_path, 10)
+    path = tmp_path / "latest_checkpointed_iteration.txt"
+    path.unlink()
+    if tracker == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(tracker)
+    with pytest.raises(ck.CheckpointError) as err:
+        _find(tmp_path)
+    message = str(err.value)
+    assert reason in message and "\n" not in message and len(message) < 500
+    assert "nothing was loaded" in message and "pass --ckpt-step 10" in message
+    assert "the checkpoints here: iter_0000010, iter_0000005" in message
+
+
+def test_a_tracker_naming_a_missing_iteration_lists_the_ones_there(tmp_path):
+    _save(tmp_path, 5)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("7\n")
+    with pytest.raises(ck.CheckpointError, match=r"iter_0000007/mp_rank_00 does not exist \(iteration 7\).*"
+                                                 r"the checkpoints here: iter_0000005"):
+        _find(tmp_path)
+
+
+def test_check_save_dir_refuses_what_could_never_take_a_checkpoint(tmp_path):
+    ck.check_save_dir(None)
+    ck.check_save_dir(tmp_path / "new" / "deeper")  # created at the first save
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ck.CheckpointError, match=r"file is not a directory.*pass a directory"):
+        ck.check_save_dir(tmp_path / "file" / "ckpt")
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").mkdir(parents=True)
+    with pytest.raises(ck.CheckpointError, match=r"is a directory, not the tracker file, so no save could be "
+                                                 r"recorded; remove it"):
+        ck.check_save_dir(tmp_path / "ckpt")
