@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 import shutil
 import stat
@@ -200,15 +201,22 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
 
 
+@functools.lru_cache(maxsize=1)
+def _renameat2() -> Any:
+    """libc's renameat2, or None (not Linux, or a libc older than glibc 2.28)."""
+    try:
+        renameat2 = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).renameat2
+    except (OSError, AttributeError, TypeError):
+        return None
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return renameat2
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two directory entries in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError, TypeError):
+    renameat2 = _renameat2()
+    if renameat2 is None:
         return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     code = ctypes.get_errno()
