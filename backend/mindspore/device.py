@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import mindspore
 
@@ -105,3 +105,8 @@ def detect() -> DeviceInfo:
 def default_device() -> str:
     """Where new tensors go, as MindSpore names it ("Ascend" | "GPU" | "CPU"; the device is process-wide there)."""
     return MINDSPORE_TARGETS[detect().kind]
+
+
+def to_device(obj: Any) -> Any:
+    """The object itself: MindSpore places every tensor and Cell on its one process-wide device."""
+    return obj
