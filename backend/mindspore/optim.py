@@ -108,7 +108,7 @@ class AdamW(ms.nn.Cell):
     def zero_grad(self) -> None:
         """Nothing to clear: MindSpore gradients are values returned by value_and_grad, not stored state."""
 
-    def next_scalars(self) -> tuple[Tensor, Tensor, Tensor]:
+    def _next_scalars(self) -> tuple[Tensor, Tensor, Tensor]:
         """Advance the step count and return the per-step scalars the update (`self(grads, scalars)`) takes,
         computed in float64 on the host as torch does."""
         self.step_count += 1
@@ -139,7 +139,7 @@ class AdamW(ms.nn.Cell):
     def step(self, grads: Sequence[Tensor]) -> None:
         """One AdamW update with `grads` aligned with `params` (fp16/bf16 gradients are used in fp32)."""
         grads = [g if g.dtype == ms.float32 else F.cast(g, ms.float32) for g in grads]
-        self(ms.mutable(tuple(grads)), self.next_scalars())
+        self(ms.mutable(tuple(grads)), self._next_scalars())
 
     def reload_model_params(self) -> None:
         """Refresh the fp32 copies from the model's (just loaded) fp16/bf16 parameters."""

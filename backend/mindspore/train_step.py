@@ -119,7 +119,7 @@ class TrainStep(ms.nn.Cell):
         lr = set_step_lr(self.lr_scheduler, self.optimizer)
         num_micro = len(micro_batches)
         if self.grad_scaler is None and self.jit and num_micro == 1 and self.world_size == 1:
-            loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer.next_scalars())
+            loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer._next_scalars())
             return self._finish(loss, float(norm), lr)
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
         # Each micro-batch loss is divided by their number, then scaled (Megatron's order, and torch's here).
@@ -133,14 +133,14 @@ class TrainStep(ms.nn.Cell):
             *grads, loss = _all_reduce_mean(list(grads) + [loss])
         factor = Tensor(1.0 / scale, ms.float32)
         if self.grad_scaler is None:
-            norm = self._compiled["update"](ms.mutable(tuple(grads)), factor, self.optimizer.next_scalars())
+            norm = self._compiled["update"](ms.mutable(tuple(grads)), factor, self.optimizer._next_scalars())
             return self._finish(loss, float(norm), lr)
         grads, norm = self._compiled["unscale"](ms.mutable(tuple(grads)), factor)
         norm_value = float(norm)
         skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
         self.grad_scaler.update(skipped)
         if not skipped:
-            self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer.next_scalars())
+            self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer._next_scalars())
         return self._finish(loss, norm_value, lr, skipped, scale)
 
     def _finish(self, loss: Tensor, norm: float, lr: float, skipped: bool = False,
