@@ -53,6 +53,7 @@ class TrainingResult:
     test_loss: float | None = None
     step_times: list[float] = field(default_factory=list)  # seconds per iteration
     peak_rss_mb: float = 0.0  # this process's peak resident memory
+    peak_device_memory_mb: float | None = None  # peak tensor memory on the GPU/NPU; None on CPU
 
 
 # ----------------------------------------------------------------------------------- evaluation
@@ -421,6 +422,9 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
     job.log(f"[after training is done] datetime: {stamp()}")
     result.peak_rss_mb = _peak_rss_mb()
     job.log(f"[Rank {job.rank}] peak host memory (RSS): {result.peak_rss_mb:.1f} MB")
+    result.peak_device_memory_mb = backend.device.peak_memory_mb()
+    if result.peak_device_memory_mb is not None:
+        job.log(f"[Rank {job.rank}] peak device memory: {result.peak_device_memory_mb:.1f} MB")
     if not exited_early:
         it = progress.iteration
         if args.save and it != 0:
@@ -430,4 +434,5 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
         if test_loader is not None and args.eval_iters > 0:
             _evaluate_and_print(job, forward_step_func, f"iteration {it} on test set", iter(test_loader), "test")
     job.metrics.write({"kind": "summary", "framework": job.framework, "iteration": progress.iteration,
-                       "peak_rss_mb": result.peak_rss_mb, "world_size": args.world_size})
+                       "peak_rss_mb": result.peak_rss_mb, "peak_device_memory_mb": result.peak_device_memory_mb,
+                       "device": _where(job.model), "world_size": args.world_size})

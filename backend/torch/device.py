@@ -119,3 +119,14 @@ def to_device(obj: Any) -> Any:
     if isinstance(obj, torch.nn.Module):
         return obj.to(where)
     return obj if obj.device == where else obj.to(where, non_blocking=True)
+
+
+def peak_memory_mb() -> float | None:
+    """Peak memory allocated by tensors on this process's accelerator (MB, torch's max_memory_allocated);
+    None on CPU, where the process's peak resident set size says it instead."""
+    kind = detect().kind
+    if kind == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    if kind == "npu":
+        return torch.npu.max_memory_allocated() / 2**20
+    return None

@@ -143,6 +143,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
         fused = kernels.fused_attention(q, k, v, causal, dropout_p, scale)
         if fused is not None:
             return fused
+    return _explicit_attention(q, k, v, causal, dropout_p, scale, dropout_impl)
+
+
+def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, scale: float,
+                        dropout_impl: str) -> Tensor:
+    """The composite path (and the reference the fused kernels are tested against)."""
     att = matmul(q, transpose(k, -2, -1)) * scale
     if causal:
         att = masked_fill(att, causal_mask(q.shape[-2], like=q), float("-inf"))
