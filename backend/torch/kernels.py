@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ _kernel_failed = False  # set once when the Triton kernel cannot be built here; 
 
 def _npu_fusion_attention() -> Any:
     """torch_npu.npu_fusion_attention when torch_npu is imported and has it (Atlas A2 and later)."""
-    module = __import__("sys").modules.get("torch_npu")
+    module = sys.modules.get("torch_npu")  # imported by device detection when an NPU is usable
     return getattr(module, "npu_fusion_attention", None)
 
 
