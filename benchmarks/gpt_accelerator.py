@@ -243,7 +243,9 @@ def _run_mmrun(s: dict, precision: str, iters: int, warmup: int, device: str, ex
         metrics = Path(tmp) / "metrics.jsonl"
         args = ["--num-layers", s["layers"], "--hidden-size", s["hidden"], "--num-attention-heads", s["heads"],
                 "--seq-length", s["seq"], "--max-position-embeddings", s["seq"], "--micro-batch-size", s["batch"],
-                "--global-batch-size", s["batch"], "--vocab-size", s["vocab"], "--make-vocab-size-divisible-by", 128,
+                "--global-batch-size", s["batch"], "--make-vocab-size-divisible-by", 128,
+                # NullTokenizer adds the end-of-document token: vocab - 1 pads to exactly vocab (50304, 8192)
+                "--vocab-size", s["vocab"] - 1,
                 "--lr", "1e-4", "--train-iters", warmup + iters, "--hidden-dropout", DROPOUT,
                 "--attention-dropout", DROPOUT, "--weight-decay", "0.01", "--clip-grad", "1.0", "--mock-data",
                 "--eval-iters", "0", "--log-interval", warmup + iters, "--metrics-file", metrics, *extra]
