@@ -39,7 +39,7 @@ import importlib.util as u; print('triton', u.find_spec('triton') is not None, '
 
 cd "$CHECKOUT" || exit 1
 # pytest runs the checkout's tests against the installed copy (conftest paths point at the checkout's entry).
-PYTEST=("$PY" -m pytest -q -rs -s -p no:cacheprovider --import-mode=importlib)
+PYTEST=("$PY" -m pytest -q -rs -s)  # pyproject.toml adds --import-mode=importlib -p no:cacheprovider
 step placement_test "${PYTEST[@]}" tests/training/test_placement.py
 step cuda_devices_test "${PYTEST[@]}" tests/training/test_cuda_devices.py --junitxml="$OUT/cuda_devices.xml"
 step torch_kernels_test "${PYTEST[@]}" tests/backend_api/test_dropout_impl.py \
