@@ -38,7 +38,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi not found" > "$OUT/n
 step install "$PY" -m pip install --no-index --no-deps --no-build-isolation --upgrade --target "$MM_TARGET" "$CHECKOUT"
 export PYTHONPATH="$MM_TARGET${MCORE_SITE:+:$MCORE_SITE}${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$MM_TARGET/bin:$PATH"
-step environment "$PY" -c "import torch, mmrun.backend as b; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"); print(b.current());
+step environment "$PY" -c "import torch, mmrun.backend as b; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device'); print(b.current());
 import importlib.util as u; print('triton', u.find_spec('triton') is not None, 'megatron-core', u.find_spec('megatron') is not None)"
 
 cd "$CHECKOUT" || exit 1
