@@ -17,12 +17,20 @@ How a mask is drawn, all arithmetic modulo 2**32:
 
 H is `hash32`. An odd multiplier makes i -> i * multiplier + offset a bijection, so within a call no
 two elements hash the same word; hence at most 2**32 elements per call.
+
+Which dropout a run uses (`--dropout-impl`, `DROPOUT_IMPLS`): "hash" draws every mask from this hash
+(attention dropout then runs in the explicit attention, since no fused attention kernel takes an
+external mask), "native" uses the framework's own dropout and fused attention with its own RNG, and
+"auto" picks per device (`AUTO_DROPOUT_IMPL`): the hash where it costs nothing, native elsewhere.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
+
+from mmrun.backend.errors import UsageError
+from mmrun.backend.vocabulary import device_kind
 
 MASK32 = 0xFFFFFFFF
 MAX_ELEMENTS = 1 << 32
@@ -32,6 +40,28 @@ MAX_ELEMENTS = 1 << 32
 XORSHIFTS = (16, 15, 15)
 MULTIPLIERS = (0x21F0AAAD, 0x735A2D97)
 SALTS = (0x9E3779B9, 0x85EBCA6B)
+
+
+DROPOUT_IMPLS = ("auto", "hash", "native")
+# device kind -> what "auto" means there, on both frameworks. CPU: the hash runs as fast as the framework's
+# dropout (chunked on torch, measured) and attention kernels are no faster than the explicit path, so the
+# cross-framework masks come free. Accelerators: fused attention draws its dropout from the framework's RNG,
+# and a hash mask would force the explicit attention (2.3x slower in bf16 and twice the memory on an H100);
+# the hash stays an explicit choice there (cheap on CUDA with Triton, see backend/torch/kernels.py).
+AUTO_DROPOUT_IMPL = {"cpu": "hash", "cuda": "native", "npu": "native"}
+
+
+def resolve_impl(impl: str, device: str) -> str:
+    """"hash" or "native" for a `--dropout-impl` value on a device (any spelling: cuda, GPU, Ascend, npu:0)."""
+    if impl not in DROPOUT_IMPLS:
+        raise UsageError(f"dropout implementation must be one of {', '.join(DROPOUT_IMPLS)}. Received: {impl!r}")
+    return AUTO_DROPOUT_IMPL[device_kind(device)] if impl == "auto" else impl
+
+
+def native_impls(device: str) -> tuple[str, ...]:
+    """The `--dropout-impl` values that mean the framework's own dropout on this device: a constant that
+    code compiled by mindspore.jit can test with `in` (it cannot call resolve_impl)."""
+    return tuple(impl for impl in DROPOUT_IMPLS if resolve_impl(impl, device) == "native")
 
 
 def check_probability(p: float) -> float:

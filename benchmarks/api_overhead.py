@@ -55,8 +55,8 @@ RATIOS = [  # (label, numerator, denominator)
 
 
 def gpt_config(args: argparse.Namespace, framework: str = "pytorch") -> Any:
-    from mmrun.models import portable
-    gpt = portable.load("mmrun.models.gpt", framework)
+    from mmrun.backend import side_by_side
+    gpt = side_by_side.load_module("mmrun.models.gpt", framework)
     return gpt.GPTConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
                          vocab_size=args.vocab, max_position_embeddings=args.seq, seq_length=args.seq,
                          hidden_dropout=0.0, attention_dropout=0.0)
@@ -66,9 +66,9 @@ def initial_state(args: argparse.Namespace) -> dict[str, np.ndarray]:
     """The same initial weights for every variant (a torch-built GPT from seed 0, as numpy)."""
     import torch
     from mmrun.backend.torch import tensors
-    from mmrun.models import portable
+    from mmrun.backend import side_by_side
     torch.manual_seed(0)
-    gpt = portable.load("mmrun.models.gpt", "pytorch")
+    gpt = side_by_side.load_module("mmrun.models.gpt", "pytorch")
     return tensors.state_dict_to_numpy(gpt.GPT(gpt_config(args)).state_dict())
 
 
@@ -82,13 +82,13 @@ def batches(args: argparse.Namespace, count: int = 4) -> list[tuple[np.ndarray, 
 def api_step(framework: str, args: argparse.Namespace, state: dict[str, np.ndarray], jit: bool | None,
              fused: bool = True) -> Callable[[tuple], Any]:
     from mmrun.backend.lr_schedule import LRSchedule
-    from mmrun.models import portable
+    from mmrun.backend import side_by_side
     sys.path.insert(0, str(HERE))
     from plain_models import OPTIMIZER
-    package = portable.backend_package(framework)
+    package = side_by_side.backend_package(framework)
     for sub in ("tensors", "optim", "train_step"):
         __import__(f"{package.__name__}.{sub}")
-    gpt = portable.load("mmrun.models.gpt", framework)
+    gpt = side_by_side.load_module("mmrun.models.gpt", framework)
     model = gpt.GPT(gpt_config(args, framework))
     model.load_state_dict(package.tensors.state_dict_from_numpy(state))
     extra = {"fused": fused} if framework == "mindspore" else {}

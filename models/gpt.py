@@ -2,6 +2,8 @@
 
 nanoGPT's layout with Megatron's defaults: learned position embeddings, pre-LayerNorm blocks of causal
 self-attention and a GELU MLP, a final LayerNorm, and an output layer tied to the word embeddings.
+Attention is `ops.scaled_dot_product_attention` (a fused kernel where the device has one); dropout is
+`dropout_impl`'s ("auto", "hash" for the same masks on both frameworks, "native"; backend/dropout_hash.py).
 Init as Megatron: N(0, init_method_std) for weights, N(0, std / sqrt(2 * num_layers)) for the two
 output projections of each block, zero biases. Parameter names (torch style, identical on both
 frameworks): wte.weight, wpe.weight, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}.{weight,bias},
@@ -29,6 +31,7 @@ class GPTConfig:
     layernorm_epsilon: float = 1e-5
     init_method_std: float = 0.02
     untie_embeddings_and_output_weights: bool = False
+    dropout_impl: str = "auto"
 
     def __post_init__(self) -> None:
         if self.ffn_hidden_size is None:
@@ -36,6 +39,8 @@ class GPTConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
                              f"num_attention_heads {self.num_attention_heads}; change one of them")
+        if self.dropout_impl not in ("auto", "hash", "native"):
+            raise ValueError(f"dropout_impl must be auto, hash or native. Received: {self.dropout_impl!r}")
         if self.seq_length > self.max_position_embeddings:
             raise ValueError(f"seq_length {self.seq_length} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}; raise max_position_embeddings")
@@ -49,8 +54,9 @@ class CausalSelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.c_attn = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.c_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.attn_dropout = nn.Dropout(config.attention_dropout)
-        self.resid_dropout = nn.Dropout(config.hidden_dropout)
+        self.attention_dropout = config.attention_dropout
+        self.dropout_impl = config.dropout_impl
+        self.resid_dropout = nn.Dropout(config.hidden_dropout, config.dropout_impl)
 
     def forward(self, x):
         B, T, C = x.shape
@@ -59,10 +65,9 @@ class CausalSelfAttention(nn.Module):
         q = ops.transpose(ops.reshape(q, (B, T, self.n_head, self.head_dim)), 1, 2)
         k = ops.transpose(ops.reshape(k, (B, T, self.n_head, self.head_dim)), 1, 2)
         v = ops.transpose(ops.reshape(v, (B, T, self.n_head, self.head_dim)), 1, 2)
-        att = ops.matmul(q, ops.transpose(k, -2, -1)) * self.scale
-        att = ops.masked_fill(att, ops.causal_mask(T, like=x), float("-inf"))
-        att = self.attn_dropout(ops.softmax(att, dim=-1))
-        y = ops.matmul(att, v)
+        y = ops.scaled_dot_product_attention(q, k, v, causal=True, scale=self.scale,
+                                             dropout_p=self.attention_dropout if self.training else 0.0,
+                                             dropout_impl=self.dropout_impl)
         y = ops.reshape(ops.transpose(y, 1, 2), (B, T, C))
         return self.resid_dropout(self.c_proj(y))
 
@@ -73,7 +78,7 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.hidden_size, config.ffn_hidden_size)
         self.gelu = nn.GELU()
         self.c_proj = nn.Linear(config.ffn_hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = nn.Dropout(config.hidden_dropout, config.dropout_impl)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
@@ -98,7 +103,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.drop = nn.Dropout(config.hidden_dropout)
+        self.drop = nn.Dropout(config.hidden_dropout, config.dropout_impl)
         self.h = nn.ModuleList([Block(config) for _ in range(config.num_layers)])
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon)
         # Tied by default (Megatron): the output layer reuses wte.weight, so there is no lm_head parameter.

@@ -72,6 +72,7 @@ def model_provider(pre_process=True, post_process=True):
         layernorm_epsilon=args.norm_epsilon,
         init_method_std=args.init_method_std,
         untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
+        dropout_impl=args.dropout_impl,
     )
     model = GPT(config)
     init_weights(model, args.seed, args.init_method_std, args.num_layers)
@@ -82,7 +83,8 @@ def get_batch(data_iterator):
     """Generate a batch: tokens, labels, loss_mask, attention_mask, position_ids.
 
     The loader yields numpy arrays [micro_batch, seq_length]; here they become tensors of the chosen
-    framework. attention_mask is None: the model applies the causal mask itself.
+    framework on this process's device (from pinned memory, without waiting for the copy, on a GPU/NPU).
+    attention_mask is None: the model applies the causal mask itself.
     """
     data = next(data_iterator)
     tokens = tensors.from_numpy(data["tokens"])

@@ -31,23 +31,24 @@ SCHEDULE = dict(lr=1e-3, min_lr=1e-4, lr_warmup_fraction=0.25, lr_decay_style="c
 CLIP_GRAD = 1.0
 THRESHOLDS = {"forward_loss": 1e-5, "max_grad": 1e-6, "step_loss": 1e-4}
 DROPOUT = 0.1
-GPT_DROPOUT_CONFIG = {**GPT_CONFIG, "hidden_dropout": DROPOUT, "attention_dropout": DROPOUT}
+# The hash dropout, chosen explicitly: "auto" is the framework's own dropout on accelerators.
+GPT_DROPOUT_CONFIG = {**GPT_CONFIG, "hidden_dropout": DROPOUT, "attention_dropout": DROPOUT, "dropout_impl": "hash"}
 SEED = 1234  # seeds each framework's dropout generator before every measurement: same seed, same masks
 
 
 
 def backend(framework: str) -> Any:
     """The backend package with the submodules used here imported."""
-    from mmrun.models import portable
-    package = portable.backend_package(framework)
+    from mmrun.backend import side_by_side
+    package = side_by_side.backend_package(framework)
     for sub in ("tensors", "optim", "autograd", "train_step", "seeding"):
         __import__(f"{package.__name__}.{sub}")
     return package
 
 
 def gpt_module(framework: str) -> Any:
-    from mmrun.models import portable
-    return portable.load("mmrun.models.gpt", framework)
+    from mmrun.backend import side_by_side
+    return side_by_side.load_module("mmrun.models.gpt", framework)
 
 
 def initial_state(seed: int = 0, config: dict | None = None) -> dict[str, np.ndarray]:
@@ -242,13 +243,13 @@ def _numpy_optimizer_state(be: Any, optimizer: Any) -> dict[str, Any]:
 
 def vit_patch_embedding() -> dict[str, float]:
     """Forward and gradient parity of the Conv2d-based ViT patch embedding."""
-    from mmrun.models import portable
+    from mmrun.backend import side_by_side
     rng = np.random.default_rng(3)
     images = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
     weights = rng.standard_normal((2, 64, 64)).astype(np.float32)
     state, outs, grads = None, {}, {}
     for fw in FRAMEWORKS:
-        be, vit = backend(fw), portable.load("mmrun.models.vit", fw)
+        be, vit = backend(fw), side_by_side.load_module("mmrun.models.vit", fw)
         model = vit.PatchEmbedding(image_size=32, patch_size=4, in_channels=3, hidden_size=64)
         if state is None:
             state = be.tensors.state_dict_to_numpy(model.state_dict())
@@ -406,7 +407,7 @@ def render(report: dict[str, Any]) -> str:
         f"## Dropout {DROPOUT}",
         "",
         f"The same model, weights and batches with hidden and attention dropout {DROPOUT}, both frameworks",
-        f"seeded with `seed_everything({SEED})`: torch's `ops.dropout` draws MindSpore's masks (a counter-based",
+        f"seeded with `seed_everything({SEED})` and `dropout_impl=\"hash\"` (`--dropout-impl hash`): torch's `ops.dropout` draws MindSpore's masks (a counter-based",
         "hash of seed, call number and element index, `backend/dropout_hash.py`), so the same elements are",
         "dropped on both and the limits are those of dropout 0. Loss of the same batch on torch without",
         f"dropout: {drop['loss_no_dropout']:.7f} (the masks do change it).",

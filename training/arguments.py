@@ -4,7 +4,7 @@ A Megatron launch script's GPT_ARGS / DATA_ARGS / OUTPUT_ARGS parse unchanged. F
 
 - implemented here (model size, batch sizes, learning-rate schedule, data, checkpoints, logging);
 - feature flags whose support depends on framework and device (`--bf16`, `--tensor-model-parallel-size`,
-  `--ckpt-format`, ...): declared from backend/features.yaml and judged by the feature gate;
+  `--ckpt-format`, ...): declared from the feature table (features/) and judged by the feature gate;
 - Megatron flags mmrun ignores (a warning) or refuses (a usage error): megatron_flags.yaml;
 - anything else: an "unrecognized argument" usage error that suggests the closest known flag.
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from mmrun.backend import rank_env
+from mmrun.backend.dropout_hash import DROPOUT_IMPLS
 from mmrun.features import add_gate_arguments, trainer_table as load_table  # the trainer layer's flags
 from mmrun.backend.errors import UsageError
 from mmrun.backend.vocabulary import FRAMEWORKS, framework_name
@@ -43,7 +44,13 @@ examples:
   # a tiny GPT on synthetic tokens, one process (CPU-sized defaults for the model)
   python models/pretrain_gpt.py --mock-data --train-iters 20 --log-interval 1
 
+  # the same dropout masks on PyTorch and MindSpore (to compare or resume across them)
+  mmrun --ai-framework mindspore models/pretrain_gpt.py --mock-data --train-iters 20 --dropout-impl hash
+
   # Megatron's pretrain_single.sh arguments, through mmrun on MindSpore with 2 processes
+  # the same masks on both frameworks (for comparing or resuming across them)
+  mmrun --ai-framework mindspore models/pretrain_gpt.py --mock-data --train-iters 20 --dropout-impl hash
+
   mmrun --ai-framework mindspore --nproc-per-node 2 models/pretrain_gpt.py \\
       --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \\
       --max-position-embeddings 32 --micro-batch-size 4 --global-batch-size 8 \\
@@ -264,6 +271,12 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
     declared.add("--on-unsupported")
     add(g, "--metrics-file", default=None,
         help="also write every iteration's metrics at full precision as JSON lines (rank 0)")
+    add(g, "--dropout-impl", choices=DROPOUT_IMPLS, default="auto",
+        help="dropout masks: hash = the same masks on PyTorch and MindSpore (attention dropout then runs the "
+             "explicit attention), native = the framework's own dropout and fused attention, auto = hash on "
+             "CPU, native on GPU/NPU (docs/training.md)")
+    add(g, "--no-ms-jit", action="store_true",
+        help="MindSpore: run the train step in PyNative instead of compiling it with mindspore.jit (the default)")
 
     _add_feature_flags(p.add_argument_group("features judged by the feature gate (docs/features.md)"), declared)
     _add_foreign_flags(p.add_argument_group("Megatron flags mmrun ignores or refuses (docs/training.md)"), declared)
@@ -399,6 +412,9 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
                      "hidden_dropout", "attention_dropout"), allow_zero=True)
     if args.fp16 and args.bf16:
         raise ArgumentsError("--fp16 and --bf16 cannot both be given. Received: both; keep one")
+    if getattr(args, "ms_jit", False) and args.no_ms_jit:
+        raise ArgumentsError("--ms-jit and --no-ms-jit cannot both be given. Received: both; keep one "
+                             "(MindSpore compiles the step by default)")
     if args.hidden_size % args.num_attention_heads:
         raise ArgumentsError(f"--hidden-size must be divisible by --num-attention-heads. Received: "
                              f"{args.hidden_size} and {args.num_attention_heads}")

@@ -10,28 +10,28 @@ calls `get_batch` and returns `(output_tensor, partial(loss_func, loss_mask))`; 
 all-reduce, clipping and the AdamW update are the portable `TrainStep`'s. Validation every
 --eval-interval, checkpoints every --save-interval, and a final validation and test loss.
 
-How the callbacks meet the framework's autograd: `forward_step` runs in plain Python, outside any
-gradient recording, against a stand-in for the model that records the call (`model(tokens, ...)`)
-instead of running it. The train step then replays exactly that call, and the loss function
-`forward_step` returned, inside TrainStep, which differentiates it: `loss.backward()` on PyTorch,
-`mindspore.value_and_grad` on MindSpore (and `mindspore.jit` with --ms-jit, which cannot compile the
-Python iterator `get_batch` reads). So `forward_step` must return the model's output unchanged,
-as Megatron's does.
+How the callbacks meet the framework's autograd: training/forward_plan.py (forward_step is recorded,
+then replayed inside the train step). On MindSpore the step is compiled with mindspore.jit unless
+--no-ms-jit is given (or forward_step returns a closure: then PyNative, with one notice).
+
+Placement: the model is moved to this process's device (`backend.device.to_device`) right after
+model_provider(), before its optimizer exists, so parameters, gradients and optimizer state all live on
+the NPU/GPU; batches arrive there through `tensors.from_numpy` (pinned memory, non-blocking copies).
 """
 from __future__ import annotations
 
 import argparse
-import collections
 import enum
-import functools
 import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from mmrun.training import checkpointing, global_vars
 from mmrun.training.arguments import ArgumentsError, parse_args
+from mmrun.training.errors import TrainingError
+from mmrun.training.forward_plan import ForwardPlan, scalar_loss
 from mmrun.training.training_log import IntervalStats, MetricsFile, iteration_line, stamp, validation_block
 
 
@@ -39,10 +39,6 @@ class ModelType(enum.Enum):
     """Megatron's model types; mmrun trains decoder-only models (the argument is accepted for compatibility)."""
 
     encoder_or_decoder = 1
-
-
-class TrainingError(RuntimeError):
-    """The callbacks or the data do not fit the loop (one line, says what to change)."""
 
 
 @dataclass
@@ -57,136 +53,7 @@ class TrainingResult:
     test_loss: float | None = None
     step_times: list[float] = field(default_factory=list)  # seconds per iteration
     peak_rss_mb: float = 0.0  # this process's peak resident memory
-
-
-# ------------------------------------------------------------------------- forward_step replay
-
-def _is_tensor(value: Any) -> bool:
-    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, (int, float, bool))
-
-
-class _PendingOutput:
-    """What the recording model returns to forward_step: a placeholder for the real output."""
-
-    def __repr__(self) -> str:
-        return "<model output, computed later inside the train step>"
-
-
-class _RecordingModel:
-    """Stands in for the model while forward_step runs: records `model(...)`, forwards attribute reads."""
-
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self.calls: list[tuple[tuple, dict]] = []
-        self.output = _PendingOutput()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> _PendingOutput:
-        self.calls.append((args, kwargs))
-        return self.output
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-
-@dataclass(frozen=True)
-class _Template:
-    """Where each tensor of one micro-batch goes: model call arguments and loss-function arguments.
-    Entries are ("t", slot) for a tensor slot or ("c", value) for a constant."""
-
-    model_args: tuple
-    model_kwargs: tuple  # ((name, entry), ...)
-    loss_func: Callable
-    loss_args: tuple
-    loss_kwargs: tuple
-    loss_is_partial: bool
-
-
-def _entries(values: Iterable[Any], flat: list) -> tuple:
-    out = []
-    for v in values:
-        if _is_tensor(v):
-            out.append(("t", len(flat)))
-            flat.append(v)
-        else:
-            out.append(("c", v))
-    return tuple(out)
-
-
-def _resolve(entries: tuple, flat: Sequence[Any]) -> list:
-    return [flat[x] if kind == "t" else x for kind, x in entries]
-
-
-class ForwardPlan:
-    """Runs forward_step outside autograd and replays its model call + loss inside the train step."""
-
-    def __init__(self, forward_step_func: Callable, model: Any, jit: bool) -> None:
-        self.forward_step_func = forward_step_func
-        self.model = model
-        self.jit = jit
-        self.template: _Template | None = None
-        # Non-partial loss functions (closures; eager only), replayed in capture order: TrainStep
-        # computes the micro-batches in the order they were captured.
-        self._closures: collections.deque = collections.deque()
-
-    def capture(self, data_iterator: Iterator) -> tuple:
-        """One micro-batch: call forward_step (which reads the iterator) and return its tensors."""
-        recorder = _RecordingModel(self.model)
-        returned = self.forward_step_func(data_iterator, recorder)
-        if not (isinstance(returned, tuple) and len(returned) == 2 and callable(returned[1])):
-            raise TrainingError(f"forward_step must return (output_tensor, loss_func) as Megatron's does. "
-                                f"Received: {type(returned).__name__}")
-        output, loss = returned
-        if len(recorder.calls) != 1 or output is not recorder.output:
-            raise TrainingError(
-                "forward_step must call the model once and return its output unchanged (the train step replays "
-                f"that call under the framework's autograd). Received: {len(recorder.calls)} model call(s), "
-                f"returned {output!r}; move work on the output into loss_func")
-        (args, kwargs), = recorder.calls
-        flat: list = []
-        is_partial = isinstance(loss, functools.partial)
-        if not is_partial and self.jit:
-            raise TrainingError("with --ms-jit, forward_step must return functools.partial(loss_func, ...) as "
-                                f"Megatron's does, so the loss can be compiled. Received: {loss!r}")
-        template = _Template(
-            model_args=_entries(args, flat),
-            model_kwargs=tuple((k, e) for k, e in zip(kwargs, _entries(kwargs.values(), flat))),
-            loss_func=loss.func if is_partial else loss,
-            loss_args=_entries(loss.args, flat) if is_partial else (),
-            loss_kwargs=(tuple((k, e) for k, e in zip(loss.keywords, _entries(loss.keywords.values(), flat)))
-                         if is_partial else ()),
-            loss_is_partial=is_partial,
-        )
-        if not is_partial:
-            self._closures.append(loss)  # its tensors are constants of this micro-batch
-        if self.template is None:
-            self.template = template
-        elif self.template != template and is_partial:
-            raise TrainingError("every micro-batch must call the model and loss_func with the same arguments "
-                                "(tensors in the same places); forward_step changed them between micro-batches")
-        return tuple(flat)
-
-    def loss(self, model: Any, *flat: Any) -> Any:
-        """TrainStep's loss_fn: the recorded model call, then the loss function, as one scalar."""
-        t = self.template
-        args = _resolve(t.model_args, flat)
-        kwargs = {k: v for (k, _), v in zip(t.model_kwargs, _resolve(tuple(e for _, e in t.model_kwargs), flat))}
-        output = model(*args, **kwargs)
-        if t.loss_is_partial:
-            loss_kwargs = {k: v for (k, _), v in zip(t.loss_kwargs, _resolve(tuple(e for _, e in t.loss_kwargs), flat))}
-            result = t.loss_func(*_resolve(t.loss_args, flat), output, **loss_kwargs)
-        else:
-            result = self._closures.popleft()(output)
-        return scalar_loss(result)
-
-
-def scalar_loss(result: Any) -> Any:
-    """Megatron's loss_func returns (loss_sum, num_tokens, report) (core 0.12) or (loss, report) (older):
-    the per-micro-batch loss is loss_sum / num_tokens, or loss."""
-    if isinstance(result, tuple) and len(result) == 3:
-        return result[0] / result[1]
-    if isinstance(result, tuple) and len(result) == 2:
-        return result[0]
-    return result
+    peak_device_memory_mb: float | None = None  # peak tensor memory on the GPU/NPU; None on CPU
 
 
 # ----------------------------------------------------------------------------------- evaluation
@@ -265,6 +132,15 @@ def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def _where(model: Any) -> str:
+    """The device the model's parameters are on, as the framework names it (cuda:0, npu:0, cpu, Ascend...)."""
+    from mmrun import backend
+
+    first = next(iter(model.parameters()), None)
+    device = getattr(first, "device", None)
+    return str(device) if device is not None and not callable(device) else str(backend.device.default_device())
 
 
 def _count_parameters(model: Any) -> int:
@@ -401,9 +277,10 @@ def setup_model_and_optimizer(job: _Job, model_provider: Callable) -> None:
     from mmrun.backend.lr_schedule import LRSchedule
 
     args = job.args
-    job.model = model_provider(pre_process=True, post_process=True)
+    # On the device before anything else refers to the parameters (the optimizer keeps them).
+    job.model = backend.device.to_device(model_provider(pre_process=True, post_process=True))
     job.log(f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
-            f"{_count_parameters(job.model)}")
+            f"{_count_parameters(job.model)}, on {_where(job.model)}")
     precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
     if precision != "fp32":
         # Megatron's Float16Module: the model computes in half precision; the optimizer (built next,
@@ -480,11 +357,11 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
     from mmrun import backend
 
     args, progress, result = job.args, job.progress, job.result
-    jit = bool(getattr(args, "ms_jit", False))
-    plan = ForwardPlan(forward_step_func, job.model, jit=jit)
-    step = backend.train_step.TrainStep(job.model, job.optimizer, loss_fn=plan.loss, lr_scheduler=job.scheduler,
-                                        clip_grad=args.clip_grad, increment=args.global_batch_size, jit=jit,
-                                        grad_scaler=job.grad_scaler)
+    # MindSpore: compiled by default (same losses as PyNative, several times faster); --ms-jit insists.
+    jit = job.framework == "mindspore" and not getattr(args, "no_ms_jit", False)
+    plan = ForwardPlan(forward_step_func, job.model, jit=jit, jit_required=bool(getattr(args, "ms_jit", False)),
+                       notice=job.log)
+    step = None  # built after the first capture, when the plan knows whether the loss can be compiled
     do_valid = valid_iter is not None and args.eval_iters > 0
     last_saved = progress.iteration if args.load else None
 
@@ -508,6 +385,14 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
         except StopIteration:
             raise TrainingError(f"the training data ran out at iteration {progress.iteration + 1}; use more data "
                                 "or fewer --train-iters") from None
+        if step is None:
+            step = backend.train_step.TrainStep(job.model, job.optimizer, loss_fn=plan.loss,
+                                                lr_scheduler=job.scheduler, clip_grad=args.clip_grad,
+                                                increment=args.global_batch_size,
+                                                jit=plan.jit if job.framework == "mindspore" else None,
+                                                grad_scaler=job.grad_scaler)
+            if job.framework == "mindspore":
+                job.log(f"> MindSpore train step: {'mindspore.jit (graph)' if plan.jit else 'PyNative'}")
         out = step(micro_batches)
         elapsed = time.perf_counter() - start
         progress.iteration += 1
@@ -542,6 +427,9 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
     job.log(f"[after training is done] datetime: {stamp()}")
     result.peak_rss_mb = _peak_rss_mb()
     job.log(f"[Rank {job.rank}] peak host memory (RSS): {result.peak_rss_mb:.1f} MB")
+    result.peak_device_memory_mb = backend.device.peak_memory_mb()
+    if result.peak_device_memory_mb is not None:
+        job.log(f"[Rank {job.rank}] peak device memory: {result.peak_device_memory_mb:.1f} MB")
     if not exited_early:
         it = progress.iteration
         if args.save and it != 0:
@@ -551,4 +439,5 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
         if test_loader is not None and args.eval_iters > 0:
             _evaluate_and_print(job, forward_step_func, f"iteration {it} on test set", iter(test_loader), "test")
     job.metrics.write({"kind": "summary", "framework": job.framework, "iteration": progress.iteration,
-                       "peak_rss_mb": result.peak_rss_mb, "world_size": args.world_size})
+                       "peak_rss_mb": result.peak_rss_mb, "peak_device_memory_mb": result.peak_device_memory_mb,
+                       "device": _where(job.model), "world_size": args.world_size})

@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import mindspore
 
@@ -105,3 +105,16 @@ def detect() -> DeviceInfo:
 def default_device() -> str:
     """Where new tensors go, as MindSpore names it ("Ascend" | "GPU" | "CPU"; the device is process-wide there)."""
     return MINDSPORE_TARGETS[detect().kind]
+
+
+def to_device(obj: Any) -> Any:
+    """The object itself: MindSpore places every tensor and Cell on its one process-wide device."""
+    return obj
+
+
+def peak_memory_mb() -> float | None:
+    """Peak device memory of this process on Ascend/GPU (MB, mindspore.runtime.max_memory_allocated);
+    None on CPU, where the process's peak resident set size says it instead. Not run here (no device)."""
+    if detect().kind == "cpu":
+        return None
+    return float(mindspore.runtime.max_memory_allocated()) / 2**20

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 import mindspore as ms
 from mindspore.common.initializer import Normal, One, Uniform, Zero, initializer
 
+from mmrun.backend import dropout_hash
 from mmrun.backend.mindspore import ops
 
 _NOT_SUPPORTED = "{name} is not supported with the mindspore backend. Received: {received}"
@@ -122,12 +123,17 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    def __init__(self, p: float = 0.5) -> None:
+    """Dropout through ops.dropout: `impl` "hash" draws torch's hash masks for the same seed, "native" is
+    MindSpore's own dropout, "auto" picks per device (backend/dropout_hash.py)."""
+
+    def __init__(self, p: float = 0.5, impl: str = "auto") -> None:
         super().__init__()
         self.p = p
+        self.impl = impl
+        dropout_hash.resolve_impl(impl, "cpu")  # a bad name fails here, not inside a compiled graph
 
     def forward(self, x):
-        return ops.dropout(x, self.p, self.training)
+        return ops.dropout(x, self.p, self.training, self.impl)
 
 
 class GELU(Module):

@@ -10,6 +10,7 @@ fp32 and returned in their own dtype; `cross_entropy` works on fp32 logits and r
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import mindspore as ms
@@ -18,12 +19,17 @@ from mindspore import mint
 from mindspore import ops as _ops
 
 from mmrun.backend import dropout_hash
-from mmrun.backend.mindspore import seeding
+from mmrun.backend.mindspore import device as _device
+from mmrun.backend.mindspore import kernels, seeding
 
 Tensor = ms.Tensor
 
 _softmax = mint.nn.functional.softmax
 HALF_DTYPES = (ms.float16, ms.bfloat16)
+# MindSpore's device is process-wide and set when the backend is imported: module constants, which code
+# compiled by mindspore.jit reads as constants (it cannot run device.detect()).
+_ON_ASCEND = _device.detect().kind == "npu"
+_NATIVE_DROPOUT = dropout_hash.native_impls(_device.detect().kind)
 
 
 def _fp32(x: Tensor | None) -> Tensor | None:
@@ -131,14 +137,27 @@ def _random_words(shape: tuple[int, ...], numel: int) -> Tensor:
     return mint.reshape(_hash32(index * multiplier + offset), shape)
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+def _native_dropout(x: Tensor, p: float) -> Tensor:
+    # mint's dropout draws MindSpore's default Generator (saved by seeding.get_rng_state) but has kernels on
+    # Ascend only; ops.dropout (the Dropout primitive, its generator inside the kernel) runs on CPU and GPU.
+    if _ON_ASCEND:
+        return mint.nn.functional.dropout(x, p, training=True)
+    return _ops.dropout(x, p=p, training=True)
+
+
+def dropout(x: Tensor, p: float, training: bool, impl: str = "auto") -> Tensor:
     """torch's dropout: zero each element with probability p, scale the rest by 1/(1-p); identity when
-    not training or p == 0. Reproducible from DROPOUT_GENERATOR's state (seeding.get_rng_state); the same
-    masks as torch's dropout for the same seed and sequence of calls."""
+    not training or p == 0.
+
+    impl (backend/dropout_hash.py): "hash" draws from DROPOUT_GENERATOR (reproducible from
+    seeding.get_rng_state; the same masks as torch's hash dropout for the same seed and sequence of
+    calls); "native" is MindSpore's own dropout; "auto": the hash on CPU, native on GPU and Ascend."""
     dropout_hash.check_probability(p)
     # The early return also keeps p=0 free under jit.
     if not training or p == 0.0:
         return x
+    if impl in _NATIVE_DROPOUT:
+        return _native_dropout(x, p)
     if p == 1.0:
         return x * 0.0
     numel = dropout_hash.check_size(int(x.size), x.shape)
@@ -148,6 +167,33 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     # here would round 1-p first (one ulp off in fp16 at p=0.3). The same factor, made on the host:
     scale = _ops.cast(Tensor(float(np.float32(1.0) / np.float32(1.0 - p)), ms.float32), x.dtype)
     return x * (_ops.cast(keep, x.dtype) * scale)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, dropout_p: float = 0.0,
+                                 scale: float | None = None, dropout_impl: str = "auto") -> Tensor:
+    """softmax(q @ k^T * scale, causal mask) @ v with dropout on the probabilities; q, k, v shaped
+    (batch, heads, seq, head_dim), scale 1/sqrt(head_dim) by default. Pass dropout_p=0 when not training.
+
+    On Ascend with fp16/bf16 inputs `flash_attention_score` computes it (kernels.fused_attention) unless
+    the hash dropout must draw the mask; elsewhere (CPU, GPU, fp32) the explicit matmul/softmax/dropout/
+    matmul, whose masks torch's hash dropout draws too."""
+    dropout_hash.check_probability(dropout_p)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if dropout_p == 0.0 or dropout_impl in _NATIVE_DROPOUT:
+        fused = kernels.fused_attention(q, k, v, causal, dropout_p, scale)
+        if fused is not None:
+            return fused
+    return _explicit_attention(q, k, v, causal, dropout_p, scale, dropout_impl)
+
+
+def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, scale: float,
+                        dropout_impl: str) -> Tensor:
+    """The composite path (and the reference the fused kernels are tested against)."""
+    att = matmul(q, transpose(k, -2, -1)) * scale
+    if causal:
+        att = masked_fill(att, causal_mask(q.shape[-2], like=q), float("-inf"))
+    att = dropout(softmax(att, dim=-1), dropout_p, True, dropout_impl)
+    return matmul(att, v)
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,

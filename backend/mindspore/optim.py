@@ -11,7 +11,8 @@ correction folded into per-step scalars, which is algebraically torch's update:
     with    lr' = lr * sqrt(bc2) / bc1,  eps' = eps * sqrt(bc2),  wd' = wd * bc1 / sqrt(bc2)
 
 (bc1 = 1 - beta1^t, bc2 = 1 - beta2^t). Rounding differs from torch by float32 ulps per step.
-`fused=False` replays torch's own operation order instead (closest to torch, slower).
+`fused=False` replays torch's own operation order instead (closest to torch, slower); `fused=None`
+(the default) is the fused kernel.
 
 fp16/bf16 parameters are updated through fp32 copies (`main_params`), as on torch (see there): the
 update runs on the copies and then assigns each model parameter its rounded copy, in the same graph.
@@ -76,7 +77,7 @@ class AdamW(ms.nn.Cell):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, no_decay: NoDecay | None = None,
-                 fused: bool = True) -> None:
+                 fused: bool | None = None) -> None:
         super().__init__(auto_prefix=False)
         pairs = named_params(params)
         self.names = [name for name, _ in pairs]
@@ -88,7 +89,9 @@ class AdamW(ms.nn.Cell):
         self.exp_avg = self.main_params.clone(prefix="exp_avg", init="zeros")
         self.exp_avg_sq = self.main_params.clone(prefix="exp_avg_sq", init="zeros")
         self.decay_flags = tuple(weight_decay > 0 and not (no_decay is not None and no_decay(n, p)) for n, p in pairs)
-        self.betas, self.eps, self.weight_decay, self.fused = tuple(betas), eps, weight_decay, fused
+        # None: the fused kernel, MindSpore's fastest on every device (the torch backend picks per device).
+        self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
+        self.fused = True if fused is None else bool(fused)
         self._beta1, self._beta2, self._zero = _f32(betas[0]), _f32(betas[1]), _f32(0.0)
         self._kernel = _ops.AdamWeightDecay()
         self._hyper_map = C.HyperMap()
@@ -105,7 +108,7 @@ class AdamW(ms.nn.Cell):
     def zero_grad(self) -> None:
         """Nothing to clear: MindSpore gradients are values returned by value_and_grad, not stored state."""
 
-    def next_scalars(self) -> tuple[Tensor, Tensor, Tensor]:
+    def _next_scalars(self) -> tuple[Tensor, Tensor, Tensor]:
         """Advance the step count and return the per-step scalars the update (`self(grads, scalars)`) takes,
         computed in float64 on the host as torch does."""
         self.step_count += 1
@@ -136,7 +139,7 @@ class AdamW(ms.nn.Cell):
     def step(self, grads: Sequence[Tensor]) -> None:
         """One AdamW update with `grads` aligned with `params` (fp16/bf16 gradients are used in fp32)."""
         grads = [g if g.dtype == ms.float32 else F.cast(g, ms.float32) for g in grads]
-        self(ms.mutable(tuple(grads)), self.next_scalars())
+        self(ms.mutable(tuple(grads)), self._next_scalars())
 
     def reload_model_params(self) -> None:
         """Refresh the fp32 copies from the model's (just loaded) fp16/bf16 parameters."""

@@ -27,7 +27,7 @@ _DTYPES: dict[str, Any] = {
 
 # Which matmul dtypes have a kernel per device kind. Measured on MindSpore 2.10 CPU: bf16 MatMul has
 # no CPU kernel (fp16 does). Ascend has all three (MindSpore's documentation; not run here); GPU is
-# listed without bf16, as backend/features.yaml does, until someone verifies it.
+# listed without bf16, as the feature table (features/trainer.yaml) does, until someone verifies it.
 _COMPUTE_DTYPES: dict[str, frozenset[str]] = {
     "cpu": frozenset({"fp32", "fp16"}),
     "cuda": frozenset({"fp32", "fp16"}),

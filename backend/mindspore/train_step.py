@@ -20,7 +20,7 @@ scale enters the graphs as a tensor, so a new scale does not recompile them.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import mindspore as ms
 from mindspore import Tensor, mint
@@ -28,28 +28,12 @@ from mindspore.ops import functional as F
 
 from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.backend.mindspore import optim
+from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
+    StepResult, advance_schedule, call_model, check_micro_batches, set_step_lr, world_size)
 
 # Measured (docs/parity.md, docs/portable-api.md): jit gives the same losses as PyNative and is several
 # times faster per step; the one-off compile (5 to 25 s on CPU) pays off within a few dozen steps.
 DEFAULT_JIT = True
-
-
-class StepResult(NamedTuple):
-    loss: float  # mean micro-batch loss, averaged over data-parallel ranks
-    grad_norm: float  # global L2 norm before clipping
-    lr: float  # learning rate this update used (or would have used, when skipped)
-    skipped: bool = False  # the gradients overflowed under loss scaling: no update was made
-    loss_scale: float | None = None  # the scale this step's loss was multiplied by; None without a scaler
-
-
-def _call_model(model: Any, *batch: Any) -> Any:
-    return model(*batch)
-
-
-def _world_size() -> int:
-    # Imported here so that importing this module does not start the distributed machinery.
-    from mmrun.backend.mindspore import distributed
-    return distributed.get_world_size()
 
 
 def _all_reduce_mean(tensors: Sequence[Tensor]) -> list[Tensor]:
@@ -79,7 +63,7 @@ class TrainStep(ms.nn.Cell):
         # auto_prefix=False: holding the model must not rename its parameters to `model.*`.
         super().__init__(auto_prefix=False)
         self.model, self.optimizer = model, optimizer
-        self.loss_fn = loss_fn or _call_model
+        self.loss_fn = loss_fn or call_model
         self.clip_grad = float(clip_grad)
         self.lr_scheduler, self.increment = lr_scheduler, increment
         self.jit = DEFAULT_JIT if jit is None else bool(jit)
@@ -129,15 +113,13 @@ class TrainStep(ms.nn.Cell):
         return F.depend(loss, done), F.depend(norm, done)
 
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
-        if not micro_batches:
-            raise ValueError("TrainStep got no micro-batches; pass a list with one tuple of tensors per micro-batch")
+        check_micro_batches(micro_batches)
         if self.world_size is None:
-            self.world_size = _world_size()
-        lr = self.lr_scheduler.get_lr() if self.lr_scheduler is not None else self.optimizer.lr
-        self.optimizer.set_lr(lr)
+            self.world_size = world_size("mmrun.backend.mindspore")
+        lr = set_step_lr(self.lr_scheduler, self.optimizer)
         num_micro = len(micro_batches)
         if self.grad_scaler is None and self.jit and num_micro == 1 and self.world_size == 1:
-            loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer.next_scalars())
+            loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer._next_scalars())
             return self._finish(loss, float(norm), lr)
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
         # Each micro-batch loss is divided by their number, then scaled (Megatron's order, and torch's here).
@@ -151,18 +133,17 @@ class TrainStep(ms.nn.Cell):
             *grads, loss = _all_reduce_mean(list(grads) + [loss])
         factor = Tensor(1.0 / scale, ms.float32)
         if self.grad_scaler is None:
-            norm = self._compiled["update"](ms.mutable(tuple(grads)), factor, self.optimizer.next_scalars())
+            norm = self._compiled["update"](ms.mutable(tuple(grads)), factor, self.optimizer._next_scalars())
             return self._finish(loss, float(norm), lr)
         grads, norm = self._compiled["unscale"](ms.mutable(tuple(grads)), factor)
         norm_value = float(norm)
         skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
         self.grad_scaler.update(skipped)
         if not skipped:
-            self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer.next_scalars())
+            self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer._next_scalars())
         return self._finish(loss, norm_value, lr, skipped, scale)
 
     def _finish(self, loss: Tensor, norm: float, lr: float, skipped: bool = False,
                 scale: float | None = None) -> StepResult:
-        if self.lr_scheduler is not None and not skipped:
-            self.lr_scheduler.step(self.increment)
+        advance_schedule(self.lr_scheduler, self.increment, skipped)
         return StepResult(float(loss), norm, float(lr), skipped, scale)

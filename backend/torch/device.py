@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 import threading
+from typing import Any
 
 import torch
 
@@ -107,3 +108,25 @@ def default_device() -> "torch.device":
     """Where new tensors and models should go."""
     info = detect()
     return torch.device("cpu") if info.kind == "cpu" else torch.device(info.kind, info.index)
+
+
+def to_device(obj: Any) -> Any:
+    """A module (moved in place, returned) or tensor on this process's device; already there: unchanged.
+
+    For what a user built on the host (a model from `model_provider`): the trainer calls it once, so
+    that every parameter, gradient and optimizer state lives on the device."""
+    where = default_device()
+    if isinstance(obj, torch.nn.Module):
+        return obj.to(where)
+    return obj if obj.device == where else obj.to(where, non_blocking=True)
+
+
+def peak_memory_mb() -> float | None:
+    """Peak memory allocated by tensors on this process's accelerator (MB, torch's max_memory_allocated);
+    None on CPU, where the process's peak resident set size says it instead."""
+    kind = detect().kind
+    if kind == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    if kind == "npu":
+        return torch.npu.max_memory_allocated() / 2**20
+    return None

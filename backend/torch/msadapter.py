@@ -10,6 +10,12 @@ from mmrun.backend.errors import UnsupportedError, warn_once
 from mmrun.backend.selection import msadapter_request
 
 
+def activate(root: str, source: str = "code") -> list[str]:
+    """Refused: MSAdapter is MindSpore's torch; with real torch there is nothing to put on sys.path."""
+    raise UnsupportedError("MSAdapter", "pytorch", f"{root} (from {source})",
+                           hint="MSAdapter runs torch code on MindSpore: add --ai-framework mindspore")
+
+
 def activate_if_requested() -> None:
     request = msadapter_request()
     if request is None:

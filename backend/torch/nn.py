@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from mmrun.backend import dropout_hash
 from mmrun.backend.torch import ops
 
 Module = torch.nn.Module
@@ -40,13 +41,16 @@ class LayerNorm(torch.nn.LayerNorm):
 
 
 class Dropout(torch.nn.Dropout):
-    """torch.nn.Dropout drawing its masks with ops.dropout: MindSpore's masks for the same seed."""
+    """torch.nn.Dropout through ops.dropout: `impl` "hash" draws MindSpore's masks for the same seed,
+    "native" is F.dropout, "auto" picks per device (backend/dropout_hash.py)."""
 
-    def __init__(self, p: float = 0.5) -> None:
+    def __init__(self, p: float = 0.5, impl: str = "auto") -> None:
         super().__init__(p)
+        self.impl = impl
+        dropout_hash.resolve_impl(impl, "cpu")  # a bad name fails here, at construction
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.dropout(x, self.p, self.training)
+        return ops.dropout(x, self.p, self.training, self.impl)
 
 
 class GELU(torch.nn.GELU):

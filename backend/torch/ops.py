@@ -1,7 +1,8 @@
 """Functional ops on the torch backend: the small set our models use, torch's own semantics.
 
 Same public names and signatures as `mmrun.backend.mindspore.ops`. `like=` arguments put a new tensor
-on the same device as an existing one (MindSpore has one global device and ignores them).
+on the same device as an existing one, and without one it goes to this process's device
+(`device.default_device()`: NPU, CUDA or CPU); MindSpore has one global device and ignores them.
 
 Mixed precision, as Megatron does it: fp16/bf16 inputs of `softmax` and `layer_norm` are computed in
 fp32 and returned in their own dtype (attention_softmax_in_fp32, apex's mixed-dtype LayerNorm), and
@@ -9,13 +10,16 @@ fp32 and returned in their own dtype (attention_softmax_in_fp32, apex's mixed-dt
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from mmrun.backend import dropout_hash
-from mmrun.backend.torch import seeding
+from mmrun.backend.torch import device as _device
+from mmrun.backend.torch import kernels, seeding
 
 Tensor = torch.Tensor
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -23,6 +27,10 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 def _fp32(x: Tensor | None) -> Tensor | None:
     return x if x is None or x.dtype not in HALF_DTYPES else x.float()
+
+
+def _where(like: Tensor | None) -> torch.device:
+    return _device.default_device() if like is None else like.device
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -56,8 +64,7 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, redu
 
 def causal_mask(seq_len: int, like: Tensor | None = None) -> Tensor:
     """Bool (seq_len, seq_len), True above the diagonal: the future positions a token must not see."""
-    device = None if like is None else like.device
-    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu_(1)
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=_where(like)).triu_(1)
 
 
 def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
@@ -76,11 +83,9 @@ _CPU_CHUNK = 1 << 18
 _ROUNDS = tuple(zip(dropout_hash.XORSHIFTS, dropout_hash.MULTIPLIERS + (None,)))
 
 
-def _keep_mask(shape: torch.Size, device: torch.device, p: float) -> Tensor:
-    """Bool mask of the next dropout call, True where the element is kept."""
-    numel = dropout_hash.check_size(shape.numel(), shape)
-    multiplier, offset = dropout_hash.call_key(*seeding.DROPOUT_GENERATOR.step())
-    threshold = dropout_hash.threshold(p)
+def _keep_mask(shape: torch.Size, device: torch.device, multiplier: int, offset: int, threshold: int) -> Tensor:
+    """Bool mask of one dropout call (its key: multiplier, offset), True where the element is kept."""
+    numel = shape.numel()
     keep = torch.empty(numel, dtype=torch.bool, device=device)
     chunk = max(1, min(numel, _CPU_CHUNK if device.type == "cpu" else numel))  # range() refuses a step of 0
     words, shifted = (torch.empty(chunk, dtype=torch.int64, device=device) for _ in range(2))
@@ -97,17 +102,58 @@ def _keep_mask(shape: torch.Size, device: torch.device, p: float) -> Tensor:
     return keep.view(shape)
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+def dropout(x: Tensor, p: float, training: bool, impl: str = "auto") -> Tensor:
     """torch's dropout: zero each element with probability p, scale the rest by 1/(1-p); identity when
-    not training or p == 0. The mask is MindSpore's for the same seed and call number (see above),
-    reproducible from seeding.DROPOUT_GENERATOR's state (seeding.get_rng_state)."""
+    not training or p == 0.
+
+    impl (backend/dropout_hash.py): "hash" draws MindSpore's mask for the same seed and call number (see
+    above), reproducible from seeding.DROPOUT_GENERATOR's state; one fused Triton kernel on CUDA
+    (kernels.hash_dropout), the chunked int64 passes elsewhere. "native" is F.dropout (torch's generator
+    of this device). "auto": the hash on CPU, native on CUDA and NPU."""
     dropout_hash.check_probability(p)
     if not training or p == 0.0:
         return x
+    if dropout_hash.resolve_impl(impl, x.device.type) == "native":
+        return F.dropout(x, p, True)
     if p == 1.0:
         return x * 0.0
+    dropout_hash.check_size(x.numel(), x.shape)
+    multiplier, offset = dropout_hash.call_key(*seeding.DROPOUT_GENERATOR.step())
+    threshold = dropout_hash.threshold(p)
+    # torch's factor: 1/(1-p) in fp32, rounded once to x's dtype (what the eager path below computes).
+    fused = kernels.hash_dropout(x, multiplier, offset, threshold, float(np.float32(1.0) / np.float32(1.0 - p)))
+    if fused is not None:
+        return fused
     # As F.dropout: the 0/1 mask divided by 1-p in x's dtype, then one product (so one rounding).
-    return x * _keep_mask(x.shape, x.device, p).to(x.dtype).div_(1.0 - p)
+    return x * _keep_mask(x.shape, x.device, multiplier, offset, threshold).to(x.dtype).div_(1.0 - p)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, dropout_p: float = 0.0,
+                                 scale: float | None = None, dropout_impl: str = "auto") -> Tensor:
+    """softmax(q @ k^T * scale, causal mask) @ v with dropout on the probabilities; q, k, v shaped
+    (batch, heads, seq, head_dim), scale 1/sqrt(head_dim) by default. Pass dropout_p=0 when not training.
+
+    A fused kernel computes it (kernels.fused_attention: F.scaled_dot_product_attention, or
+    npu_fusion_attention on an NPU) unless the hash dropout must draw the mask: "hash" dropout (explicit,
+    or "auto" on CPU) with dropout_p > 0 runs the explicit matmul/softmax/dropout/matmul, whose masks
+    MindSpore draws too. fp16/bf16 probabilities are computed in fp32 on the explicit path."""
+    dropout_hash.check_probability(dropout_p)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if dropout_p == 0.0 or dropout_hash.resolve_impl(dropout_impl, q.device.type) == "native":
+        fused = kernels.fused_attention(q, k, v, causal, dropout_p, scale)
+        if fused is not None:
+            return fused
+    return _explicit_attention(q, k, v, causal, dropout_p, scale, dropout_impl)
+
+
+def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, scale: float,
+                        dropout_impl: str) -> Tensor:
+    """The composite path (and the reference the fused kernels are tested against)."""
+    att = matmul(q, transpose(k, -2, -1)) * scale
+    if causal:
+        att = masked_fill(att, causal_mask(q.shape[-2], like=q), float("-inf"))
+    att = dropout(softmax(att, dim=-1), dropout_p, True, dropout_impl)
+    return matmul(att, v)
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
@@ -152,15 +198,15 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 
 def arange(n: int, dtype: torch.dtype = torch.int64, like: Tensor | None = None) -> Tensor:
-    return torch.arange(n, dtype=dtype, device=None if like is None else like.device)
+    return torch.arange(n, dtype=dtype, device=_where(like))
 
 
 def zeros(shape: Sequence[int], dtype: torch.dtype = torch.float32, like: Tensor | None = None) -> Tensor:
-    return torch.zeros(tuple(shape), dtype=dtype, device=None if like is None else like.device)
+    return torch.zeros(tuple(shape), dtype=dtype, device=_where(like))
 
 
 def ones(shape: Sequence[int], dtype: torch.dtype = torch.float32, like: Tensor | None = None) -> Tensor:
-    return torch.ones(tuple(shape), dtype=dtype, device=None if like is None else like.device)
+    return torch.ones(tuple(shape), dtype=dtype, device=_where(like))
 
 
 def sum(x: Tensor, dim: int | None = None) -> Tensor:  # noqa: A001 - torch's name, on purpose

@@ -1,17 +1,22 @@
 """AdamW and gradient clipping on the torch backend: torch.optim.AdamW itself behind the portable contract.
 
 Same public names as `mmrun.backend.mindspore.optim`. The contract (both backends):
-- `AdamW(named_params, lr, betas, eps, weight_decay, no_decay=None)`: `named_params` is
+- `AdamW(named_params, lr, betas, eps, weight_decay, no_decay=None, fused=None)`: `named_params` is
   `model.named_parameters()` (or plain parameters, then named `param.<i>`); `no_decay(name, param)`
-  selects parameters without weight decay (`megatron_no_decay`: biases and 1-D parameters).
-  `set_lr(lr)`, `lr`, `step(grads=None)` (grads aligned with `params`; torch also takes them from
-  `.grad`), `state_dict()` / `load_state_dict()` with framework-neutral names.
+  selects parameters without weight decay (`megatron_no_decay`: biases and 1-D parameters). `fused`:
+  the framework's fused kernel (float32 ulps from torch's reference order); None picks per device:
+  on torch fused on CUDA and NPU (torch_npu's aclnnApplyAdamWV2 where it registers `_fused_adamw_`),
+  multi-tensor (foreach) elsewhere off CPU, torch's single-tensor reference on CPU; on MindSpore the
+  fused AdamWeightDecay kernel. `fused=False` is torch's own operation order on both frameworks.
+  `set_lr(lr)`, `lr`, `step(grads)` (grads aligned with `params`), `state_dict()` /
+  `load_state_dict()` with framework-neutral names.
 - Mixed precision (Megatron's Float16Optimizer): parameters that are fp16/bf16 when the optimizer is
   built (cast the model first) are updated through fp32 copies, `main_params`; after each update the
   model parameter gets the rounded copy. Their state adds `<param>.main_param`, and
   `reload_model_params()` re-reads the copies from the model after its weights were loaded.
-- `clip_grad_norm(grads, max_norm) -> (grads, total_norm)`: torch's clip_grad_norm_ (coefficient
-  max_norm / (norm + 1e-6), capped at 1); max_norm <= 0 only measures.
+- `clip_grad_norm(grads, max_norm, total=None) -> (grads, total_norm)`: torch's clip_grad_norm_
+  (coefficient max_norm / (norm + 1e-6), capped at 1; `total`: the norm when already measured);
+  max_norm <= 0 only measures. One multi-tensor norm and one multi-tensor scale, no host sync.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
+from mmrun.backend.errors import warn_once
 from mmrun.backend.optimizer_params import (  # noqa: F401 - megatron_no_decay is part of this API
     MAIN_PARAM_KEY, STATE_KEYS, NoDecay, check_optimizer_state, megatron_no_decay, named_params)
 
@@ -27,7 +33,8 @@ class AdamW:
     """torch.optim.AdamW (decoupled weight decay, bias-corrected) with the portable contract above."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.01, no_decay: NoDecay | None = None) -> None:
+                 eps: float = 1e-8, weight_decay: float = 0.01, no_decay: NoDecay | None = None,
+                 fused: bool | None = None) -> None:
         pairs = named_params(params)
         self.names = [name for name, _ in pairs]
         self.params = [param for _, param in pairs]
@@ -39,7 +46,7 @@ class AdamW:
         groups = [{"params": decay, "weight_decay": weight_decay}]
         if keep:
             groups.append({"params": keep, "weight_decay": 0.0})
-        self._opt = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self._opt, self.fused = _torch_adamw(groups, fused, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.step_count = 0
 
     @property
@@ -57,15 +64,14 @@ class AdamW:
             param.grad = None
 
     @torch.no_grad()
-    def step(self, grads: Sequence[torch.Tensor] | None = None) -> None:
-        """One AdamW update; `grads` aligned with `params`, else each parameter's `.grad`."""
-        if grads is None:
-            grads = [param.grad for param in self.params]
+    def step(self, grads: Sequence[torch.Tensor]) -> None:
+        """One AdamW update with `grads` aligned with `params` (fp16/bf16 gradients are used in fp32)."""
         for main, grad in zip(self.main_params, grads):
             main.grad = grad if grad is None or grad.dtype == main.dtype else grad.float()
         self._opt.step()
-        for param, main in self._half_pairs():
-            param.copy_(main)
+        pairs = self._half_pairs()
+        if pairs:
+            torch._foreach_copy_([p for p, _ in pairs], [m for _, m in pairs])  # one multi-tensor launch
         self.step_count += 1
 
     def _half_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -98,8 +104,9 @@ class AdamW:
             for key in STATE_KEYS:
                 value = state["tensors"][f"{name}.{key}"]
                 slot[key] = torch.as_tensor(value, dtype=main.dtype).to(main.device).clone()
-            # torch keeps the step per parameter as a float tensor (non-capturable AdamW).
-            slot["step"] = torch.tensor(float(step))
+            # torch keeps the step per parameter as a float tensor: on the host for the single-tensor and
+            # foreach kernels, on the parameter's device for the fused one (as torch's own _init_group).
+            slot["step"] = torch.tensor(float(step), device=main.device if self.fused else "cpu")
             saved_main = state["tensors"].get(f"{name}.{MAIN_PARAM_KEY}")
             if saved_main is not None:
                 # The fp32 weights of an fp16/bf16 run are the exact ones: they win over the rounded model copy,
@@ -118,11 +125,32 @@ def global_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def clip_grad_norm(grads: Sequence[torch.Tensor], max_norm: float) -> tuple[Sequence[torch.Tensor], torch.Tensor]:
-    """Scale `grads` in place so their global L2 norm is at most `max_norm`; returns (grads, norm before clipping)."""
+def clip_grad_norm(grads: Sequence[torch.Tensor], max_norm: float,
+                   total: torch.Tensor | None = None) -> tuple[Sequence[torch.Tensor], torch.Tensor]:
+    """Scale `grads` in place so their global L2 norm is at most `max_norm`; returns (grads, norm before
+    clipping). `total`: that norm, when the caller measured it already."""
     present = [g for g in grads if g is not None]
-    total = global_norm(present)
+    if total is None:
+        total = global_norm(present)
     if max_norm > 0:
         # torch's clip_grad_norm_: always multiply by the capped coefficient (no host sync on the norm).
         torch._foreach_mul_(present, torch.clamp(max_norm / (total + 1e-6), max=1.0))
     return grads, total
+
+
+def _torch_adamw(groups: list[dict[str, Any]], fused: bool | None,
+                 options: dict[str, Any]) -> tuple[torch.optim.AdamW, bool]:
+    """torch.optim.AdamW with the kernel `fused` asks for (see the module docstring); (optimizer, fused)."""
+    where = groups[0]["params"][0].device.type if groups[0]["params"] else "cpu"
+    if fused is None:
+        fused = where in ("cuda", "npu")
+    if not fused:
+        # foreach on an accelerator (a few multi-tensor launches); on CPU torch's own default, the
+        # single-tensor loop, whose rounding the parity tests against MindSpore were measured with.
+        return torch.optim.AdamW(groups, foreach=where != "cpu", **options), False
+    try:
+        return torch.optim.AdamW(groups, fused=True, **options), True
+    except RuntimeError as exc:  # torch checks the device when the optimizer is built
+        warn_once(f"the fused AdamW kernel is not available on {where} ({str(exc).splitlines()[0]}); "
+                  "using the multi-tensor (foreach) AdamW")
+        return torch.optim.AdamW(groups, foreach=where != "cpu", **options), False

@@ -1,6 +1,8 @@
 """Tensors and dtypes on the torch backend: numpy conversion, dtype names, what each device computes in.
 
-Same public names as `mmrun.backend.mindspore.tensors`.
+Same public names as `mmrun.backend.mindspore.tensors`. `from_numpy` puts its tensor on this process's
+device (`device.default_device()`); on an accelerator the host copy goes through pinned memory and the
+transfer is asynchronous (`non_blocking=True`), as Megatron's get_batch does with `.cuda(non_blocking=True)`.
 """
 from __future__ import annotations
 
@@ -59,9 +61,24 @@ def to_numpy(x: Any) -> np.ndarray:
     return t.cpu().numpy().copy()
 
 
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
 def from_numpy(a: Any, dtype: torch.dtype | str | None = None) -> torch.Tensor:
-    """A tensor holding a copy of `a` (array or nested lists), optionally cast to `dtype`."""
-    t = torch.from_numpy(np.array(a, copy=True))
+    """A tensor on this process's device holding a copy of `a` (array or nested lists), optionally cast to `dtype`."""
+    from mmrun.backend.torch import device
+
+    host = np.asarray(a)
+    where = device.default_device()
+    if where.type == "cpu":
+        t = torch.from_numpy(np.array(host, copy=True))
+    else:
+        # One copy into pinned (page-locked) memory, then an asynchronous DMA: the host goes on preparing the
+        # next batch. torch's caching host allocator keeps the pinned block alive until the copy has run.
+        staging = torch.empty(host.shape, dtype=_torch_dtype(host.dtype), pin_memory=True)
+        staging.numpy()[...] = host
+        t = staging.to(where, non_blocking=True)
     if dtype is not None:
         t = t.to(_DTYPES[dtype] if isinstance(dtype, str) else dtype)
     return t

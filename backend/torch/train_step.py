@@ -18,34 +18,28 @@ are summed over micro-batches and reduced in fp32, and the optimizer updates fp3
 `grad_scaler` (`mmrun.backend.grad_scaler`, fp16) the loss is multiplied by the scale before backward
 and the gradients by its inverse after; a step whose gradients are not finite is skipped (no update,
 no scheduler advance, `result.skipped`), and the scaler adjusts, exactly as Megatron's fp16 optimizer.
+
+On an accelerator the step never waits for the device until its end: gradients, norm, clipping and the
+update are queued back to back (multi-tensor kernels, a fused AdamW), and the loss and gradient norm are
+read back together, once (with a loss scaler, before the update: the host must know about an overflow).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.backend.torch import optim
+from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
+    StepResult, advance_schedule, call_model, check_micro_batches, set_step_lr, world_size)
 
 
-class StepResult(NamedTuple):
-    loss: float  # mean micro-batch loss, averaged over data-parallel ranks
-    grad_norm: float  # global L2 norm before clipping
-    lr: float  # learning rate this update used (or would have used, when skipped)
-    skipped: bool = False  # the gradients overflowed under loss scaling: no update was made
-    loss_scale: float | None = None  # the scale this step's loss was multiplied by; None without a scaler
-
-
-def _call_model(model: Any, *batch: Any) -> Any:
-    return model(*batch)
-
-
-def _world_size() -> int:
-    # Imported here so that importing this module does not start the distributed machinery.
-    from mmrun.backend.torch import distributed
-    return distributed.get_world_size()
+def _read_back(loss: torch.Tensor, norm: torch.Tensor) -> tuple[float, float]:
+    """Loss and gradient norm as floats with one device-to-host copy (one synchronisation)."""
+    loss_value, norm_value = torch.stack([loss.float(), norm.float()]).tolist()
+    return loss_value, norm_value
 
 
 def _all_reduce_mean(tensors: Sequence[torch.Tensor]) -> None:
@@ -65,19 +59,17 @@ class TrainStep:
                 "TrainStep(jit=True) is not supported with the pytorch backend. Received: jit=True; "
                 "torch runs the step eagerly, leave jit unset")
         self.model, self.optimizer = model, optimizer
-        self.loss_fn = loss_fn or _call_model
+        self.loss_fn = loss_fn or call_model
         self.lr_scheduler, self.clip_grad, self.increment = lr_scheduler, clip_grad, increment
         self.grad_scaler = grad_scaler
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
         self._fp32_sums = any(p.dtype != torch.float32 for p in optimizer.params)
 
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
-        if not micro_batches:
-            raise ValueError("TrainStep got no micro-batches; pass a list with one tuple of tensors per micro-batch")
+        check_micro_batches(micro_batches)
         if self.world_size is None:
-            self.world_size = _world_size()
-        lr = self.lr_scheduler.get_lr() if self.lr_scheduler is not None else self.optimizer.lr
-        self.optimizer.set_lr(lr)
+            self.world_size = world_size("mmrun.backend.torch")
+        lr = set_step_lr(self.lr_scheduler, self.optimizer)
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
         loss, grads = self._backward(micro_batches, scale)
         if self.world_size > 1:
@@ -85,17 +77,18 @@ class TrainStep:
         if scale != 1.0:
             torch._foreach_mul_(grads, 1.0 / scale)
         grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
-        norm_value = float(norm)
         skipped = False
         if self.grad_scaler is not None:
+            loss_value, norm_value = _read_back(loss, norm)
             skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
             self.grad_scaler.update(skipped)
         if not skipped:
             self.optimizer.step(grads)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(self.increment)
+        if self.grad_scaler is None:
+            loss_value, norm_value = _read_back(loss, norm)  # after the update is queued: one wait per step
+        advance_schedule(self.lr_scheduler, self.increment, skipped)
         self.optimizer.zero_grad()
-        return StepResult(float(loss), norm_value, float(lr), skipped, None if self.grad_scaler is None else scale)
+        return StepResult(loss_value, norm_value, lr, skipped, None if self.grad_scaler is None else scale)
 
     def _backward(self, micro_batches: Sequence[Sequence[Any]], scale: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward of every micro-batch: (mean loss, gradients of scale x mean loss), fp32."""

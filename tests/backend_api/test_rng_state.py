@@ -1,6 +1,7 @@
 """Framework RNG state (`seeding.get_rng_state` / `set_rng_state`): plain JSON, and restoring it replays
 the same dropout masks, on torch and on MindSpore (PyNative and under mindspore.jit). This is what makes a
-run resumed from a checkpoint draw the masks the uninterrupted run drew."""
+run resumed from a checkpoint draw the masks the uninterrupted run drew. Every call names the hash dropout
+(`impl="hash"`): the cross-framework masks are its promise; "auto" means it on CPU only."""
 from __future__ import annotations
 
 import base64
@@ -25,7 +26,7 @@ def _json_state(be):
 
 def _masks(be, count: int, p: float = 0.5) -> list[np.ndarray]:
     x = be.tensors.from_numpy(np.ones(SHAPE, np.float32))
-    return [be.tensors.to_numpy(be.ops.dropout(x, p, training=True)) != 0 for _ in range(count)]
+    return [be.tensors.to_numpy(be.ops.dropout(x, p, training=True, impl="hash")) != 0 for _ in range(count)]
 
 
 def _assert_all_different(masks: list[np.ndarray]) -> None:
@@ -90,7 +91,7 @@ def test_dropout_semantics_match_torch(backends, framework):
     x_np = np.random.default_rng(0).standard_normal((200, 500)).astype(np.float32)
     x = be.tensors.from_numpy(x_np)
     p = 0.1
-    first, second = (be.tensors.to_numpy(be.ops.dropout(x, p, training=True)) for _ in range(2))
+    first, second = (be.tensors.to_numpy(be.ops.dropout(x, p, training=True, impl="hash")) for _ in range(2))
     kept, kept2 = first != 0, second != 0
     assert abs((~kept).mean() - p) < 0.005  # 100k draws: 5 standard deviations
     assert abs((~kept & ~kept2).mean() - p * p) < 0.002  # consecutive masks are independent
@@ -98,7 +99,7 @@ def test_dropout_semantics_match_torch(backends, framework):
     np.testing.assert_array_equal(first[kept], (x_np * (np.float32(1) / np.float32(1 - p)))[kept])
     np.testing.assert_array_equal(be.tensors.to_numpy(be.ops.dropout(x, p, training=False)), x_np)
     np.testing.assert_array_equal(be.tensors.to_numpy(be.ops.dropout(x, 0.0, training=True)), x_np)
-    np.testing.assert_array_equal(be.tensors.to_numpy(be.ops.dropout(x, 1.0, training=True)), 0.0)
+    np.testing.assert_array_equal(be.tensors.to_numpy(be.ops.dropout(x, 1.0, training=True, impl="hash")), 0.0)
     with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
         be.ops.dropout(x, 1.5, training=True)
 
@@ -110,7 +111,7 @@ def _compiled_dropout(bm):
 
     @ms.jit
     def drop(x):
-        return bm.ops.dropout(x, 0.5, True)
+        return bm.ops.dropout(x, 0.5, True, "hash")
     return drop
 
 
@@ -140,7 +141,7 @@ def test_mindspore_dropout_gradient_uses_the_forward_mask(bm, jit):
     w = bm.tensors.from_numpy(np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32))
 
     def loss(t):
-        out = bm.ops.dropout(t, p, True)
+        out = bm.ops.dropout(t, p, True, "hash")
         return (out * w).sum(), out
 
     grad_fn = ms.value_and_grad(loss, has_aux=True)
@@ -206,7 +207,7 @@ def _call_masks(be, calls=CALLS, compiled=None) -> list[np.ndarray]:
     masks = []
     for shape, p in calls:
         x = be.tensors.from_numpy(np.ones(shape, np.float32))
-        out = compiled[p](x) if compiled else be.ops.dropout(x, p, training=True)
+        out = compiled[p](x) if compiled else be.ops.dropout(x, p, training=True, impl="hash")
         masks.append(be.tensors.to_numpy(out) != 0)
     return masks
 
@@ -243,7 +244,7 @@ def test_torch_dropout_values_equal_mindspore_values(bt, bm, dtype):
     for be in (bt, bm):
         _seeding(be).seed_everything(11)
         x = be.tensors.cast(be.tensors.from_numpy(x_np), be.tensors.dtype(dtype))
-        outs.append([be.tensors.to_numpy(be.ops.dropout(x, p, True)) for p in (0.1, 0.3, 0.7)])
+        outs.append([be.tensors.to_numpy(be.ops.dropout(x, p, True, "hash")) for p in (0.1, 0.3, 0.7)])
     _assert_same(outs[0], outs[1])
 
 
@@ -253,7 +254,7 @@ def test_torch_masks_equal_mindspore_jit_masks(bt, bm):
     def compiled(p):
         @ms.jit
         def drop(x):
-            return bm.ops.dropout(x, p, True)
+            return bm.ops.dropout(x, p, True, "hash")
         return drop
     graphs = {p: compiled(p) for p in {p for _, p in CALLS}}
     _seeding(bm).seed_everything(21)

@@ -4,11 +4,13 @@ Every run is a real job: mmrun -> torchrun or msrun -> models/pretrain_gpt.py ->
 demo corpus tokenized by `mmrun preprocess-data`. Runs are made once per session and shared:
 
     pt1 / pt2     PyTorch, 1 process (2 accumulation steps) / 2 processes (data parallel), same global batch
-    ms1 / ms2     the same on MindSpore
+    ms1 / ms2     the same on MindSpore (compiled with mindspore.jit: the default)
+    ms1_pynative  ms1 with --no-ms-jit
     pt_resume     PyTorch, resumed from pt1's iteration-10 checkpoint
     ms_resume     MindSpore, resumed from the same (PyTorch-written) checkpoint
     pt_killed     PyTorch, SIGKILLed in the middle of saving iteration 10 (the test hook), then resumed
-    pt_drop / ms_drop                  dropout 0.1 (the same masks on both frameworks), checkpoint at iteration 10
+    pt_drop / ms_drop                  dropout 0.1 with --dropout-impl hash (the same masks on both
+                                       frameworks), checkpoint at iteration 10
     pt_drop_resume / ms_drop_resume    the same, resumed from that checkpoint on the same framework
 
 Losses are compared from --metrics-file (full float precision); the Megatron-format log is checked too.
@@ -36,6 +38,8 @@ ITERS = 20  # tk.tiny_gpt's --train-iters
 
 # The one setting that draws random numbers every step: a resumed run matches only if the framework RNG resumes.
 DROPOUT = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
+# The cross-framework runs choose the hash dropout explicitly: "auto" is the framework's own off CPU.
+HASH_DROPOUT = ["--dropout-impl", "hash"]
 
 
 def _with(args: list[str], overrides: list[str]) -> list[str]:
@@ -50,7 +54,7 @@ def runs(tmp_path_factory, demo_data, tk):
     base = tmp_path_factory.mktemp("runs")
     args = list(tk.tiny_gpt) + tk.data_args(demo_data)
     ckpt, killed = base / "ckpt_pt", base / "ckpt_killed"
-    drop_args = _with(list(tk.tiny_gpt), DROPOUT) + tk.data_args(demo_data)
+    drop_args = _with(list(tk.tiny_gpt), DROPOUT) + HASH_DROPOUT + tk.data_args(demo_data)
     drop_ckpt = {fw: base / f"ckpt_{fw}_drop" for fw in ("pt", "ms")}
     framework = {"pt": "pytorch", "ms": "mindspore"}
     specs = {
@@ -58,6 +62,7 @@ def runs(tmp_path_factory, demo_data, tk):
         "pt2": lambda: run_training(base / "pt2", args, nproc=2),
         "ms1": lambda: run_training(base / "ms1", args, "mindspore"),
         "ms2": lambda: run_training(base / "ms2", args, "mindspore", nproc=2),
+        "ms1_pynative": lambda: run_training(base / "ms1_pynative", args + ["--no-ms-jit"], "mindspore"),
         "pt_resume": lambda: (get("pt1"), run_training(base / "pt_resume", args + ["--load", str(ckpt),
                                                                                    "--ckpt-step", "10"]))[1],
         "ms_resume": lambda: (get("pt1"), run_training(base / "ms_resume", args + ["--load", str(ckpt),
@@ -131,6 +136,15 @@ def _assert_frameworks_agree(pt, ms, what: str = "") -> float:
 
 def test_pytorch_and_mindspore_agree_from_the_same_seed(runs):
     _assert_frameworks_agree(runs("pt1"), runs("ms1"))
+
+
+def test_mindspore_compiles_the_step_by_default_with_the_losses_of_pynative(runs):
+    jit, pynative = runs("ms1"), runs("ms1_pynative")
+    assert "> MindSpore train step: mindspore.jit (graph)" in jit.output
+    assert "> MindSpore train step: PyNative" in pynative.output
+    diff = _max_diff(jit.losses(), pynative.losses(), range(1, ITERS + 1))
+    print(f"max |jit - PyNative| loss over {ITERS} iterations: {diff:.2e}")
+    assert diff <= 1e-5
 
 
 def test_checkpoint_layout_and_same_framework_resume_is_bit_exact(runs):

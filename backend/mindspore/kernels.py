@@ -1,0 +1,46 @@
+"""Fused device kernels behind `ops` on the mindspore backend: attention and the hash dropout.
+
+Same public names as `mmrun.backend.torch.kernels`. Each function returns None when no fused kernel
+serves the input on this device, and `ops` then runs its explicit (composite) path.
+
+- `fused_attention`: `ops.flash_attention_score` on Ascend (Atlas A2 and later; fp16/bf16 only, as
+  MindSpore documents it). It has no CPU kernel in MindSpore 2.10 (measured) and no GPU kernel, so on
+  CPU and GPU the explicit attention runs. Its dropout draws MindSpore's RNG. Not run here (no Ascend).
+- `hash_dropout`: MindSpore compiles the hash (ops.py's `_random_words`) into its graph already; there
+  is no separate fused kernel, so this is always None.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import mindspore as ms
+from mindspore import mint
+from mindspore import ops as _ops
+
+from mmrun.backend.mindspore import device
+
+_HALF = (ms.float16, ms.bfloat16)
+# A module constant (mindspore.jit reads it as one; it cannot run device.detect()).
+_ON_ASCEND = device.detect().kind == "npu"
+
+
+def fused_attention(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, scale: float) -> Any:
+    """softmax(q k^T * scale [causal]) v with dropout_p on the probabilities, q/k/v (B, heads, T, head_dim);
+    None where no fused kernel applies (the caller computes it explicitly)."""
+    if not _ON_ASCEND or q.dtype not in _HALF:
+        return None
+    seq_q, seq_k = q.shape[-2], k.shape[-2]
+    # attn_mask: 1 where a position must NOT be attended, (S1, S2) layout with sparse_mode 0.
+    mask = mint.triu(mint.ones((seq_q, seq_k), dtype=ms.uint8), 1) if causal else None
+    return _ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=mask, keep_prob=1.0 - dropout_p,
+                                      scalar_value=scale, input_layout="BNSD")
+
+
+def hash_dropout(x: Any, multiplier: int, offset: int, threshold: int, scale: float) -> Any:
+    """Always None on MindSpore: the hash is compiled into the graph by ops.dropout (no separate kernel)."""
+    return None
+
+
+def has_fused_hash_dropout(device: str) -> bool:
+    """False: see `hash_dropout`."""
+    return False
