@@ -6,7 +6,7 @@ computed here and stays right when a folder is added.
 """
 from setuptools import find_packages, setup
 
-TOP_LEVEL = ("backend", "common", "launchers", "models", "training", "data")
+TOP_LEVEL = ("backend", "common", "launchers", "analyse", "models", "training", "data")
 
 setup(
     packages=["mmrun"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.launchers.analyse.cli import main
+from mmrun.analyse.cli import main
 from mmrun.launchers.cli import main as mmrun_main
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -6,14 +6,14 @@ import io
 import os
 from pathlib import Path
 
-from mmrun.launchers.analyse.cli import main
-from mmrun.launchers.analyse.docgen import DOC_PATH, is_current
+from mmrun.analyse.cli import main
+from mmrun.analyse.docgen import DOC_PATH, is_current
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_rule_table_is_current():
-    assert is_current(), "regenerate: python -m mmrun.launchers.analyse.docgen --write"
+    assert is_current(), "regenerate: python -m mmrun.analyse.docgen --write"
 
 
 def test_example_output_is_what_the_command_prints():

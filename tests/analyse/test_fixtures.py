@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.launchers.analyse.report import format_finding
-from mmrun.launchers.analyse.rules import load_rules
-from mmrun.launchers.analyse.runner import RunConfig, analyse_source, make_index
+from mmrun.analyse.report import format_finding
+from mmrun.analyse.rules import load_rules
+from mmrun.analyse.runner import RunConfig, analyse_source, make_index
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RULE_FIXTURES = sorted(FIXTURES.glob("MM*.py"))

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import ast
 import collections
-import sysconfig
+import sys
 from pathlib import Path
 
 import pytest
 
-from mmrun.launchers.analyse.runner import RunConfig, analyse_source, discover, make_index, run
+from mmrun.analyse.runner import RunConfig, analyse_source, discover, make_index, run
 
-MEGATRON_CORE = Path(sysconfig.get_paths()["purelib"]) / "megatron" / "core"
+# Found on sys.path without importing it (importing megatron.core imports torch): a worktree's venv
+# reuses the main venv's packages through a .pth file, so the tree is not in this venv's purelib.
+MEGATRON_CORE = next((Path(entry, "megatron", "core") for entry in sys.path
+                      if Path(entry, "megatron", "core", "__init__.py").is_file()), Path("megatron-core-not-found"))
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,7 +1,7 @@
 """Render the rule table of docs/analyse.md from rules.yaml, so the page cannot drift from the data.
 
-    python -m mmrun.launchers.analyse.docgen            print the table
-    python -m mmrun.launchers.analyse.docgen --write    update docs/analyse.md between the markers
+    python -m mmrun.analyse.docgen            print the table
+    python -m mmrun.analyse.docgen --write    update docs/analyse.md between the markers
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from mmrun.common.atomic_write import atomic_write
 from .report import CSV_FILES
 from .rules import Rule, load_rules
 
-BEGIN = "<!-- BEGIN generated rules table: python -m mmrun.launchers.analyse.docgen --write -->"
+BEGIN = "<!-- BEGIN generated rules table: python -m mmrun.analyse.docgen --write -->"
 END = "<!-- END generated rules table -->"
-DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "analyse.md"
+DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "analyse.md"
 _SHOWN_NAMES = 4
 
 
@@ -88,7 +88,7 @@ def is_current(doc_path: Path = DOC_PATH) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmrun.launchers.analyse.docgen", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m mmrun.analyse.docgen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help=f"update {DOC_PATH} in place")
     args = parser.parse_args(argv)
