@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.analyse.runner import RunConfig, analyse_source, discover, make_index, run
+from mmrun.analyse.runner import RunConfig, analyse_source, make_index
+from mmrun.analyse.sources import discover
+from mmrun.analyse.workers import run
 
 # Found on sys.path without importing it (importing megatron.core imports torch): a worktree's venv
 # reuses the main venv's packages through a .pth file, so the tree is not in this venv's purelib.
@@ -35,7 +37,7 @@ def megatron_run():
 def test_whole_tree_without_errors(megatron_run):
     items, result = megatron_run
     assert len(items) > 300 and len(result.files) == len(items)
-    assert result.errors == []
+    assert result.skipped == []
     findings = result.findings
     counts = collections.Counter(f.code for f in findings)
     # Sane counts (measured: MM101 396, MM106 93, MM105 21 on megatron-core 0.16.1).
