@@ -15,7 +15,8 @@ import libcst as cst
 
 from . import fixes
 from .findings import Change, FileResult, Finding
-from .limits import DEFAULT_LIMITS, Limits, nesting_too_deep
+from .limits import DEFAULT_LIMITS, Limits
+from .nesting import nesting_too_deep
 from .rules import RuleIndex, build_index, load_rules, select_rules
 from .sources import SkipFile, read_source
 from .visitor import FileAnalysis
@@ -44,10 +45,8 @@ def analyse_source(data: bytes, display: str, index: RuleIndex, *, fix: bool = F
         return result
     if index.trigger_re is None or index.trigger_re.search(data) is None:
         return result
-    deep = nesting_too_deep(data, limits.max_depth)
-    if deep is not None:
-        result.skipped = (f"nesting deeper than {limits.max_depth} levels at line {deep[1]} (brackets, "
-                          "chained calls and operators), more than LibCST's parser can take")
+    result.skipped = nesting_too_deep(data, limits)
+    if result.skipped is not None:
         return result
     try:
         return _analyse_parsed(data, result, index, fix=fix, reference=reference)

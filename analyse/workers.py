@@ -79,6 +79,8 @@ def _limit_memory(extra: int) -> None:
 def _serve(conn, config: RunConfig) -> None:
     index = make_index(config)
     limits = config.limits
+    # This thread's stack (limits.stack_bytes) has room for LibCST's visitors on deep trees.
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), limits.recursion_limit))
     conn.send(_READY)
     while True:
         try:
