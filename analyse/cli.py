@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import sys
@@ -15,7 +16,7 @@ from .findings import Change, FileResult, Finding
 from .limits import DEFAULT_LIMITS
 from .rules import RuleError, TARGETS, expand_prefixes, load_rules
 from .runner import RunConfig, digest
-from .sources import PathError, SkipFile, discover, read_source
+from .sources import PathError, SkipFile, discover, printable, read_source
 from .workers import RunResult, WorkerStartError, default_jobs, run, stderr_progress
 
 EPILOG = """\
@@ -189,11 +190,16 @@ def _write_fix(path: str, r: FileResult, max_bytes: int) -> str | None:
         return str(exc)
     if digest(current) != r.old_digest:
         return "it changed on disk while being analysed; run again"
+    if not os.access(path, os.W_OK):
+        return "the file is read-only"
     try:
         atomic_write(path, r.new_source)
     except OSError as exc:
-        where = f": {exc.filename}" if exc.filename and exc.filename != path else ""
-        return f"cannot write ({exc.strerror or exc}{where})"
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            folder = printable(os.path.dirname(os.path.realpath(path)))
+            return (f"cannot write ({exc.strerror}): --write replaces the file with a new one made in its "
+                    f"folder {folder}, which must be writable")
+        return f"cannot write ({exc.strerror or exc})"
     return None
 
 

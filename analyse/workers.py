@@ -11,6 +11,7 @@ come back in input order whatever `jobs` is.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import signal
@@ -77,7 +78,11 @@ def _limit_memory(extra: int) -> None:
 
 
 def _serve(conn, config: RunConfig) -> None:
-    index = make_index(config)
+    try:
+        index = make_index(config)
+    except BaseException as exc:  # noqa: BLE001 - said on stderr, where the parent reads why
+        os.write(2, f"\n{type(exc).__name__}: {exc}\n".encode("utf-8", "replace"))
+        return
     limits = config.limits
     # This thread's stack (limits.stack_bytes) has room for LibCST's visitors on deep trees.
     sys.setrecursionlimit(max(sys.getrecursionlimit(), limits.recursion_limit))
@@ -103,6 +108,9 @@ def _serve(conn, config: RunConfig) -> None:
 def _worker_main(conn, config: RunConfig, stderr_path: str) -> None:
     # Ctrl-C is the parent's to handle: it stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A crash is reported by the parent in one line; a Python stack dump (PYTHONFAULTHANDLER,
+    # pytest) would only add noise on the user's terminal.
+    faulthandler.disable()
     signal.signal(signal.SIGPROF, signal.SIG_DFL)   # the CPU alarm ends the process
     # What native code prints when it dies ("memory allocation of N bytes failed") goes to a file
     # the parent reads for the reason, not onto the user's terminal.
