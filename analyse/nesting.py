@@ -3,7 +3,7 @@
 Two depths are measured on the tokens, in linear time: bracket nesting, and an estimate of the
 syntax tree's depth. In the estimate an open bracket adds one level on top of the expression it
 opens in; within one expression a chain of operators of the same binding strength nests one level
-per operator (`1 + 1 + 1`, `a.f().g()`, `not not x`, `lambda: lambda: x`), and an operator ends the
+per operator (`1 + 1 + 1`, `.f().g()`, `not not x`, `lambda: lambda: x`), and an operator ends the
 chains of those that bind tighter (in `a * b + c * d` the `+` starts a new term: 2 levels, not 3).
 Comparisons (`a < b < c`) are one flat node in LibCST.
 
