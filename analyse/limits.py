@@ -11,28 +11,37 @@ Two layers keep every input within these limits. nesting.py refuses, before LibC
 whose brackets nest deeper than CPython's own limit or whose expressions nest deeper than
 `max_depth` (CPython's compiler gives up near there too), so no runnable code is refused. What
 still goes wrong inside LibCST is contained by the worker process that analyses each file
-(workers.py): a large stack and recursion limit, `cpu_seconds` of CPU time and `memory_bytes` of
-memory per file; a file that exceeds them is skipped with the reason, and the run goes on.
+(workers.py): a large stack and recursion limit, a CPU-time and a memory budget per file; a file
+that exceeds them is skipped with the reason, and the run goes on. docs/analyse.md shows the
+table below (docgen.py renders it from the `doc` of each field).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MiB = 1 << 20
 CPYTHON_MAX_BRACKETS = 200   # CPython's tokenizer: "too many nested parentheses" beyond this
 
 
+def _limit(default, doc: str):
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass(frozen=True)
 class Limits:
-    max_bytes: int = 4 * MiB             # larger files are skipped (LibCST: about 1 GB at 4 MiB)
-    max_brackets: int = CPYTHON_MAX_BRACKETS   # bracket nesting (see nesting.py)
-    max_depth: int = 1000                # expression nesting: chained calls, operators, brackets
-    cpu_seconds: float = 30.0            # CPU time per file: this much ...
-    cpu_seconds_per_mib: float = 30.0    # ... plus this much per MiB
-    memory_bytes: int = 2048 * MiB       # memory a worker may add while analysing one file
-    stack_bytes: int = 64 * MiB          # stack of the worker thread that parses and analyses
-    recursion_limit: int = 20000         # Python's, in a worker (LibCST's visitors recurse per level)
-    wall_seconds: float = 60.0           # a worker silent for 4 x its CPU budget plus this is stopped
+    max_bytes: int = _limit(4 * MiB, "larger files are skipped (LibCST needs about 1 GB for 4 MiB of code)")
+    max_brackets: int = _limit(CPYTHON_MAX_BRACKETS, "brackets nested deeper are refused before parsing "
+                                                     "(CPython refuses them too)")
+    max_depth: int = _limit(1000, "expressions nested deeper (chained calls, operators, brackets) are refused "
+                                  "before parsing (CPython's compiler gives up near there)")
+    cpu_seconds: float = _limit(30.0, "CPU seconds a file may take to analyse ...")
+    cpu_seconds_per_mib: float = _limit(30.0, "... plus this many per MiB (normal code needs about 2 s per MiB)")
+    memory_bytes: int = _limit(2048 * MiB, "memory a worker may add while analysing one file")
+    stack_bytes: int = _limit(64 * MiB, "stack of the worker thread that parses and analyses")
+    recursion_limit: int = _limit(20000, "Python's recursion limit in a worker (LibCST's visitors recurse "
+                                         "once per level)")
+    wall_seconds: float = _limit(60.0, "a worker silent for 4 times its CPU budget plus this many seconds "
+                                       "is stopped (a hung file system)")
 
     def cpu_budget(self, size: int) -> float:
         """CPU seconds a file of `size` bytes may take."""
