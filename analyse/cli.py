@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             # Paths and source text the terminal's encoding cannot show must not end the run.
             stream.reconfigure(errors="backslashreplace")
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        status = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()   # a closed pipe shows here, not as a message at interpreter exit
+        return status
     except UsageError as exc:
         return _usage(str(exc))
     except RuleError as exc:

@@ -44,7 +44,7 @@ class Sources:
 
 def file_kind(mode: int) -> str:
     """'a FIFO (named pipe)', 'a folder', ... for a stat mode."""
-    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return _KINDS.get(stat.S_IFMT(mode), "an unknown kind of file")
 
 
 def printable(path: str) -> str:

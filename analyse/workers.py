@@ -77,6 +77,12 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+def _cpu_alarm(seconds: float) -> None:
+    """End this process (SIGPROF) once it has used `seconds` more of CPU time; 0 disarms."""
+    if hasattr(signal, "setitimer"):
+        signal.setitimer(signal.ITIMER_PROF, seconds)
+
+
 def _serve(conn, config: RunConfig) -> None:
     try:
         index = make_index(config)
@@ -96,9 +102,9 @@ def _serve(conn, config: RunConfig) -> None:
             return
         number, path, display, size = job
         _limit_memory(limits.memory_bytes)
-        signal.setitimer(signal.ITIMER_PROF, limits.cpu_budget(size))
+        _cpu_alarm(limits.cpu_budget(size))
         result = analyse_file(path, display, index, fix=config.fix, limits=limits)
-        signal.setitimer(signal.ITIMER_PROF, 0)
+        _cpu_alarm(0)
         try:
             conn.send((number, result))
         except (EOFError, OSError):
@@ -111,7 +117,8 @@ def _worker_main(conn, config: RunConfig, stderr_path: str) -> None:
     # A crash is reported by the parent in one line; a Python stack dump (PYTHONFAULTHANDLER,
     # pytest) would only add noise on the user's terminal.
     faulthandler.disable()
-    signal.signal(signal.SIGPROF, signal.SIG_DFL)   # the CPU alarm ends the process
+    if hasattr(signal, "SIGPROF"):
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)   # the CPU alarm ends the process
     # What native code prints when it dies ("memory allocation of N bytes failed") goes to a file
     # the parent reads for the reason, not onto the user's terminal.
     fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

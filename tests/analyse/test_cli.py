@@ -194,6 +194,7 @@ def test_help_lists_examples(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "mmrun analyse src/ --fix --write" in out and "exit status" in out
+    assert '"PATH: skipped: REASON"' in out
 
 
 def test_write_follows_symlinks_and_keeps_the_link(tmp_path: Path):

@@ -7,6 +7,8 @@ allocation. Each takes its file only; the file beside it is analysed as usual.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -105,3 +107,29 @@ def test_workers_leave_nothing_behind(tmp_path: Path):
     leftovers = {name for name in set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before
                  if name.startswith("mmrun-analyse-")}
     assert leftovers == set()
+
+
+def test_a_caller_with_threads_gets_forkserver_workers(tmp_path: Path):
+    # fork is unsafe once another thread runs; the workers then come from a fork server.
+    items = _files(tmp_path, a_deep=CUDA + "x = " + "(" * 3000 + "1" + ")" * 3000 + "\n", b_ok=CUDA)
+    script = tmp_path / "caller.py"
+    script.write_text(f"""
+import threading
+from mmrun.analyse import workers
+from mmrun.analyse.limits import Limits
+from mmrun.analyse.runner import RunConfig
+
+if __name__ == "__main__":
+    done = threading.Event()
+    threading.Thread(target=done.wait).start()
+    try:
+        print(workers._context().get_start_method())
+        config = RunConfig(limits=Limits(stack_bytes=1 << 20, max_depth=10**9, max_brackets=10**9))
+        for r in workers.run({items!r}, config, jobs=2).files:
+            print(r.path, r.skipped, len(r.findings))
+    finally:
+        done.set()
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.splitlines() == ["forkserver", "a_deep.py the analysis process crashed (killed by SIGSEGV) 0",
+                                        "b_ok.py None 1"], proc.stderr
