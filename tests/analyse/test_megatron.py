@@ -30,8 +30,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def megatron_run():
-    items = discover([str(MEGATRON_CORE)])
-    return items, run(items, RunConfig(target="both", fix=True), jobs=2)
+    sources = discover([str(MEGATRON_CORE)])
+    assert sources.skipped == [] and sources.notes == []
+    return sources.files, run(sources.files, RunConfig(target="both", fix=True), jobs=2)
 
 
 def test_whole_tree_without_errors(megatron_run):
