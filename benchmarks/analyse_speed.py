@@ -20,8 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_TREE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
-    "site-packages" / "megatron" / "core"
+# The installed megatron-core, found on sys.path without importing it (a worktree's venv reaches
+# the main venv's packages through a .pth file, so it is not under sys.prefix).
+DEFAULT_TREE = next((Path(entry, "megatron", "core") for entry in sys.path
+                     if Path(entry, "megatron", "core", "__init__.py").is_file()),
+                    Path(sys.prefix, "lib", "megatron", "core"))
 
 
 def tree_size(root: Path) -> tuple[int, int]:

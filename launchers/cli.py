@@ -12,7 +12,7 @@ import sys
 # name -> (module with `main(argv) -> int`, one-line summary for --help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "translate": ("mmrun.launchers.translate.cli", "rewrite a torchrun launch script into an msrun one (and back)"),
-    "analyse": ("mmrun.launchers.analyse.cli", "find code that will not run on Ascend NPUs or MindSpore; fix what is safe"),
+    "analyse": ("mmrun.analyse.cli", "find code that will not run on Ascend NPUs or MindSpore; fix what is safe"),
     "features": ("mmrun.features.cli", "print the feature support matrix (framework x device)"),
     "env": ("mmrun.launchers.env_report", "print versions and devices as a copy-paste block for bug reports"),
     "preprocess-data": ("mmrun.data.preprocess", "tokenize JSONL into Megatron's indexed .bin/.idx format"),

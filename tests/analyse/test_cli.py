@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.launchers.analyse.cli import main
+from mmrun.analyse.cli import main
 from mmrun.launchers.cli import main as mmrun_main
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -35,18 +35,27 @@ def project(tmp_path: Path) -> Path:
 def test_text_report_and_exit_status(project: Path, capsys):
     status = main([str(project)])
     out, err = capsys.readouterr()
-    assert status == 1   # error-level findings
+    assert status == 1   # error-level findings (and a skipped file)
     lines = out.splitlines()
     assert f"{project / 'train.py'}:10:5: MM101 torch.cuda.set_device is CUDA-only [*]" in lines
     assert (f"{project / 'train.py'}:12:21: MM105 .cuda() moves the tensor or module to a CUDA device"
             " (possible) [*]") in lines
     assert any(line.startswith("MM301  error        2  torch.nn.DataParallel") for line in lines)
     assert lines[-1] == ("15 findings in 2 of 4 files (12 error, 2 warning, 1 info; 4 possible); "
-                         "[*] 10 fixable with --fix")
+                         "[*] 10 fixable with --fix; 1 file skipped (see stderr)")
     assert ".hidden" not in out   # hidden folders are skipped
     # The file that does not parse: one line naming it, and the run went on.
     broken = [line for line in err.splitlines() if "broken.py" in line]
-    assert broken == [f"{project / 'broken.py'}: cannot parse (error at 2:4: expected one of ), *, **, NAME); skipped"]
+    assert broken == [f"{project / 'broken.py'}: skipped: cannot parse (error at 2:4: expected one of ), *, **, NAME)"]
+
+
+def test_a_skipped_file_alone_makes_the_exit_status_1(project: Path, capsys):
+    # No finding at all, but a file the analyser could not read: the result is incomplete.
+    assert main([str(project / "clean.py")]) == 0
+    assert main([str(project / "clean.py"), str(project / "broken.py")]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == ("0 findings in 0 of 2 files (0 error, 0 warning, 0 info; 0 possible); "
+                                    "1 file skipped (see stderr)")
 
 
 def test_warnings_only_exit_zero(project: Path, capsys):
@@ -82,7 +91,9 @@ def test_json_csv_sarif(project: Path, tmp_path: Path, capsys):
     main([str(project), "--format", "json"])
     data = json.loads(capsys.readouterr().out)
     assert data["files"] == 4 and data["target"] == "both"
-    assert len(data["findings"]) == 15 and len(data["parse_errors"]) == 1
+    assert len(data["findings"]) == 15 and data["format_version"] == 2
+    assert data["skipped"] == [{"path": str(project / "broken.py"),
+                                "reason": "cannot parse (error at 2:4: expected one of ), *, **, NAME)"}]
     first = data["findings"][0]
     assert set(first) >= {"path", "line", "col", "code", "level", "confidence", "message", "replacement", "fixable"}
     assert data["summary"]["MM301"] == {"count": 2, "level": "error", "title": "torch.nn.DataParallel"}
@@ -94,6 +105,11 @@ def test_json_csv_sarif(project: Path, tmp_path: Path, capsys):
     assert len(results) == 15
     rule_ids = [r["id"] for r in sarif["runs"][0]["tool"]["driver"]["rules"]]
     assert all(rule_ids[r["ruleIndex"]] == r["ruleId"] for r in results)
+    invocation, = sarif["runs"][0]["invocations"]
+    assert invocation["executionSuccessful"] is False
+    notification, = invocation["toolExecutionNotifications"]
+    assert notification["message"]["text"].startswith("skipped: cannot parse")
+    assert notification["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith("/broken.py")
 
     out_dir = tmp_path / "report"
     assert main([str(project), "--format", "csv", "--output", str(out_dir)]) == 1
@@ -178,6 +194,7 @@ def test_help_lists_examples(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "mmrun analyse src/ --fix --write" in out and "exit status" in out
+    assert '"PATH: skipped: REASON"' in out
 
 
 def test_write_follows_symlinks_and_keeps_the_link(tmp_path: Path):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.launchers.analyse.report import format_finding
-from mmrun.launchers.analyse.rules import load_rules
-from mmrun.launchers.analyse.runner import RunConfig, analyse_source, make_index
+from mmrun.analyse.report import format_finding
+from mmrun.analyse.rules import load_rules
+from mmrun.analyse.runner import RunConfig, analyse_source, make_index
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RULE_FIXTURES = sorted(FIXTURES.glob("MM*.py"))
@@ -25,7 +25,7 @@ def test_every_rule_has_a_fixture():
 def test_rule_fixture(source: Path):
     index = make_index(RunConfig(target="both", select=(source.stem,)))
     result = analyse_source(source.read_bytes(), source.name, index)
-    assert result.error is None
+    assert result.skipped is None
     got = [format_finding(f) for f in result.findings]
     expected = source.with_suffix(".txt").read_text(encoding="utf-8").splitlines()
     assert got == expected

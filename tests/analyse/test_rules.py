@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mmrun.launchers.analyse.rules import (
+from mmrun.analyse.rules import (
     RULES_PATH, RuleError, build_index, expand_prefixes, load_rules, parse_rules, select_rules,
 )
-from mmrun.launchers.analyse.runner import RunConfig, analyse_source, make_index
+from mmrun.analyse.runner import RunConfig, analyse_source, make_index
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RAW = yaml.safe_load(RULES_PATH.read_text(encoding="utf-8"))

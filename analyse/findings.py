@@ -44,9 +44,15 @@ class Change:
 class FileResult:
     path: str                       # as displayed
     lines: int = 0
-    parsed: bool = False            # False when the pre-filter showed no rule can fire, or on error
-    error: str | None = None        # one line: why the file was skipped
+    parsed: bool = False            # False when the pre-filter showed no rule can fire, or when skipped
+    skipped: str | None = None      # why the file could not be analysed: one line, without the path
     findings: list[Finding] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     new_source: bytes | None = None  # the rewritten file (fix mode, when something changed)
+    old_digest: str = ""            # with new_source: a digest of the bytes it was made from
     diff: str = ""
+
+    @property
+    def skip_line(self) -> str:
+        """`path: skipped: reason`, as printed on stderr."""
+        return f"{self.path}: skipped: {self.skipped}"

@@ -1,23 +1,23 @@
-"""Render the rule table of docs/analyse.md from rules.yaml, so the page cannot drift from the data.
+"""Render the tables of docs/analyse.md from the data (rules.yaml, limits.Limits), so the page cannot drift.
 
-    python -m mmrun.launchers.analyse.docgen            print the table
-    python -m mmrun.launchers.analyse.docgen --write    update docs/analyse.md between the markers
+    python -m mmrun.analyse.docgen            print the tables
+    python -m mmrun.analyse.docgen --write    update docs/analyse.md between the markers
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from mmrun.common.atomic_write import atomic_write
 
+from .limits import DEFAULT_LIMITS, MiB, Limits
 from .report import CSV_FILES
 from .rules import Rule, load_rules
 
-BEGIN = "<!-- BEGIN generated rules table: python -m mmrun.launchers.analyse.docgen --write -->"
-END = "<!-- END generated rules table -->"
-DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "analyse.md"
+DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "analyse.md"
 _SHOWN_NAMES = 4
 
 
@@ -73,31 +73,57 @@ def render_table(rules: Iterable[Rule]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def splice(doc: str, table: str) -> str:
-    """`doc` with the text between the markers replaced by `table`."""
-    if BEGIN not in doc or END not in doc:
-        raise ValueError(f"the page lacks the markers {BEGIN!r} ... {END!r}")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}{END}{tail}"
+def render_limits(limits: Limits = DEFAULT_LIMITS) -> str:
+    rows = ["| Limit | Default | What |", "|---|---|---|"]
+    for f in dataclasses.fields(limits):
+        value = getattr(limits, f.name)
+        shown = f"{value // MiB} MiB" if f.name.endswith("_bytes") else f"{value:g}"
+        rows.append(f"| `{f.name}` | {shown} | {_cell(f.metadata['doc'])} |")
+    return "\n".join(rows) + "\n"
+
+
+# name -> what renders it; the page holds each between its BEGIN and END markers.
+BLOCKS: dict[str, Callable[[], str]] = {
+    "rules table": lambda: render_table(load_rules()),
+    "limits table": render_limits,
+}
+
+
+def markers(name: str) -> tuple[str, str]:
+    return (f"<!-- BEGIN generated {name}: python -m mmrun.analyse.docgen --write -->",
+            f"<!-- END generated {name} -->")
+
+
+def splice(doc: str, name: str, text: str) -> str:
+    """`doc` with the text between the markers of block `name` replaced by `text`."""
+    begin, end = markers(name)
+    if begin not in doc or end not in doc:
+        raise ValueError(f"the page lacks the markers {begin!r} ... {end!r}")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{text}{end}{tail}"
+
+
+def render_page(doc: str) -> str:
+    for name, render in BLOCKS.items():
+        doc = splice(doc, name, render())
+    return doc
 
 
 def is_current(doc_path: Path = DOC_PATH) -> bool:
     doc = doc_path.read_text(encoding="utf-8")
-    return splice(doc, render_table(load_rules())) == doc
+    return render_page(doc) == doc
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmrun.launchers.analyse.docgen", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m mmrun.analyse.docgen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help=f"update {DOC_PATH} in place")
     args = parser.parse_args(argv)
-    table = render_table(load_rules())
     if not args.write:
-        sys.stdout.write(table)
+        sys.stdout.write("\n".join(render() for render in BLOCKS.values()))
         return 0
-    doc = DOC_PATH.read_text(encoding="utf-8")
-    atomic_write(DOC_PATH, splice(doc, table))
+    atomic_write(DOC_PATH, render_page(DOC_PATH.read_text(encoding="utf-8")))
     return 0
 
 

@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import io
+import os
 import sys
 from pathlib import Path
 
 from mmrun.backend.errors import UsageError  # a bad command line: one line, exit status 2
 from mmrun.common.atomic_write import atomic_write
 
-from . import fixes, report
-from .findings import Change, Finding
+from . import report
+from .findings import Change, FileResult, Finding
+from .limits import DEFAULT_LIMITS
 from .rules import RuleError, TARGETS, expand_prefixes, load_rules
-from .runner import PathError, RunConfig, default_jobs, discover, run, stderr_progress
+from .runner import RunConfig, digest
+from .sources import PathError, SkipFile, discover, printable, read_source
+from .workers import RunResult, WorkerStartError, default_jobs, run, stderr_progress
 
 EPILOG = """\
 examples:
@@ -28,8 +34,11 @@ Findings marked (possible) are method calls on a receiver that cannot be resolve
 -> .npu(), torch.cuda.X -> torch.npu.X where torch_npu has X, "cuda" -> "npu", "nccl" -> "hccl",
 a TODO comment above torch.nn.DataParallel, and `import torch_npu` where an NPU API is introduced.
 
-exit status: 0 no error-level findings (left), 1 error-level findings remain, 2 usage error.
-The analysed code is parsed (LibCST), never imported or executed.
+exit status: 0 no error-level findings (left) and every file analysed; 1 error-level findings
+remain, or a file was skipped (it could not be read, parsed or analysed within the limits: one
+line each on stderr, "PATH: skipped: REASON"), or a --write failed; 2 usage error.
+The analysed code is parsed (LibCST), never imported or executed; each file is analysed in a
+worker process with a CPU-time and memory limit, so no input can crash or hang the run.
 """
 
 
@@ -79,13 +88,33 @@ def _usage(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            # Paths and source text the terminal's encoding cannot show must not end the run.
+            stream.reconfigure(errors="backslashreplace")
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        status = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()   # a closed pipe shows here, not as a message at interpreter exit
+        return status
     except UsageError as exc:
         return _usage(str(exc))
     except RuleError as exc:
         print(f"mmrun analyse: the rule table is broken: {exc}", file=sys.stderr)
         return 2
+    except WorkerStartError as exc:
+        print(f"mmrun analyse: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`mmrun analyse src | head`): stop quietly, as other tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:   # writing a report: a full disk, a read-only folder
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"mmrun analyse: error: cannot write the report ({exc.strerror or exc}{where})", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mmrun analyse: interrupted", file=sys.stderr)
+        return 130
 
 
 def _main(argv: list[str]) -> int:
@@ -104,32 +133,39 @@ def _main(argv: list[str]) -> int:
     if output is not None and output.exists() and not output.is_dir():
         raise UsageError(f"--output must be a folder. Received: {args.output} (a file)")
     try:
-        items = discover(args.paths)
+        sources = discover(args.paths)
     except PathError as exc:
         raise UsageError(str(exc)) from None
     if output is not None:
-        output.mkdir(parents=True, exist_ok=True)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create the --output folder {args.output} ({exc.strerror})") from None
+    for note in sources.notes:
+        print(note, file=sys.stderr)
 
     config = RunConfig(target=args.target, select=tuple(select), ignore=tuple(ignore), fix=args.fix)
     jobs = args.jobs or default_jobs()
-    result = run(items, config, jobs=jobs, progress=stderr_progress())
-    for error in result.errors:
-        print(error, file=sys.stderr)
+    result = run(sources.files, config, jobs=jobs, progress=stderr_progress())
+    skipped = sorted(result.skipped + [FileResult(path=display, skipped=reason)
+                                       for display, reason in sources.skipped], key=lambda r: r.path)
+    for r in skipped:
+        print(r.skip_line, file=sys.stderr)
     by_code = {rule.code: rule for rule in rules}
     findings = report.sort_findings(result.findings)
-    files = len(result.files)
+    files = len(result.files) + len(sources.skipped)
 
     if args.fix:
-        return _fix(result, findings, {display: path for path, display in items}, args, output)
+        return _fix(result, findings, sources.files, skipped, args, output)
 
     lines = sum(r.lines for r in result.files)
     if args.format == "text":
-        text = report.render_text(findings, by_code, files=files)
+        text = report.render_text(findings, by_code, files=files, skipped=len(skipped))
     elif args.format == "json":
         text = report.render_json(findings, by_code, files=files, lines=lines, target=args.target,
-                                  parse_errors=result.errors)
+                                  skipped=skipped)
     elif args.format == "sarif":
-        text = report.render_sarif(findings, by_code)
+        text = report.render_sarif(findings, by_code, skipped=skipped)
     else:
         text = report.render_csv(findings)
     if output is None:
@@ -141,36 +177,68 @@ def _main(argv: list[str]) -> int:
             path = output / report.REPORT_NAMES[args.format]
             atomic_write(path, text)
             written = [path]
-        for line in report.summary_lines(findings, by_code, files=files):
+        for line in report.summary_lines(findings, by_code, files=files, skipped=len(skipped)):
             print(line)
         print(f"report: {', '.join(str(p) for p in written)}")
     print(f"mmrun analyse: {_n(files, 'file')}, {_n(lines, 'line')} in {result.seconds:.1f} s", file=sys.stderr)
-    return 1 if report.error_count(findings) else 0
+    return 1 if report.error_count(findings) or skipped else 0
 
 
-def _fix(result, findings: list[Finding], real: dict[str, str], args: argparse.Namespace,
-         output: Path | None) -> int:
+def _write_fix(path: str, r: FileResult, max_bytes: int) -> str | None:
+    """Rewrite one file; None when done, else why it was left as it was (one line)."""
+    try:
+        current = read_source(path, max_bytes)
+    except SkipFile as exc:
+        return str(exc)
+    if digest(current) != r.old_digest:
+        return "it changed on disk while being analysed; run again"
+    if not os.access(path, os.W_OK):
+        return "the file is read-only"
+    try:
+        atomic_write(path, r.new_source)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            folder = printable(os.path.dirname(os.path.realpath(path)))
+            return (f"cannot write ({exc.strerror}): --write replaces the file with a new one made in its "
+                    f"folder {folder}, which must be writable")
+        return f"cannot write ({exc.strerror or exc})"
+    return None
+
+
+def _fix(result: RunResult, findings: list[Finding], items: list[tuple[str, str]], skipped: list[FileResult],
+         args: argparse.Namespace, output: Path | None) -> int:
     if args.target == "mindspore":
         print("mmrun analyse: --fix rewrites for NPUs (torch_npu); with --target mindspore there is "
               "nothing it can rewrite safely", file=sys.stderr)
-    changed = [r for r in result.files if r.new_source is not None]
-    changes: list[Change] = [c for r in changed for c in r.changes]
+    changed = [(path, r) for (path, _), r in zip(items, result.files) if r.new_source is not None]
+    failed = 0
     if args.write:
-        for r in changed:
-            atomic_write(real[r.path], r.new_source)
-            print(f"rewrote {r.path} ({_n(len(r.changes), 'change')})")
+        done = []
+        for path, r in changed:
+            why_not = _write_fix(path, r, DEFAULT_LIMITS.max_bytes)
+            if why_not is None:
+                done.append((path, r))
+                print(f"rewrote {r.path} ({_n(len(r.changes), 'change')})")
+            else:
+                failed += 1
+                print(f"{r.path}: not rewritten: {why_not}", file=sys.stderr)
+        changed = done
     else:
-        for r in changed:
+        for _, r in changed:
             sys.stdout.write(r.diff)
+    changes: list[Change] = [c for _, r in changed for c in r.changes]
     if changes and (args.write or output is not None):
         where = (output or Path.cwd()) / "change_list.csv"
         atomic_write(where, report.render_change_list(changes))
         print(f"mmrun analyse: change list: {where}", file=sys.stderr)
     # What remains after the rewrites: findings no fix removes.
-    remaining = [f for f in findings if not (f.fixable and any(r.path == f.path for r in changed))]
+    rewritten = {r.path for _, r in changed}
+    remaining = [f for f in findings if not (f.fixable and f.path in rewritten)]
     errors = report.error_count(remaining)
     verb = "applied" if args.write else "proposed"
+    tail = f"; {_n(len(skipped), 'file')} skipped" if skipped else ""
+    tail += f"; {_n(failed, 'file')} not rewritten" if failed else ""
     print(f"mmrun analyse: {_n(len(changes), 'change')} {verb} in {_n(len(changed), 'file')}; "
-          f"{_n(len(remaining), 'finding')} left ({_n(errors, 'error')}); run without --fix to list them",
+          f"{_n(len(remaining), 'finding')} left ({_n(errors, 'error')}){tail}; run without --fix to list them",
           file=sys.stderr)
-    return 1 if errors else 0
+    return 1 if errors or skipped or failed else 0

@@ -10,7 +10,7 @@ from typing import Iterable, Mapping
 
 from mmrun.common.atomic_write import atomic_write
 
-from .findings import LEVEL_ORDER, Change, Finding
+from .findings import LEVEL_ORDER, Change, FileResult, Finding
 from .rules import Rule
 
 FORMATS = ("text", "json", "csv", "sarif")
@@ -44,7 +44,7 @@ def format_finding(f: Finding) -> str:
     return text
 
 
-def summary_lines(findings: list[Finding], rules: Mapping[str, Rule], *, files: int,
+def summary_lines(findings: list[Finding], rules: Mapping[str, Rule], *, files: int, skipped: int = 0,
                   fix_hint: bool = True) -> list[str]:
     """One line per code (count, level, title), then a totals line."""
     counts = Counter(f.code for f in findings)
@@ -63,29 +63,31 @@ def summary_lines(findings: list[Finding], rules: Mapping[str, Rule], *, files: 
              f"{levels['info']} info; {possible} possible)")
     if fix_hint and fixable:
         total += f"; [*] {fixable} fixable with --fix"
+    if skipped:
+        total += f"; {skipped} file{'s' if skipped != 1 else ''} skipped (see stderr)"
     lines.append(total)
     return lines
 
 
-def render_text(findings: list[Finding], rules: Mapping[str, Rule], *, files: int) -> str:
+def render_text(findings: list[Finding], rules: Mapping[str, Rule], *, files: int, skipped: int = 0) -> str:
     body = [format_finding(f) for f in findings]
     if body:
         body.append("")
-    body += summary_lines(findings, rules, files=files)
+    body += summary_lines(findings, rules, files=files, skipped=skipped)
     return "\n".join(body) + "\n"
 
 
 def render_json(findings: list[Finding], rules: Mapping[str, Rule], *, files: int, lines: int,
-                target: str, parse_errors: list[str]) -> str:
+                target: str, skipped: Iterable[FileResult] = ()) -> str:
     counts = Counter(f.code for f in findings)
     data = {
         "tool": "mmrun analyse",
-        "format_version": 1,
+        "format_version": 2,   # 2: "skipped" (path, reason) replaced "parse_errors" (lines)
         "target": target,
         "files": files,
         "lines": lines,
         "findings": [f.as_dict() for f in findings],
-        "parse_errors": parse_errors,
+        "skipped": [{"path": r.path, "reason": r.skipped} for r in skipped],
         "summary": {code: {"count": counts[code], "level": rules[code].level, "title": rules[code].title}
                     for code in sorted(counts) if code in rules},
     }
@@ -113,7 +115,7 @@ def render_change_list(changes: Iterable[Change]) -> str:
 _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 
 
-def render_sarif(findings: list[Finding], rules: Mapping[str, Rule]) -> str:
+def render_sarif(findings: list[Finding], rules: Mapping[str, Rule], skipped: Iterable[FileResult] = ()) -> str:
     used = sorted({f.code for f in findings})
     driver_rules = []
     for code in used:
@@ -142,11 +144,19 @@ def render_sarif(findings: list[Finding], rules: Mapping[str, Rule]) -> str:
             }}],
             "properties": {"confidence": f.confidence, "fixable": f.fixable},
         })
+    # Files that could not be analysed are tool execution notifications: the run is incomplete.
+    notifications = [{
+        "level": "error",
+        "message": {"text": f"skipped: {r.skipped}"},
+        "locations": [{"physicalLocation": {"artifactLocation": {"uri": Path(r.path).as_posix()}}}],
+    } for r in skipped]
     sarif = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
         "runs": [{
             "tool": {"driver": {"name": "mmrun analyse", "rules": driver_rules}},
+            "invocations": [{"executionSuccessful": not notifications,
+                             "toolExecutionNotifications": notifications}],
             "results": results,
         }],
     }
