@@ -10,7 +10,8 @@ from pathlib import Path
 
 from mmrun.launchers.translate.parse import ScriptSyntaxError
 from mmrun.launchers.translate.report import Report
-from mmrun.launchers.translate.rewrite import Options, TranslationRefused, translate_script
+from mmrun.launchers.translate.entry import translate_script
+from mmrun.launchers.translate.rewrite import Options, TranslationRefused
 from mmrun.common.atomic_write import atomic_write
 from mmrun.launchers.translate.rules import DEVICES, LAUNCHER_OF, ON_UNSUPPORTED
 

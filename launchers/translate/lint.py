@@ -107,5 +107,5 @@ def _enclosing(script: Script, offset: int) -> str | None:
     while node is not None:
         if node.type in ("comment", "heredoc_body", "string", "raw_string"):
             return node.type
-        node = node.parent
+        node = script.parent_of(node)
     return None

@@ -5,6 +5,7 @@ comments around it (the seed scripts carry Chinese comments).
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
@@ -19,6 +20,17 @@ BLOCKS = frozenset({
     "program", "compound_statement", "do_group", "if_statement", "elif_clause", "else_clause",
     "case_item", "subshell", "function_definition",
 })
+
+
+def decode(data: bytes) -> str:
+    """Script bytes as text; a byte that is not UTF-8 (a GBK or Latin-1 comment) becomes a lone surrogate, so that
+    `encode` gives the very same byte back."""
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    """The inverse of `decode`: text cut from the script (or built from such text) back to the script's bytes."""
+    return text.encode("utf-8", errors="surrogateescape")
 
 
 class ScriptSyntaxError(ValueError):
@@ -37,16 +49,29 @@ def _parser() -> tree_sitter.Parser:
     return tree_sitter.Parser(tree_sitter.Language(tree_sitter_bash.language()))
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where a node sits: found once for the whole tree (tree-sitter's own `parent` walks down from the root)."""
+
+    parent: Node | None
+    statement: Node
+    previous_named: Node | None  # the named sibling before it
+
+
 @dataclass
 class Script:
     source: bytes
     tree: tree_sitter.Tree
     path: str = "<script>"
     _line_starts: list[int] = field(default_factory=list, repr=False)
+    _places: dict[int, _Place] | None = field(default=None, repr=False)
+    _column_cache: tuple[int, int, int] = field(default=(-1, -1, 0), repr=False)  # (line start, offset, column)
 
     def __post_init__(self) -> None:
         starts = [0]
-        starts.extend(i + 1 for i, byte in enumerate(self.source) if byte == 0x0A)
+        find, position = self.source.find, 0
+        while (position := find(b"\n", position) + 1) > 0:
+            starts.append(position)
         self._line_starts = starts
 
     @property
@@ -54,26 +79,29 @@ class Script:
         return self.tree.root_node
 
     def text(self, start: int, end: int) -> str:
-        return self.source[start:end].decode("utf-8", errors="replace")
+        return decode(self.source[start:end])
 
     def node_text(self, node: Node) -> str:
         return self.text(node.start_byte, node.end_byte)
 
     def line_of(self, offset: int) -> int:
         """1-based line number of a byte offset."""
-        low, high = 0, len(self._line_starts) - 1
-        while low < high:
-            mid = (low + high + 1) // 2
-            if self._line_starts[mid] <= offset:
-                low = mid
-            else:
-                high = mid - 1
-        return low + 1
+        return bisect_right(self._line_starts, offset)
 
     def column_of(self, offset: int) -> int:
-        """1-based column (in characters) of a byte offset."""
+        """1-based column (in characters) of a byte offset.
+
+        Counted from the previous answer when it lies on the same line before `offset` (findings come in
+        source order), so that many findings on one long line cost the line's length once, not once each.
+        """
         start = self._line_starts[self.line_of(offset) - 1]
-        return len(self.text(start, offset)) + 1
+        cached_start, cached_offset, cached_column = self._column_cache
+        if cached_start == start and cached_offset <= offset:
+            column = cached_column + _characters(self.source, cached_offset, offset)
+        else:
+            column = 1 + _characters(self.source, start, offset)
+        self._column_cache = (start, offset, column)
+        return column
 
     def line_start(self, offset: int) -> int:
         return self._line_starts[self.line_of(offset) - 1]
@@ -98,16 +126,46 @@ class Script:
             yield current
             stack.extend(reversed(current.children))
 
+    def parent_of(self, node: Node) -> Node | None:
+        return self._place(node).parent
+
     def statement_of(self, node: Node) -> Node:
         """The whole statement holding `node` (a command inside `cmd 2>&1 | tee x`, an assignment in `export X=1`)."""
-        current = node
-        while current.parent is not None and current.parent.type not in BLOCKS:
-            current = current.parent
-        return current
+        return self._place(node).statement
+
+    def previous_named_sibling(self, node: Node) -> Node | None:
+        return self._place(node).previous_named
 
     def is_top_level(self, node: Node) -> bool:
-        statement = self.statement_of(node)
-        return statement.parent is not None and statement.parent.type == "program"
+        parent = self.parent_of(self.statement_of(node))
+        return parent is not None and parent.type == "program"
+
+    def _place(self, node: Node) -> _Place:
+        if self._places is None:
+            self._places = _places(self.root)
+        return self._places[node.id]
+
+
+def _places(root: Node) -> dict[int, _Place]:
+    """Parent, statement and previous named sibling of every node, in one walk (linear in the tree's size)."""
+    places = {root.id: _Place(None, root, None)}
+    stack = [(root, root)]
+    while stack:
+        parent, statement = stack.pop()
+        previous = None
+        for child in parent.children:
+            child_statement = child if parent.type in BLOCKS else statement
+            places[child.id] = _Place(parent, child_statement, previous)
+            if child.is_named:
+                previous = child
+            if child.child_count:
+                stack.append((child, child_statement))
+    return places
+
+
+def _characters(source: bytes, start: int, end: int) -> int:
+    """Characters in source[start:end] (a byte that is not UTF-8 counts as one)."""
+    return len(decode(source[start:end]))
 
 
 def parse_script(source: bytes, path: str = "<script>") -> Script:
@@ -123,11 +181,10 @@ def parse_script(source: bytes, path: str = "<script>") -> Script:
 
 
 def _first_error(node: Node) -> Node | None:
-    if node.is_error or node.is_missing:
-        return node
-    for child in node.children:
-        if child.has_error or child.is_error or child.is_missing:
-            found = _first_error(child)
-            if found is not None:
-                return found
-    return None
+    """The first node tree-sitter could not parse, found without recursion (scripts nest `$( )` thousands deep)."""
+    while not (node.is_error or node.is_missing):
+        following = next((c for c in node.children if c.has_error or c.is_error or c.is_missing), None)
+        if following is None:
+            return None
+        node = following
+    return node

@@ -49,25 +49,24 @@ class Report:
     warnings: list[Message] = field(default_factory=list)  # the job may not run as written; the translation went on
     notes: list[Message] = field(default_factory=list)
     undo: str | None = None  # how the reverse was done: "record" (exact text restored) or None
+    _seen: set = field(default_factory=set, repr=False, compare=False)  # each entry once, found in constant time
 
     def add_change(self, change: Change) -> None:
-        if change not in self.changes:
-            self.changes.append(change)
+        self._add("changes", change)
 
     def add_note(self, line: int, message: str) -> None:
-        note = Message(line, message)
-        if note not in self.notes:
-            self.notes.append(note)
+        self._add("notes", Message(line, message))
 
     def warn(self, line: int, message: str) -> None:
-        warning = Message(line, message)
-        if warning not in self.warnings:
-            self.warnings.append(warning)
+        self._add("warnings", Message(line, message))
 
     def refuse(self, line: int, message: str) -> None:
-        refusal = Message(line, message)
-        if refusal not in self.refusals:
-            self.refusals.append(refusal)
+        self._add("refusals", Message(line, message))
+
+    def _add(self, kind: str, entry: Change | Message) -> None:
+        if (kind, entry) not in self._seen:
+            self._seen.add((kind, entry))
+            getattr(self, kind).append(entry)
 
     def as_dict(self) -> dict:
         return {

@@ -20,7 +20,7 @@ from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
 from mmrun.launchers.translate import lint as lints
 from mmrun.launchers.translate.edits import Edit, EditConflict, apply_edits
 from mmrun.launchers.translate.launch_forms import EXECUTABLES, Launch, LauncherArgs, OptionUse, find_launches, read_args
-from mmrun.launchers.translate.parse import Node, Script, parse_script
+from mmrun.launchers.translate.parse import Node, Script, encode, parse_script
 from mmrun.launchers.translate.report import Change, Report
 from mmrun.launchers.translate.values import ScriptValues
 from mmrun.launchers.translate.words import MAX_ALTERNATIVES, Container, Definitions, ExpansionRefused, Word, Words
@@ -84,13 +84,6 @@ class Result:
     @property
     def changed(self) -> bool:
         return self.output != self.source
-
-
-def translate_script(source: bytes, options: Options | None = None, path: str = "<script>") -> Result:
-    """Translate a launch script; raises ScriptSyntaxError or TranslationRefused. Never runs the script."""
-    from mmrun.launchers.translate import marker
-
-    return marker.translate_with_marker(source, options or Options(), path)
 
 
 def translate_rules(source: bytes, options: Options, path: str) -> tuple[bytes, Report]:
@@ -338,11 +331,11 @@ class _Rewriter:
             return
         edits = []
         if flag != use.flag:
-            edits.append(Edit(*use.flag_span, flag.encode()))
+            edits.append(Edit(*use.flag_span, encode(flag)))
         new_value = None
         if option.takes_value and str(value) != str(use.value):
             new_value = self._render_value(str(value), use)
-            edits.append(Edit(*use.value_span, new_value.encode()))
+            edits.append(Edit(*use.value_span, encode(new_value)))
         if not edits:
             return
         before = self._use_text(use)
@@ -382,7 +375,7 @@ class _Rewriter:
             index = launch.container.index(launch.name_word)
             following = next((w for w in words[index + 1:] if w.start >= offset), None)
             sep = self._valid_sep(self.script.text(offset, following.start), launch.container) if following else " "
-        self.edits.append(Edit(offset, offset, "".join(sep + t for t in texts).encode()))
+        self.edits.append(Edit(offset, offset, encode("".join(sep + t for t in texts))))
         for dest, text in zip(dests, texts):
             self.report.add_change(Change(self._line(offset), "", text, WHY_ADDED.get(dest, f"{self.target} needs it")))
 
@@ -435,9 +428,9 @@ class _Rewriter:
     def _after_assignments(self, statement: Node, text: str) -> tuple[int, str]:
         """Where a new statement goes: after the assignments just above `statement` (the guide's layout), else above it."""
         indent = self.script.indent_of(statement.start_byte)
-        previous = statement.prev_named_sibling
+        previous = self.script.previous_named_sibling(statement)
         while previous is not None and previous.type == "comment":
-            previous = previous.prev_named_sibling
+            previous = self.script.previous_named_sibling(previous)
         if previous is not None and previous.type in ("variable_assignment", "variable_assignments", "declaration_command") \
                 and self._line(previous.end_byte - 1) < self._line(statement.start_byte):
             return self.script.line_end(previous.end_byte - 1), f"{indent}{text}{self.eol}"
@@ -491,7 +484,7 @@ class _Rewriter:
             if flag not in FRAMEWORK_FLAGS:
                 continue
             if eq:
-                found.append(([word], value, (word.end - len(value.encode()) - (1 if word.quote else 0), word.end - (1 if word.quote else 0))))
+                found.append(([word], value, (word.end - len(encode(value)) - (1 if word.quote else 0), word.end - (1 if word.quote else 0))))
             elif index + 1 < len(training):
                 following = training[index + 1]
                 found.append(([word, following], following.text, (following.start, following.end)))
@@ -550,12 +543,12 @@ class _Rewriter:
             self.report.add_change(Change(self._line(start), before, "", message))
             if self.options.on_unsupported == "comment":
                 offset, text = self._above(words[0].container.statement, f"{MARKER_PREFIX}: removed `{before}`: {message}")
-                self.edits.append(Edit(offset, offset, text.encode()))
+                self.edits.append(Edit(offset, offset, encode(text)))
 
     # ---------------------------------------------------------------- edit helpers
 
     def _edit(self, start: int, end: int, new: str, change: Change) -> None:
-        self.edits.append(Edit(start, end, new.encode()))
+        self.edits.append(Edit(start, end, encode(new)))
         self.report.add_change(change)
 
     def _remove_words(self, words: list[Word]) -> None:

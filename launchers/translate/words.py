@@ -10,9 +10,10 @@ text: they are evaluated when the script runs, never by us.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 
-from mmrun.launchers.translate.parse import Node, Script
+from mmrun.launchers.translate.parse import Node, Script, decode
 
 # Node types that are one opaque piece of a word (their value is known only when the script runs).
 EXPANSIONS = frozenset({
@@ -46,9 +47,12 @@ class Container:
     statement: Node  # the statement holding it: comments and exports go on a line above it
     variable: str | None = None
     words: list["Word"] = field(default_factory=list)
+    _positions: dict[int, int] = field(default_factory=dict, repr=False)
 
     def index(self, word: "Word") -> int:
-        return next(i for i, w in enumerate(self.words) if w is word)
+        if len(self._positions) != len(self.words):  # built once the words are in (a launch line can hold thousands)
+            self._positions = {id(w): i for i, w in enumerate(self.words)}
+        return self._positions[id(word)]
 
 
 @dataclass(eq=False)
@@ -101,7 +105,7 @@ class Definitions:
                 self._add_command_setters(node)
 
     def _add_assignment(self, node: Node) -> None:
-        parent = node.parent
+        parent = self.script.parent_of(node)
         if parent is not None and parent.type == "command":
             return  # `PYTHONPATH=x torchrun ...`: set for that one command only
         name_node = node.child_by_field_name("name")
@@ -117,7 +121,7 @@ class Definitions:
         self.by_name.setdefault(name, []).append(Definition(
             name=name, node=node, value=value, append=operator == "+=" or name_node.type == "subscript",
             is_array=value is not None and value.type == "array", statement=statement,
-            unconditional=statement.parent is not None and statement.parent.type == "program",
+            unconditional=self.script.is_top_level(statement),
         ))
 
     def _add_command_setters(self, node: Node) -> None:
@@ -182,8 +186,8 @@ class Words:
             container = Container("command", node, self.script.statement_of(node))
             name = node.child_by_field_name("name")
             parts = ([name] if name is not None else []) + [
-                c for c in node.children if c.is_named and c.type not in ("variable_assignment", "command_name", "comment", "file_redirect", "herestring_redirect")
-                and node.field_name_for_child(_child_index(node, c)) == "argument"
+                c for i, c in enumerate(node.children) if c.is_named and c.type not in ("variable_assignment", "command_name", "comment", "file_redirect", "herestring_redirect")
+                and node.field_name_for_child(i) == "argument"
             ]
             for part in parts:
                 target = part.named_children[0] if part.type == "command_name" and part.named_children else part
@@ -347,13 +351,6 @@ class Words:
         yield from _scan(source, position, end, escapes=_DQUOTE_ESCAPABLE)
 
 
-def _child_index(parent: Node, child: Node) -> int:
-    for i, c in enumerate(parent.children):
-        if c.id == child.id:
-            return i
-    return -1
-
-
 def _skip_space(source: bytes, start: int, end: int) -> int:
     # tree-sitter-bash starts some expansion nodes at the whitespace before their `$`.
     while start < end and source[start] in b" \t\n":
@@ -361,10 +358,19 @@ def _skip_space(source: bytes, start: int, end: int) -> int:
     return start
 
 
+_PLAIN = {True: re.compile(rb"[^ \t\n\\]+"), False: re.compile(rb"[^\\]+")}  # runs without separators or escapes
+
+
 def _scan(source: bytes, start: int, end: int, escapes, split: bool = True):
     """Literal text: whitespace separates words (when split), backslash escapes as bash reads them."""
     position = start
+    plain = _PLAIN[split]
     while position < end:
+        run = plain.match(source, position, end)
+        if run is not None:
+            yield ("lit", position, run.end(), decode(run.group()), None)
+            position = run.end()
+            continue
         byte = source[position]
         if split and byte in _IFS:
             run = position
@@ -380,15 +386,21 @@ def _scan(source: bytes, start: int, end: int, escapes, split: bool = True):
                 position += 2
                 continue
             if escapes == b"any" or following in escapes:
-                yield ("lit", position, position + 2, chr(following) if following < 0x80 else source[position + 1:position + 2].decode("latin-1"), None)
-                position += 2
+                length = _character_length(source, position + 1, end)
+                yield ("lit", position, position + 1 + length, decode(source[position + 1:position + 1 + length]), None)
+                position += 1 + length
                 continue
-        # one UTF-8 character
-        length = 1
-        while position + length < end and (source[position + length] & 0xC0) == 0x80:
-            length += 1
-        yield ("lit", position, position + length, source[position:position + length].decode("utf-8", errors="replace"), None)
+        length = _character_length(source, position, end)
+        yield ("lit", position, position + length, decode(source[position:position + length]), None)
         position += length
+
+
+def _character_length(source: bytes, position: int, end: int) -> int:
+    """Bytes of the UTF-8 character at `position` (its lead byte and the continuation bytes after it)."""
+    length = 1
+    while position + length < end and (source[position + length] & 0xC0) == 0x80:
+        length += 1
+    return length
 
 
 def _plain_variable(node: Node, script: Script) -> str | None:
