@@ -4,7 +4,7 @@ A translated script starts (after its shebang) with one header line:
 
     # mmrun translate: torchrun -> msrun (--device npu); undo: mmrun translate --to pytorch
 
-The reverse rules already give the original text back for the usual shapes (the seed scripts). Where
+The reverse rules already give the original text back for the usual shapes (the MindSpeed migration guides' scripts). Where
 they cannot (a dashed `--nproc-per-node`, `python -m torch.distributed.run`, options msrun drops,
 training flags removed as unsupported), a second line records the few original lines as JSON:
 

@@ -1,7 +1,7 @@
 """tree-sitter-bash, wrapped: parse a script once, refuse what does not parse, and answer byte/line questions.
 
 Offsets are bytes (tree-sitter's unit), so every edit lands exactly, whatever the encoding of the
-comments around it (the seed scripts carry Chinese comments).
+comments around it (the MindSpeed migration guides' scripts carry Chinese comments).
 """
 from __future__ import annotations
 
@@ -38,10 +38,9 @@ class ScriptSyntaxError(ValueError):
 
     def __init__(self, path: str, line: int, column: int, near: str):
         self.path, self.line, self.column, self.near = path, line, column, near
-        super().__init__(
-            f"{path}:{line}:{column}: bash syntax error near {near!r}: mmrun translate only rewrites scripts that parse. "
-            f"Check the line with `bash -n {path}` and fix it"
-        )
+        self.reason = (f"bash syntax error near {near!r}: mmrun translate only rewrites scripts that parse. "
+                       f"Check the line with `bash -n {path}` and fix it")
+        super().__init__(f"{path}:{line}:{column}: {self.reason}")
 
 
 @lru_cache(maxsize=1)
@@ -49,13 +48,11 @@ def _parser() -> tree_sitter.Parser:
     return tree_sitter.Parser(tree_sitter.Language(tree_sitter_bash.language()))
 
 
-@dataclass(frozen=True)
-class _Place:
-    """Where a node sits: found once for the whole tree (tree-sitter's own `parent` walks down from the root)."""
-
-    parent: Node | None
-    statement: Node
-    previous_named: Node | None  # the named sibling before it
+# Nodes whose place (parent, statement, previous named sibling) is indexed: every statement, and the commands and
+# assignments inside statements. Others are found by walking up (tree-sitter's own `parent` walks down from the root,
+# so that costs depth^2: fine for the few lint findings that ask).
+INDEXED = frozenset({"command", "variable_assignment"})
+_Place = tuple  # (parent, statement, previous named sibling)
 
 
 @dataclass
@@ -64,7 +61,7 @@ class Script:
     tree: tree_sitter.Tree
     path: str = "<script>"
     _line_starts: list[int] = field(default_factory=list, repr=False)
-    _places: dict[int, _Place] | None = field(default=None, repr=False)
+    _places: dict[int, _Place] | None = field(default=None, repr=False)  # node id -> place, for INDEXED nodes
     _column_cache: tuple[int, int, int] = field(default=(-1, -1, 0), repr=False)  # (line start, offset, column)
 
     def __post_init__(self) -> None:
@@ -127,14 +124,14 @@ class Script:
             stack.extend(reversed(current.children))
 
     def parent_of(self, node: Node) -> Node | None:
-        return self._place(node).parent
+        return self._place(node)[0]
 
     def statement_of(self, node: Node) -> Node:
         """The whole statement holding `node` (a command inside `cmd 2>&1 | tee x`, an assignment in `export X=1`)."""
-        return self._place(node).statement
+        return self._place(node)[1]
 
     def previous_named_sibling(self, node: Node) -> Node | None:
-        return self._place(node).previous_named
+        return self._place(node)[2]
 
     def is_top_level(self, node: Node) -> bool:
         parent = self.parent_of(self.statement_of(node))
@@ -143,19 +140,28 @@ class Script:
     def _place(self, node: Node) -> _Place:
         if self._places is None:
             self._places = _places(self.root)
-        return self._places[node.id]
+        place = self._places.get(node.id)
+        if place is None:  # not indexed: walk up
+            parent = node.parent
+            statement = node
+            while statement.parent is not None and statement.parent.type not in BLOCKS:
+                statement = statement.parent
+            place = (parent, statement, node.prev_named_sibling)
+        return place
 
 
 def _places(root: Node) -> dict[int, _Place]:
-    """Parent, statement and previous named sibling of every node, in one walk (linear in the tree's size)."""
-    places = {root.id: _Place(None, root, None)}
+    """The place of every statement and INDEXED node, in one walk (linear in the tree's size)."""
+    places = {root.id: (None, root, None)}
     stack = [(root, root)]
     while stack:
         parent, statement = stack.pop()
+        block = parent.type in BLOCKS
         previous = None
         for child in parent.children:
-            child_statement = child if parent.type in BLOCKS else statement
-            places[child.id] = _Place(parent, child_statement, previous)
+            child_statement = child if block else statement
+            if block or child.type in INDEXED:
+                places[child.id] = (parent, child_statement, previous)
             if child.is_named:
                 previous = child
             if child.child_count:

@@ -43,6 +43,7 @@ class Report:
     source: str  # the launcher translated from
     target: str  # the launcher translated to
     launches: int = 0  # launch lines translated
+    hidden_launches: int = 0  # launch lines inside eval, a variable or a heredoc: left alone, warned about, fail --check
     changes: list[Change] = field(default_factory=list)
     refusals: list[Message] = field(default_factory=list)
     lint: list[Finding] = field(default_factory=list)
@@ -74,6 +75,7 @@ class Report:
             "from": self.source,
             "to": self.target,
             "launches": self.launches,
+            "hidden_launches": self.hidden_launches,
             "translated": not self.refusals,
             "changes": [] if self.refusals else [c.as_dict() for c in sorted(self.changes, key=lambda c: c.line)],
             "refusals": [r.as_dict() for r in self.refusals],
