@@ -73,7 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(target=LAUNCHER_OF[args.to], device=args.device, on_unsupported=args.on_unsupported)
     status = 0
     for script in args.scripts:
-        status = max(status, _one(parser, script, args, options))
+        try:
+            status = max(status, _one(parser, script, args, options))
+        except Exception as error:  # noqa: BLE001 - a bug must still end in one line, not a traceback
+            print(f"mmrun translate: error: internal error while translating {script}: {type(error).__name__}: "
+                  f"{str(error).splitlines()[0] if str(error) else ''}; please report it with the script", file=sys.stderr)
+            status = max(status, 1)
     return status
 
 
@@ -131,7 +136,10 @@ def _print_report(report: Report, kind: str) -> None:
     # must be UTF-8, so such bytes stay escaped there (\udcXX).
     text = report.json() + "\n" if kind == "json" else report.text()
     sys.stderr.flush()
-    sys.stderr.buffer.write(text.encode("utf-8", errors="backslashreplace" if kind == "json" else "surrogateescape"))
+    if hasattr(sys.stderr, "buffer"):
+        sys.stderr.buffer.write(text.encode("utf-8", errors="backslashreplace" if kind == "json" else "surrogateescape"))
+    else:  # a stream without bytes underneath (an embedding program's StringIO)
+        sys.stderr.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))
     sys.stderr.flush()
 
 

@@ -109,7 +109,8 @@ class Report:
             lines.append(f"{self.path}:{warning.line}: warning: {warning.message}")
         for note in self.notes:
             lines.append(f"{self.path}:{note.line}: note: {note.message}")
-        return "\n".join(lines) + "\n"
+        # A message may quote a value with a newline in it (`--nnodes "1:<newline>4"`): each entry stays one line.
+        return "".join(line.replace("\r", "\\r").replace("\n", "\\n") + "\n" for line in lines)
 
 
 def _show(text: str) -> str:
