@@ -8,6 +8,7 @@ The script is parsed with tree-sitter-bash and never executed or sourced.
 """
 from __future__ import annotations
 
-from mmrun.launchers.translate.rewrite import Options, Result, TranslationRefused, translate_script
+from mmrun.launchers.translate.entry import translate_script
+from mmrun.launchers.translate.rewrite import Options, Result, TranslationRefused
 
 __all__ = ["Options", "Result", "TranslationRefused", "translate_script"]

@@ -3,16 +3,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from mmrun.launchers.translate.parse import ScriptSyntaxError
-from mmrun.launchers.translate.report import Report
-from mmrun.launchers.translate.rewrite import Options, TranslationRefused, translate_script
+from mmrun.backend.errors import UsageError
 from mmrun.common.atomic_write import atomic_write
+from mmrun.launchers.translate.entry import translate_script
+from mmrun.launchers.translate.parse import ScriptSyntaxError, decode, encode
+from mmrun.launchers.translate.report import Report
+from mmrun.launchers.translate.rewrite import Options, TranslationRefused
 from mmrun.launchers.translate.rules import DEVICES, LAUNCHER_OF, ON_UNSUPPORTED
+from mmrun.launchers.translate.script_file import read_script
 
 EPILOG = """\
 examples:
@@ -24,9 +27,10 @@ examples:
   mmrun translate scripts/*.sh --check                 exit 1 if any script would change (CI)
   mmrun translate pretrain_gpt.sh --on-unsupported comment --report json 2> report.json
 
-exit status: 0 translated (or nothing to do), 1 --check found a script that would change,
-2 usage error or a script that cannot be translated (the report says why, line by line).
-The script is parsed (tree-sitter-bash), never executed or sourced.
+exit status: 0 translated (or nothing to do), 1 --check found a script that would change (or a launch
+line hidden in eval, a variable or a heredoc, which is reported and left alone), or a file could not be
+written; 2 usage error, a SCRIPT that is no regular text file, or a script that cannot be translated
+(the report says why, line by line). The script is parsed (tree-sitter-bash), never executed or sourced.
 """
 
 
@@ -69,23 +73,26 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(target=LAUNCHER_OF[args.to], device=args.device, on_unsupported=args.on_unsupported)
     status = 0
     for script in args.scripts:
-        status = max(status, _one(parser, script, args, options))
+        try:
+            status = max(status, _one(parser, script, args, options))
+        except Exception as error:  # noqa: BLE001 - a bug must still end in one line, not a traceback
+            print(f"mmrun translate: error: internal error while translating {script}: {type(error).__name__}: "
+                  f"{str(error).splitlines()[0] if str(error) else ''}; please report it with the script", file=sys.stderr)
+            status = max(status, 1)
     return status
 
 
 def _one(parser: argparse.ArgumentParser, script: str, args: argparse.Namespace, options: Options) -> int:
     path = Path(script)
     try:
-        source = path.read_bytes()
-    except IsADirectoryError:
-        return _usage(f"{script} is a directory. Received: {script!r}; give the path of a launch script")
-    except OSError as error:
-        return _usage(f"cannot read {script}: {error.strerror}. Received: {script!r}; give the path of a launch script")
+        source = read_script(script)
+    except UsageError as error:
+        return _usage(str(error))
     try:
         result = translate_script(source, options, script)
     except ScriptSyntaxError as error:
         report = Report(script, options.source, options.target)
-        report.refuse(error.line, str(error).split(": ", 1)[1])
+        report.refuse(error.line, error.reason)
         _print_report(report, args.report)
         return 2
     except TranslationRefused as refused:
@@ -93,24 +100,23 @@ def _one(parser: argparse.ArgumentParser, script: str, args: argparse.Namespace,
         return 2
     _print_report(result.report, args.report)
     if args.diff:
-        sys.stdout.write(_diff(script, source, result.output, options.target))
+        _stdout(_diff(script, source, result.output, options.target))
     if args.check:
-        return 1 if result.changed else 0
+        return 1 if result.changed or result.report.hidden_launches else 0
     if args.output:
         out = Path(args.output)
         if _same_file(out, path):
             return _usage(f"-o {args.output} is the input script itself; use --in-place (it keeps {script}.bak) or another path")
-        _write(out, result.output, mode_from=path)
-    elif args.in_place:
+        return _write(out, result.output, mode_from=path, what="-o")
+    if args.in_place:
         if result.changed:
             backup = Path(script + ".bak")
-            if backup.exists():
+            if os.path.lexists(backup):
                 return _usage(f"{backup} already exists; move it away first (it may hold the original script)")
-            _write(backup, source, mode_from=path)
-            _write(path, result.output, mode_from=path)
-    elif not args.diff:
-        sys.stdout.buffer.write(result.output)
-        sys.stdout.flush()
+            return _write(backup, source, mode_from=path, what="the backup") or _write(path, result.output, mode_from=path, what="--in-place")
+        return 0
+    if not args.diff:
+        _stdout(result.output)
     return 0
 
 
@@ -119,17 +125,30 @@ def _usage(message: str) -> int:
     return 2
 
 
+def _stdout(data: bytes) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
 def _print_report(report: Report, kind: str) -> None:
-    sys.stderr.write(report.json() + "\n" if kind == "json" else report.text())
+    # The text report quotes the script's own bytes (surrogateescape gives a GBK comment back as it was); JSON
+    # must be UTF-8, so such bytes stay escaped there (\udcXX).
+    text = report.json() + "\n" if kind == "json" else report.text()
+    sys.stderr.flush()
+    if hasattr(sys.stderr, "buffer"):
+        sys.stderr.buffer.write(text.encode("utf-8", errors="backslashreplace" if kind == "json" else "surrogateescape"))
+    else:  # a stream without bytes underneath (an embedding program's StringIO)
+        sys.stderr.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))
     sys.stderr.flush()
 
 
-def _diff(name: str, before: bytes, after: bytes, target: str) -> str:
-    return "".join(difflib.unified_diff(
-        before.decode("utf-8", errors="replace").splitlines(keepends=True),
-        after.decode("utf-8", errors="replace").splitlines(keepends=True),
+def _diff(name: str, before: bytes, after: bytes, target: str) -> bytes:
+    """A unified diff of the script's own bytes (lines that are not UTF-8 shown as they are)."""
+    return encode("".join(difflib.unified_diff(
+        decode(before).splitlines(keepends=True), decode(after).splitlines(keepends=True),
         fromfile=name, tofile=f"{name} ({target})",
-    ))
+    )))
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -139,9 +158,21 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
 
 
-def _write(target: Path, data: bytes, mode_from: Path) -> None:
-    """Write through the one atomic writer; a new file gets the input script's permissions (+x)."""
-    atomic_write(target, data, new_file_mode=os.stat(mode_from).st_mode & 0o7777)
+# A place the user named wrongly: exit 2 (fix the argument); anything else (a full disk) is a runtime error, exit 1.
+_USAGE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP})
+
+
+def _write(target: Path, data: bytes, mode_from: Path, what: str) -> int:
+    """Write through the one atomic writer (all or nothing; a device or FIFO is written through, a symlink
+    followed); a new file gets the input script's permissions (+x). Returns the exit status."""
+    try:
+        atomic_write(target, data, new_file_mode=os.stat(mode_from).st_mode & 0o7777)
+    except OSError as error:
+        where = error.filename if error.filename is not None else target
+        print(f"mmrun translate: error: cannot write {what} {target}: {error.strerror or error} ({where}); nothing was "
+              f"written. Received: {str(target)!r}; name a file in an existing directory", file=sys.stderr)
+        return 2 if error.errno in _USAGE_ERRNOS else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from mmrun.launchers.cli import ALIASES, SUBCOMMANDS
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption, find_option
-from mmrun.launchers.translate.parse import Node, Script
+from mmrun.launchers.translate.parse import Node, Script, decode, encode
 from mmrun.launchers.translate.rules import MMRUN, MMRUN_OPTIONS
 from mmrun.launchers.translate.words import Container, Word, Words
 
@@ -102,10 +102,15 @@ class Launch:
         return self.container.statement
 
 
+# Every launcher executable and module names one of these; a command without them (or a backslash, which may
+# hide one: `torchr\un`) is no launch, and is not split into words at all (a script can hold 100k commands).
+_LAUNCH_HINTS = (b"run", b"launch", b"\\")
+
+
 def find_launches(script: Script, words: Words) -> list[Launch]:
     found = []
     for node in script.walk():
-        if node.type == "command":
+        if node.type == "command" and any(script.source.find(hint, node.start_byte, node.end_byte) >= 0 for hint in _LAUNCH_HINTS):
             launch = _launch(script, words, node)
             if launch is not None:
                 found.append(launch)
@@ -205,11 +210,11 @@ def read_args(launch: Launch, alternative: list[Word]) -> LauncherArgs:
             index += 1
             continue
         flag_start = word.start + (1 if word.quote else 0)
-        flag_span = (flag_start, flag_start + len(flag.encode()))
+        flag_span = (flag_start, flag_start + len(encode(flag)))
         if option.takes_value and eq:
             value_start = flag_span[1] + (0 if eq == "glued" else 1)
             value_end = word.end - (1 if word.quote else 0)
-            value_text = inline_value if word.static else _unquoted(word.raw.encode()[value_start - word.start:value_end - word.start].decode())
+            value_text = inline_value if word.static else _unquoted(decode(encode(word.raw)[value_start - word.start:value_end - word.start]))
             uses.append(OptionUse(option, flag, [word], flag_span, value_text, (value_start, value_end), word, True))
             index += 1
         elif option.takes_value:

@@ -103,9 +103,11 @@ def unset_variables(script: Script, defs: Definitions, nodes: list[Node]) -> lis
 
 
 def _enclosing(script: Script, offset: int) -> str | None:
-    node = script.root.descendant_for_byte_range(offset, offset + 1)
-    while node is not None:
-        if node.type in ("comment", "heredoc_body", "string", "raw_string"):
-            return node.type
-        node = node.parent
-    return None
+    """The innermost comment, heredoc or string holding the byte at `offset`, walking down from the root."""
+    found = None
+    cursor = script.root.walk()
+    while True:
+        if cursor.node.type in ("comment", "heredoc_body", "string", "raw_string"):
+            found = cursor.node.type
+        if cursor.goto_first_child_for_byte(offset) is None or cursor.node.start_byte > offset:
+            return found

@@ -1,10 +1,11 @@
 """tree-sitter-bash, wrapped: parse a script once, refuse what does not parse, and answer byte/line questions.
 
 Offsets are bytes (tree-sitter's unit), so every edit lands exactly, whatever the encoding of the
-comments around it (the seed scripts carry Chinese comments).
+comments around it (the MindSpeed migration guides' scripts carry Chinese comments).
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterator
@@ -21,20 +22,37 @@ BLOCKS = frozenset({
 })
 
 
+def decode(data: bytes) -> str:
+    """Script bytes as text; a byte that is not UTF-8 (a GBK or Latin-1 comment) becomes a lone surrogate, so that
+    `encode` gives the very same byte back."""
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    """The inverse of `decode`: text cut from the script (or built from such text) back to the script's bytes."""
+    return text.encode("utf-8", errors="surrogateescape")
+
+
 class ScriptSyntaxError(ValueError):
     """The script does not parse as bash; the message names the line."""
 
     def __init__(self, path: str, line: int, column: int, near: str):
         self.path, self.line, self.column, self.near = path, line, column, near
-        super().__init__(
-            f"{path}:{line}:{column}: bash syntax error near {near!r}: mmrun translate only rewrites scripts that parse. "
-            f"Check the line with `bash -n {path}` and fix it"
-        )
+        self.reason = (f"bash syntax error near {near!r}: mmrun translate only rewrites scripts that parse. "
+                       f"Check the line with `bash -n {path}` and fix it")
+        super().__init__(f"{path}:{line}:{column}: {self.reason}")
 
 
 @lru_cache(maxsize=1)
 def _parser() -> tree_sitter.Parser:
     return tree_sitter.Parser(tree_sitter.Language(tree_sitter_bash.language()))
+
+
+# Nodes whose place (parent, statement, previous named sibling) is indexed: every statement, and the commands and
+# assignments inside statements. Others are found by walking up (tree-sitter's own `parent` walks down from the root,
+# so that costs depth^2: fine for the few lint findings that ask).
+INDEXED = frozenset({"command", "variable_assignment"})
+_Place = tuple  # (parent, statement, previous named sibling)
 
 
 @dataclass
@@ -43,10 +61,14 @@ class Script:
     tree: tree_sitter.Tree
     path: str = "<script>"
     _line_starts: list[int] = field(default_factory=list, repr=False)
+    _places: dict[int, _Place] | None = field(default=None, repr=False)  # node id -> place, for INDEXED nodes
+    _column_cache: tuple[int, int, int] = field(default=(-1, -1, 0), repr=False)  # (line start, offset, column)
 
     def __post_init__(self) -> None:
         starts = [0]
-        starts.extend(i + 1 for i, byte in enumerate(self.source) if byte == 0x0A)
+        find, position = self.source.find, 0
+        while (position := find(b"\n", position) + 1) > 0:
+            starts.append(position)
         self._line_starts = starts
 
     @property
@@ -54,26 +76,29 @@ class Script:
         return self.tree.root_node
 
     def text(self, start: int, end: int) -> str:
-        return self.source[start:end].decode("utf-8", errors="replace")
+        return decode(self.source[start:end])
 
     def node_text(self, node: Node) -> str:
         return self.text(node.start_byte, node.end_byte)
 
     def line_of(self, offset: int) -> int:
         """1-based line number of a byte offset."""
-        low, high = 0, len(self._line_starts) - 1
-        while low < high:
-            mid = (low + high + 1) // 2
-            if self._line_starts[mid] <= offset:
-                low = mid
-            else:
-                high = mid - 1
-        return low + 1
+        return bisect_right(self._line_starts, offset)
 
     def column_of(self, offset: int) -> int:
-        """1-based column (in characters) of a byte offset."""
+        """1-based column (in characters) of a byte offset.
+
+        Counted from the previous answer when it lies on the same line before `offset` (findings come in
+        source order), so that many findings on one long line cost the line's length once, not once each.
+        """
         start = self._line_starts[self.line_of(offset) - 1]
-        return len(self.text(start, offset)) + 1
+        cached_start, cached_offset, cached_column = self._column_cache
+        if cached_start == start and cached_offset <= offset:
+            column = cached_column + _characters(self.source, cached_offset, offset)
+        else:
+            column = 1 + _characters(self.source, start, offset)
+        self._column_cache = (start, offset, column)
+        return column
 
     def line_start(self, offset: int) -> int:
         return self._line_starts[self.line_of(offset) - 1]
@@ -98,16 +123,55 @@ class Script:
             yield current
             stack.extend(reversed(current.children))
 
+    def parent_of(self, node: Node) -> Node | None:
+        return self._place(node)[0]
+
     def statement_of(self, node: Node) -> Node:
         """The whole statement holding `node` (a command inside `cmd 2>&1 | tee x`, an assignment in `export X=1`)."""
-        current = node
-        while current.parent is not None and current.parent.type not in BLOCKS:
-            current = current.parent
-        return current
+        return self._place(node)[1]
+
+    def previous_named_sibling(self, node: Node) -> Node | None:
+        return self._place(node)[2]
 
     def is_top_level(self, node: Node) -> bool:
-        statement = self.statement_of(node)
-        return statement.parent is not None and statement.parent.type == "program"
+        parent = self.parent_of(self.statement_of(node))
+        return parent is not None and parent.type == "program"
+
+    def _place(self, node: Node) -> _Place:
+        if self._places is None:
+            self._places = _places(self.root)
+        place = self._places.get(node.id)
+        if place is None:  # not indexed: walk up
+            parent = node.parent
+            statement = node
+            while statement.parent is not None and statement.parent.type not in BLOCKS:
+                statement = statement.parent
+            place = (parent, statement, node.prev_named_sibling)
+        return place
+
+
+def _places(root: Node) -> dict[int, _Place]:
+    """The place of every statement and INDEXED node, in one walk (linear in the tree's size)."""
+    places = {root.id: (None, root, None)}
+    stack = [(root, root)]
+    while stack:
+        parent, statement = stack.pop()
+        block = parent.type in BLOCKS
+        previous = None
+        for child in parent.children:
+            child_statement = child if block else statement
+            if block or child.type in INDEXED:
+                places[child.id] = (parent, child_statement, previous)
+            if child.is_named:
+                previous = child
+            if child.child_count:
+                stack.append((child, child_statement))
+    return places
+
+
+def _characters(source: bytes, start: int, end: int) -> int:
+    """Characters in source[start:end] (a byte that is not UTF-8 counts as one)."""
+    return len(decode(source[start:end]))
 
 
 def parse_script(source: bytes, path: str = "<script>") -> Script:
@@ -123,11 +187,10 @@ def parse_script(source: bytes, path: str = "<script>") -> Script:
 
 
 def _first_error(node: Node) -> Node | None:
-    if node.is_error or node.is_missing:
-        return node
-    for child in node.children:
-        if child.has_error or child.is_error or child.is_missing:
-            found = _first_error(child)
-            if found is not None:
-                return found
-    return None
+    """The first node tree-sitter could not parse, found without recursion (scripts nest `$( )` thousands deep)."""
+    while not (node.is_error or node.is_missing):
+        following = next((c for c in node.children if c.has_error or c.is_error or c.is_missing), None)
+        if following is None:
+            return None
+        node = following
+    return node

@@ -43,31 +43,31 @@ class Report:
     source: str  # the launcher translated from
     target: str  # the launcher translated to
     launches: int = 0  # launch lines translated
+    hidden_launches: int = 0  # launch lines inside eval, a variable or a heredoc: left alone, warned about, fail --check
     changes: list[Change] = field(default_factory=list)
     refusals: list[Message] = field(default_factory=list)
     lint: list[Finding] = field(default_factory=list)
     warnings: list[Message] = field(default_factory=list)  # the job may not run as written; the translation went on
     notes: list[Message] = field(default_factory=list)
     undo: str | None = None  # how the reverse was done: "record" (exact text restored) or None
+    _seen: set = field(default_factory=set, repr=False, compare=False)  # each entry once, found in constant time
 
     def add_change(self, change: Change) -> None:
-        if change not in self.changes:
-            self.changes.append(change)
+        self._add("changes", change)
 
     def add_note(self, line: int, message: str) -> None:
-        note = Message(line, message)
-        if note not in self.notes:
-            self.notes.append(note)
+        self._add("notes", Message(line, message))
 
     def warn(self, line: int, message: str) -> None:
-        warning = Message(line, message)
-        if warning not in self.warnings:
-            self.warnings.append(warning)
+        self._add("warnings", Message(line, message))
 
     def refuse(self, line: int, message: str) -> None:
-        refusal = Message(line, message)
-        if refusal not in self.refusals:
-            self.refusals.append(refusal)
+        self._add("refusals", Message(line, message))
+
+    def _add(self, kind: str, entry: Change | Message) -> None:
+        if (kind, entry) not in self._seen:
+            self._seen.add((kind, entry))
+            getattr(self, kind).append(entry)
 
     def as_dict(self) -> dict:
         return {
@@ -75,6 +75,7 @@ class Report:
             "from": self.source,
             "to": self.target,
             "launches": self.launches,
+            "hidden_launches": self.hidden_launches,
             "translated": not self.refusals,
             "changes": [] if self.refusals else [c.as_dict() for c in sorted(self.changes, key=lambda c: c.line)],
             "refusals": [r.as_dict() for r in self.refusals],
@@ -108,7 +109,8 @@ class Report:
             lines.append(f"{self.path}:{warning.line}: warning: {warning.message}")
         for note in self.notes:
             lines.append(f"{self.path}:{note.line}: note: {note.message}")
-        return "\n".join(lines) + "\n"
+        # A message may quote a value with a newline in it (`--nnodes "1:<newline>4"`): each entry stays one line.
+        return "".join(line.replace("\r", "\\r").replace("\n", "\\n") + "\n" for line in lines)
 
 
 def _show(text: str) -> str:

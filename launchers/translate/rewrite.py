@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
 from mmrun.launchers.translate import lint as lints
 from mmrun.launchers.translate.edits import Edit, EditConflict, apply_edits
+from mmrun.launchers.translate.hidden import find_hidden_launches
 from mmrun.launchers.translate.launch_forms import EXECUTABLES, Launch, LauncherArgs, OptionUse, find_launches, read_args
-from mmrun.launchers.translate.parse import Node, Script, parse_script
+from mmrun.launchers.translate.parse import Node, Script, encode, parse_script
 from mmrun.launchers.translate.report import Change, Report
-from mmrun.launchers.translate.values import ScriptValues
+from mmrun.launchers.translate.values import ProductIndex, ScriptValues
 from mmrun.launchers.translate.words import MAX_ALTERNATIVES, Container, Definitions, ExpansionRefused, Word, Words
 from mmrun.launchers.translate.rules import (
     DEVICES, FRAMEWORK_FLAGS, FRAMEWORK_OF, INLINE_ADDED, KEEP_DEFAULTS, MARKER_PREFIX, MMRUN, MMRUN_OWN_TO_MSRUN, MSRUN_EXTRAS,
@@ -47,6 +48,8 @@ def _splits(value: str) -> bool:
 
 
 _GAP = re.compile(r"[ \t]*(?:\\\r?\n[ \t]*|\r?\n[ \t]*)*")
+_COMMAND_SUBSTITUTION = re.compile(r"\$\((?!\()|`")  # `$(cmd)` or a backquote; `$((...))` alone runs nothing
+_IDENTIFIER = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 _NEEDS_QUOTES = re.compile(r"[\s;&|<>'\"`]")
 
 
@@ -102,13 +105,6 @@ class Result:
         return self.output != self.source
 
 
-def translate_script(source: bytes, options: Options | None = None, path: str = "<script>") -> Result:
-    """Translate a launch script; raises ScriptSyntaxError or TranslationRefused. Never runs the script."""
-    from mmrun.launchers.translate import marker
-
-    return marker.translate_with_marker(source, options or Options(), path)
-
-
 def translate_rules(source: bytes, options: Options, path: str) -> tuple[bytes, Report]:
     """The rule-based rewrite alone (no header, no undo record)."""
     return _Rewriter(source, options, path).run()
@@ -136,8 +132,11 @@ class _Rewriter:
         self.edits: list[Edit] = []
         self.removals: dict[int, _Removal] = {}
         self.exports: dict[int, str] = {}  # insertion offset -> LOCAL_WORLD_SIZE value written there
-        self.lint_roots: list[Node] = []
+        self.lint_roots: dict[tuple[int, int], Node] = {}  # each node once, however many launches expand it
         self.backend_findings: list[lints.Finding] = []
+        self.products = ProductIndex(self.script, self.defs)
+        self.once: dict[int, str] = {}  # value offset -> the variable a command substitution is assigned to
+        self._identifiers: set[bytes] | None = None
 
     # ---------------------------------------------------------------- driver
 
@@ -150,6 +149,10 @@ class _Rewriter:
             if launch.launcher == self.target:
                 used = MMRUN if launch.form == MMRUN else self.target  # mmrun picks its launcher itself
                 self.report.add_note(self._line(launch.command.start_byte), f"this launch line already uses {used}; left as it is")
+        hidden = find_hidden_launches(self.script, self.options.source)
+        for launch in hidden:
+            self.report.warn(self._line(launch.offset), launch.message)
+        self.report.hidden_launches = len(hidden)
         if not launches:
             self.report.add_note(1, f"no {self.options.source} launch line found (looked for {self._forms()}); nothing to translate")
         for launch in todo:
@@ -161,7 +164,7 @@ class _Rewriter:
         self.report.launches = len(todo)
         self.report.lint = sorted(
             lints.broken_continuations(self.script) + lints.array_as_scalar(self.script, self.defs)
-            + self.backend_findings + lints.unset_variables(self.script, self.defs, self.lint_roots),
+            + self.backend_findings + lints.unset_variables(self.script, self.defs, list(self.lint_roots.values())),
             key=lambda f: (f.line, f.column, f.code),
         )
         if self.report.refusals:
@@ -185,7 +188,7 @@ class _Rewriter:
 
     def _launch(self, launch: Launch) -> None:
         line = self._line(launch.command.start_byte)
-        self.lint_roots.append(launch.statement)  # the whole line: `| tee logs/${logfile}.log` included
+        self._lint_root(launch.statement)  # the whole line: `| tee logs/${logfile}.log` included
         try:
             alternatives = self._alternatives(launch)
         except ExpansionRefused as error:
@@ -216,7 +219,7 @@ class _Rewriter:
         flat = [(i, w) for i, arg in enumerate(launch.args) for w in self.words.expand(arg, union=True)[0]]
         for _, word in flat:
             if word.container.kind != "command":
-                self.lint_roots.append(word.container.node)
+                self._lint_root(word.container.node)
         probe = read_args(launch, [w for _, w in flat])
         last = next((i for i, w in flat if w is probe.script), len(launch.args) - 1)
         heads = [self.words.expand(arg, union=False) for arg in launch.args[:last + 1]]
@@ -225,6 +228,9 @@ class _Rewriter:
         if len(combinations) > MAX_ALTERNATIVES:
             raise ExpansionRefused(f"the launcher options have more than {MAX_ALTERNATIVES} possible values (if/else definitions); simplify them")
         return [[w for part in combination for w in part] + tail for combination in combinations]
+
+    def _lint_root(self, node: Node) -> None:
+        self.lint_roots.setdefault((node.start_byte, node.end_byte), node)
 
     def _rename_launcher(self, launch: Launch) -> None:
         start, end = launch.name_span
@@ -251,17 +257,23 @@ class _Rewriter:
                                                                       self.target, reason, hint[0])))
         for legacy in (u for u in args.uses if u.option is None):
             self._remove_use(legacy, "torch.distributed.launch's --use_env: msrun passes no --local-rank argument, so there is nothing to switch off")
+        position = max((u.start for u in uses), default=launch.command.start_byte)
+        values = ScriptValues(self.script, self.defs, position, self.products)
         given: dict[str, str | bool] = {}
         spelled: dict[str, str] = {}
         for use in uses:
-            given[use.dest] = use.value
+            given[use.dest] = values.shield(use.value)  # `${NNODES:-1}` is one value, not a MIN:MAX range
             spelled[use.dest] = use.flag
         filled = self._fill(given)
-        position = max((u.start for u in uses), default=launch.command.start_byte)
-        values = ScriptValues(self.script, self.defs, position)
-        translate = to_msrun if self.target == MSRUN else to_torchrun
+        shared = to_msrun if self.target == MSRUN else to_torchrun
+
+        def translate(options: dict[str, str | bool], **kwargs) -> Translation:
+            return values.unshield_translation(shared(options, **kwargs))
+
         try:
             full = translate(given, spelled=spelled, values=values)
+            if self._evaluate_once(uses, given, full):
+                full = translate(given, spelled=spelled, values=values)
         except ValueError as error:
             self.report.refuse(self._line(position), str(error))
             return
@@ -297,6 +309,38 @@ class _Rewriter:
         self._add_options(launch, uses, added, full)
         if self.target == MSRUN:
             self._export_local_world_size(launch, uses, outputs, full)
+
+    def _evaluate_once(self, uses: list[OptionUse], given: dict[str, str | bool], full: Translation) -> bool:
+        """A value that runs a command (`--nproc_per_node $(nproc)`) and that the translation writes in several places
+        (--local_worker_num, the --worker_num product, LOCAL_WORLD_SIZE) is assigned to a variable once, above the
+        statement that holds it, and the variable is used instead: each copy would run the command again (a command
+        with side effects, or one whose answer changes, would then disagree with itself). True if `given` changed."""
+        written = [str(value) for option, value in full.options if option.dest not in full.defaulted or option.dest in KEEP_DEFAULTS]
+        written += full.env.values()
+        changed = False
+        for use in uses:
+            value = use.value
+            if not isinstance(value, str) or use.value_span is None or not _COMMAND_SUBSTITUTION.search(value):
+                continue
+            if use.value_span[0] not in self.once and sum(text.count(value) for text in written) < 2:
+                continue
+            name = self.once.get(use.value_span[0]) or self._assign_once(use, value)
+            given[use.dest] = "$" + name
+            changed = True
+        return changed
+
+    def _assign_once(self, use: OptionUse, value: str) -> str:
+        base = use.dest.upper()
+        if self._identifiers is None:
+            self._identifiers = set(_IDENTIFIER.findall(self.source))
+        taken = self._identifiers | {n.encode() for n in self.once.values()}
+        name = next(n for n in (base if i == 0 else f"{base}_{i + 1}" for i in itertools.count()) if n.encode() not in taken)
+        self.once[use.value_span[0]] = name
+        text = f"{name}={value}" if not re.search(r"\s", value) else f'{name}="{value}"'
+        offset, inserted = self._after_assignments(use.container.statement, text)
+        self._edit(offset, offset, inserted, Change(self._line(offset), "", text,
+                   f"runs `{value}` once: the {self.target} line needs its value in several places, and each copy would run it again"))
+        return name
 
     def _fill(self, given: dict[str, str | bool]) -> list[str]:
         """Options the target needs that the script leaves to defaults; returns their dests (no use in the script)."""
@@ -342,7 +386,7 @@ class _Rewriter:
         return source_of
 
     def _flag(self, option: LauncherOption) -> str:
-        # torchrun accepts both spellings; scripts (and the seeds) mostly use underscores, which msrun shares.
+        # torchrun accepts both spellings; scripts (and the MindSpeed guides) mostly use underscores, which msrun shares.
         return "--" + option.dest if option.launcher == TORCHRUN else option.canonical_flag
 
     def _rewrite_use(self, use: OptionUse, dest: str, full: Translation, note: str | None) -> None:
@@ -354,11 +398,11 @@ class _Rewriter:
             return
         edits = []
         if flag != use.flag:
-            edits.append(Edit(*use.flag_span, flag.encode()))
+            edits.append(Edit(*use.flag_span, encode(flag)))
         new_value = None
         if option.takes_value and str(value) != str(use.value):
             new_value = self._render_value(str(value), use)
-            edits.append(Edit(*use.value_span, new_value.encode()))
+            edits.append(Edit(*use.value_span, encode(new_value)))
         if not edits:
             return
         before = self._use_text(use)
@@ -398,7 +442,7 @@ class _Rewriter:
             index = launch.container.index(launch.name_word)
             following = next((w for w in words[index + 1:] if w.start >= offset), None)
             sep = self._valid_sep(self.script.text(offset, following.start), launch.container) if following else " "
-        self.edits.append(Edit(offset, offset, "".join(sep + t for t in texts).encode()))
+        self.edits.append(Edit(offset, offset, encode("".join(sep + t for t in texts))))
         for dest, text in zip(dests, texts):
             self.report.add_change(Change(self._line(offset), "", text, WHY_ADDED.get(dest, f"{self.target} needs it")))
 
@@ -449,11 +493,11 @@ class _Rewriter:
         self._edit(offset, offset, inserted, Change(self._line(offset), "", text, "msrun does not set LOCAL_WORLD_SIZE for its workers; Megatron reads it"))
 
     def _after_assignments(self, statement: Node, text: str) -> tuple[int, str]:
-        """Where a new statement goes: after the assignments just above `statement` (the guide's layout), else above it."""
+        """Where a new statement goes: after the assignments just above `statement` (the layout of MindSpeed-MM's MindSpore backend migration guide), else above it."""
         indent = self.script.indent_of(statement.start_byte)
-        previous = statement.prev_named_sibling
+        previous = self.script.previous_named_sibling(statement)
         while previous is not None and previous.type == "comment":
-            previous = previous.prev_named_sibling
+            previous = self.script.previous_named_sibling(previous)
         if previous is not None and previous.type in ("variable_assignment", "variable_assignments", "declaration_command") \
                 and self._line(previous.end_byte - 1) < self._line(statement.start_byte):
             return self.script.line_end(previous.end_byte - 1), f"{indent}{text}{self.eol}"
@@ -507,7 +551,7 @@ class _Rewriter:
             if flag not in FRAMEWORK_FLAGS:
                 continue
             if eq:
-                found.append(([word], value, (word.end - len(value.encode()) - (1 if word.quote else 0), word.end - (1 if word.quote else 0))))
+                found.append(([word], value, (word.end - len(encode(value)) - (1 if word.quote else 0), word.end - (1 if word.quote else 0))))
             elif index + 1 < len(training):
                 following = training[index + 1]
                 found.append(([word, following], following.text, (following.start, following.end)))
@@ -520,7 +564,7 @@ class _Rewriter:
                 sep = self._line_sep(launch.container)
                 text = f"--ai-framework {framework}"
                 self._edit(last.end, last.end, sep + text, Change(self._line(last.end), "", text,
-                           "selects the MindSpore backend in the training script (seed 003)"))
+                           "selects the MindSpore backend in the training script (MindSpeed-MM's MindSpore backend migration guide)"))
         else:
             for words, value, _ in found:
                 if value == FRAMEWORK_OF[MSRUN]:
@@ -595,12 +639,12 @@ class _Rewriter:
             comment = f"{MARKER_PREFIX}: removed `{before}`: {message}"
         if self.options.on_unsupported == "comment":
             offset, text = self._above(words[0].container.statement, comment)
-            self.edits.append(Edit(offset, offset, text.encode()))
+            self.edits.append(Edit(offset, offset, encode(text)))
 
     # ---------------------------------------------------------------- edit helpers
 
     def _edit(self, start: int, end: int, new: str, change: Change) -> None:
-        self.edits.append(Edit(start, end, new.encode()))
+        self.edits.append(Edit(start, end, encode(new)))
         self.report.add_change(change)
 
     def _remove_words(self, words: list[Word]) -> None:

@@ -12,13 +12,13 @@ OTHER: dict[str, str] = {MSRUN: TORCHRUN, TORCHRUN: MSRUN}
 ON_UNSUPPORTED: tuple[str, ...] = ("error", "comment", "remove")
 MARKER_PREFIX = "# mmrun translate"
 
-# msrun options the Ascend guide (seed 003) adds beyond the translation: dest -> (value, devices).
+# msrun options MindSpeed-MM's MindSpore backend migration guide adds beyond the translation: dest -> (value, devices).
 MSRUN_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"bind_core": ("True", ("npu",))}
 # Defaults the shared translation fills in that a script must still write, because the launchers differ
 # (msrun: 8 workers, no join, no log dir). master_addr/master_port/node_rank defaults are left implicit:
 # they do not change a job that did not set them.
 KEEP_DEFAULTS: frozenset[str] = frozenset({"local_worker_num", "worker_num", "log_dir", "join"})
-# Added options written `--flag=value`, as the guide writes them.
+# Added options written `--flag=value`, as that guide writes them.
 INLINE_ADDED: frozenset[str] = frozenset({"bind_core"})
 
 # Why an option became another: (source dest, target dest) -> reason for the report.
@@ -39,9 +39,9 @@ WHY_RENAMED: dict[tuple[str, str], str] = {
 WHY_ADDED: dict[str, str] = {
     "local_worker_num": "msrun starts 8 workers per node unless told; torchrun's default was 1",
     "worker_num": "msrun expects 8 workers in total unless told",
-    "log_dir": "msrun writes each worker's output to <log_dir>/worker_<rank>.log (the Ascend guide's msrun_log)",
+    "log_dir": "msrun writes each worker's output to <log_dir>/worker_<rank>.log (msrun_log, as in MindSpeed-MM's MindSpore backend migration guide)",
     "join": "torchrun waits for its workers; msrun returns at once unless --join True (a `| tee` would capture nothing and the exit code would be lost)",
-    "bind_core": "the Ascend guide binds CPU cores to NPU workers (added for --device npu only)",
+    "bind_core": "MindSpeed-MM's MindSpore backend migration guide binds CPU cores to NPU workers (added for --device npu only)",
     "nproc_per_node": "msrun's default of 8 workers per node, written out (torchrun's default is 1)",
     "nnodes": "msrun's default of 8 workers in total, written out",
 }
@@ -51,7 +51,7 @@ WHY_DROPPED: dict[str, str] = {
     "max_restarts": "msrun never restarts workers, which is what 0 restarts asks for",
 }
 WHY_LAUNCHER: dict[str, str] = {
-    MSRUN: "msrun starts the workers for the MindSpore backend (seed 003)",
+    MSRUN: "msrun starts the workers for the MindSpore backend (MindSpeed-MM's MindSpore backend migration guide)",
     TORCHRUN: "torchrun starts the workers for the PyTorch backend",
 }
 

@@ -2,15 +2,16 @@
 
 `--worker_num` is `--nproc_per_node` x `--nnodes`. In a script both are usually variables, so the
 product is written as `$(($GPUS_PER_NODE*$NNODES))`, or as a variable the script already defines
-to exactly that product (`WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))`, the Ascend guide's form). The
+to exactly that product (`WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))`, the form of MindSpeed-MM's MindSpore backend migration guide). The
 way back divides, and recognises those products so that `--nnodes $NNODES` comes back as written.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN
-from mmrun.launchers.translation import Values
+from mmrun.launchers.translation import Translation, Values
 from mmrun.launchers.translate.parse import Script
 from mmrun.launchers.translate.words import Definitions
 
@@ -58,15 +59,89 @@ def _is_int(text: str) -> bool:
     return bool(_INT.fullmatch(text.strip()))
 
 
-class ScriptValues(Values):
-    """Values for a script: products and quotients as shell arithmetic, reusing the script's own variables."""
+def has_top_level_colon(text: str) -> bool:
+    """A `:` outside every `${...}`, `$(...)`, `$((...))` and backquote: `1:4` or `$MIN:$MAX`, not `${NNODES:-1}`."""
+    depth, index, backquoted = 0, 0, False
+    while index < len(text):
+        char = text[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char == "$" and text[index + 1:index + 2] in ("{", "("):
+            depth += 1
+            index += 2
+            continue
+        if char == "`":
+            backquoted = not backquoted
+        elif depth and char == "(":
+            depth += 1
+        elif depth and char in "})":
+            depth -= 1
+        elif char == ":" and not depth and not backquoted:
+            return True
+        index += 1
+    return False
 
-    def __init__(self, script: Script, definitions: Definitions, position: int):
+
+class ProductIndex:
+    """The variables a script defines as a product of two operands (`WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))`), by
+    their factors: found once per script, so that each launch line looks up its product in constant time."""
+
+    def __init__(self, script: Script, definitions: Definitions):
+        self.by_factors: dict[tuple[str, ...], list[str]] = {}
+        for name, found in definitions.by_name.items():
+            if len(found) != 1 or found[0].append or found[0].value is None or found[0].value.type != "arithmetic_expansion":
+                continue
+            arith = _ARITH.fullmatch(script.node_text(found[0].value))
+            product = _PRODUCT.fullmatch(arith.group(1)) if arith else None
+            if product is not None:
+                key = tuple(sorted(normalise_operand(f) for f in product.groups()))
+                self.by_factors.setdefault(key, []).append(name)
+
+
+class ScriptValues(Values):
+    """Values for a script: products and quotients as shell arithmetic, reusing the script's own variables.
+
+    A value whose `:` sits inside an expansion (`--nnodes ${NNODES:-1}`) is `shield`ed: the shared translation
+    sees a token without `:` (it would read `MIN:MAX`, an elastic range), and `unshield` puts the text back.
+    """
+
+    def __init__(self, script: Script, definitions: Definitions, position: int, products: ProductIndex | None = None):
         self.script = script
         self.defs = definitions
         self.position = position  # where the computed value will be evaluated
+        self.products = products if products is not None else ProductIndex(script, definitions)
+        self._shielded: dict[str, str] = {}
+
+    def shield(self, value: str | bool) -> str | bool:
+        if not isinstance(value, str) or ":" not in value or has_top_level_colon(value):
+            return value
+        token = f"\0value{len(self._shielded)}\0"  # no script holds a NUL byte
+        self._shielded[token] = value
+        return token
+
+    def unshield(self, value):
+        if isinstance(value, str) and "\0" in value:
+            for token, text in self._shielded.items():
+                value = value.replace(token, text)
+        return value
+
+    def unshield_translation(self, translation: Translation) -> Translation:
+        """The translation with every shielded value (in options, exports, notes and refusals) written out again."""
+        if not self._shielded:
+            return translation
+        put_back = self.unshield
+        return replace(
+            translation,
+            options=[(option, put_back(value)) for option, value in translation.options],
+            env={name: put_back(value) for name, value in translation.env.items()},
+            notes=[replace(note, value=put_back(note.value), message=put_back(note.message)) for note in translation.notes],
+            refusals=[replace(refusal, value=put_back(refusal.value), reason=put_back(refusal.reason), hint=put_back(refusal.hint))
+                      for refusal in translation.refusals],
+        )
 
     def product(self, a: str, b: str) -> str:
+        a, b = self.unshield(a), self.unshield(b)
         if (_is_int(a) and _is_int(b)) or (_is_int(b) and int(b) == 1):
             return super().product(a, b)
         if _is_int(a) and int(a) == 1:
@@ -77,6 +152,7 @@ class ScriptValues(Values):
         return f"$(({_operand(a)}*{_operand(b)}))"
 
     def quotient(self, a: str, b: str, what: str) -> str:
+        a, b = self.unshield(a), self.unshield(b)
         if (_is_int(a) and _is_int(b)) or (_is_int(b) and int(b) == 1):
             return super().quotient(a, b, what)
         if normalise_operand(a) == normalise_operand(b):
@@ -122,14 +198,14 @@ class ScriptValues(Values):
         return (product.group(1), product.group(2)) if product else None
 
     def _product_variable(self, a: str, b: str) -> str | None:
-        wanted = sorted([normalise_operand(a), normalise_operand(b)])
+        wanted = tuple(sorted([normalise_operand(a), normalise_operand(b)]))
         candidates = []
-        for name in self.defs.by_name:
+        for name in self.products.by_factors.get(wanted, []):
             definition = self._single_definition(name)
-            if definition is None or definition.value is None or definition.value.type != "arithmetic_expansion":
+            if definition is None:
                 continue
             factors = self._factors("$" + name)
-            if factors is None or sorted(normalise_operand(f) for f in factors) != wanted:
+            if factors is None:
                 continue
             # The factors must not change between the product's definition and its use.
             later = [d for f in factors for d in self.defs.get(normalise_operand(f).lstrip("$"))

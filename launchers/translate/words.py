@@ -10,9 +10,11 @@ text: they are evaluated when the script runs, never by us.
 from __future__ import annotations
 
 import itertools
+import re
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from mmrun.launchers.translate.parse import Node, Script
+from mmrun.launchers.translate.parse import Node, Script, decode
 
 # Node types that are one opaque piece of a word (their value is known only when the script runs).
 EXPANSIONS = frozenset({
@@ -22,6 +24,10 @@ EXPANSIONS = frozenset({
 _IFS = b" \t\n"
 _DQUOTE_ESCAPABLE = b'$`"\\'
 MAX_ALTERNATIVES = 16  # combinations of if/else definitions translated one by one before we give up
+# Words the launch lines of one script may expand to, in all: at least this many, and one per byte of the script
+# beyond. Variables nested in variables multiply (`A="$B $B"`, `B="$C $C"`, ...: 2^depth words); the bound keeps the
+# work linear in the script's size, far above any real launch line (a few hundred words).
+MIN_EXPANSION_BUDGET = 100_000
 
 
 class ExpansionRefused(ValueError):
@@ -46,9 +52,12 @@ class Container:
     statement: Node  # the statement holding it: comments and exports go on a line above it
     variable: str | None = None
     words: list["Word"] = field(default_factory=list)
+    _positions: dict[int, int] = field(default_factory=dict, repr=False)
 
     def index(self, word: "Word") -> int:
-        return next(i for i, w in enumerate(self.words) if w is word)
+        if len(self._positions) != len(self.words):  # built once the words are in (a launch line can hold thousands)
+            self._positions = {id(w): i for i, w in enumerate(self.words)}
+        return self._positions[id(word)]
 
 
 @dataclass(eq=False)
@@ -86,6 +95,7 @@ class Definitions:
         self.script = script
         self.by_name: dict[str, list[Definition]] = {}
         self.other_setters: set[str] = set()  # for/read/declare/export without value/getopts/mapfile
+        self._position_cache: dict[str, tuple[list[int] | None, list[int]]] = {}
         for node in script.walk():
             if node.type == "variable_assignment":
                 self._add_assignment(node)
@@ -101,7 +111,7 @@ class Definitions:
                 self._add_command_setters(node)
 
     def _add_assignment(self, node: Node) -> None:
-        parent = node.parent
+        parent = self.script.parent_of(node)
         if parent is not None and parent.type == "command":
             return  # `PYTHONPATH=x torchrun ...`: set for that one command only
         name_node = node.child_by_field_name("name")
@@ -117,7 +127,7 @@ class Definitions:
         self.by_name.setdefault(name, []).append(Definition(
             name=name, node=node, value=value, append=operator == "+=" or name_node.type == "subscript",
             is_array=value is not None and value.type == "array", statement=statement,
-            unconditional=statement.parent is not None and statement.parent.type == "program",
+            unconditional=self.script.is_top_level(statement),
         ))
 
     def _add_command_setters(self, node: Node) -> None:
@@ -146,6 +156,21 @@ class Definitions:
         definitions = self.get(name)
         return bool(definitions) and any(d.is_array for d in definitions)
 
+    def _positions(self, name: str) -> tuple[list[int] | None, list[int]]:
+        """(end offsets of the name's definitions, or None when out of order; for each definition, the index of the
+        last one up to it that replaces every earlier value), computed once per name."""
+        if name not in self._position_cache:
+            found = self.get(name)
+            ends = [d.node.end_byte for d in found]
+            resets, last = [], 0
+            for i, definition in enumerate(found):
+                if definition.unconditional and not definition.append:
+                    last = i
+                resets.append(last)
+            ordered = all(a <= b for a, b in zip(ends, ends[1:]))
+            self._position_cache[name] = (ends if ordered else None, resets)
+        return self._position_cache[name]
+
     def reaching(self, name: str, offset: int) -> list[list[Definition]]:
         """The definitions a use at `offset` may see, as alternatives (if/else), each a chain (X=...; X+=...).
 
@@ -153,8 +178,15 @@ class Definitions:
         assignments after it (inside if/else, functions) are alternatives; `+=` extends the chain.
         """
         found = self.get(name)
-        before = [d for d in found if d.node.end_byte <= offset] or found
-        cut = max((i for i, d in enumerate(before) if d.unconditional and not d.append), default=0)
+        if not found:
+            return [[]]
+        ends, resets = self._positions(name)
+        if ends is not None:
+            before = found[:bisect_right(ends, offset)] or found
+            cut = resets[len(before) - 1]
+        else:  # an assignment nested in another's value (`A=$(A=1)`): end offsets out of order
+            before = [d for d in found if d.node.end_byte <= offset] or found
+            cut = max((i for i, d in enumerate(before) if d.unconditional and not d.append), default=0)
         chain = before[cut:]
         plains = [d for d in chain if not d.append]
         if len(plains) <= 1:
@@ -172,6 +204,7 @@ class Words:
         self.script = script
         self.defs = definitions
         self._containers: dict[tuple[int, int, str], Container] = {}
+        self.expansion_budget = max(MIN_EXPANSION_BUDGET, len(script.source))  # words left to expand (see above)
 
     # ------------------------------------------------------------------ containers
 
@@ -182,8 +215,8 @@ class Words:
             container = Container("command", node, self.script.statement_of(node))
             name = node.child_by_field_name("name")
             parts = ([name] if name is not None else []) + [
-                c for c in node.children if c.is_named and c.type not in ("variable_assignment", "command_name", "comment", "file_redirect", "herestring_redirect")
-                and node.field_name_for_child(_child_index(node, c)) == "argument"
+                c for i, c in enumerate(node.children) if c.is_named and c.type not in ("variable_assignment", "command_name", "comment", "file_redirect", "herestring_redirect")
+                and node.field_name_for_child(i) == "argument"
             ]
             for part in parts:
                 target = part.named_children[0] if part.type == "command_name" and part.named_children else part
@@ -224,14 +257,17 @@ class Words:
         if not chains or not chains[0]:
             word.opaque = True
             return [[word]]
+        if len(chains) > MAX_ALTERNATIVES:
+            raise ExpansionRefused(f"${ref.name} has more than {MAX_ALTERNATIVES} possible values (if/else definitions); simplify it")
         all_defs = [d for chain in chains for d in chain]
+        self._spend(len(all_defs), ref.name)
         if ref.kind == "split" and any(d.is_array for d in all_defs):
             word.problem = "array"
             return [[word]]
         if ref.kind == "array" and not all(d.is_array for d in all_defs):
             return [[word]]  # "${S[@]}" of a string: one word
         if len(chains) == 1 and sum(not d.append for d in chains[0]) > 1 and not union:
-            lines = ", ".join(str(self.script.line_of(d.node.start_byte)) for d in chains[0])
+            lines = ", ".join(str(self.script.line_of(d.node.start_byte)) for d in chains[0][:8]) + (", ..." if len(chains[0]) > 8 else "")
             raise ExpansionRefused(f"${ref.name} is assigned several times with += between (lines {lines}); give it one definition per case")
         alternatives: list[list[Word]] = []
         for chain in chains:
@@ -240,6 +276,7 @@ class Words:
                 inner = [self.expand(w, union=union, depth=depth + 1) for w in self.definition(definition).words]
                 per_definition.extend(inner)
             for combination in itertools.islice(itertools.product(*per_definition), MAX_ALTERNATIVES + 1):
+                self._spend(sum(len(part) for part in combination), ref.name)
                 alternatives.append([w for part in combination for w in part])
         if all(len(a) == 1 and not a[0].text.startswith("-") for a in alternatives):
             return [[word]]  # one plain value (`$GPUS_PER_NODE`): it stays shell text, evaluated when the script runs
@@ -248,6 +285,13 @@ class Words:
         if union:
             return [[w for alternative in alternatives for w in alternative]]
         return alternatives
+
+    def _spend(self, words: int, name: str) -> None:
+        self.expansion_budget -= words
+        if self.expansion_budget < 0:
+            raise ExpansionRefused(f"the launch lines' variables (${name} among them) expand to more than "
+                                   f"{max(MIN_EXPANSION_BUDGET, len(self.script.source))} words in all (variables nested in "
+                                   f"variables, or used over and over); write the launcher options out")
 
     # ------------------------------------------------------------------ splitting
 
@@ -347,13 +391,6 @@ class Words:
         yield from _scan(source, position, end, escapes=_DQUOTE_ESCAPABLE)
 
 
-def _child_index(parent: Node, child: Node) -> int:
-    for i, c in enumerate(parent.children):
-        if c.id == child.id:
-            return i
-    return -1
-
-
 def _skip_space(source: bytes, start: int, end: int) -> int:
     # tree-sitter-bash starts some expansion nodes at the whitespace before their `$`.
     while start < end and source[start] in b" \t\n":
@@ -361,10 +398,19 @@ def _skip_space(source: bytes, start: int, end: int) -> int:
     return start
 
 
+_PLAIN = {True: re.compile(rb"[^ \t\n\\]+"), False: re.compile(rb"[^\\]+")}  # runs without separators or escapes
+
+
 def _scan(source: bytes, start: int, end: int, escapes, split: bool = True):
     """Literal text: whitespace separates words (when split), backslash escapes as bash reads them."""
     position = start
+    plain = _PLAIN[split]
     while position < end:
+        run = plain.match(source, position, end)
+        if run is not None:
+            yield ("lit", position, run.end(), decode(run.group()), None)
+            position = run.end()
+            continue
         byte = source[position]
         if split and byte in _IFS:
             run = position
@@ -380,15 +426,21 @@ def _scan(source: bytes, start: int, end: int, escapes, split: bool = True):
                 position += 2
                 continue
             if escapes == b"any" or following in escapes:
-                yield ("lit", position, position + 2, chr(following) if following < 0x80 else source[position + 1:position + 2].decode("latin-1"), None)
-                position += 2
+                length = _character_length(source, position + 1, end)
+                yield ("lit", position, position + 1 + length, decode(source[position + 1:position + 1 + length]), None)
+                position += 1 + length
                 continue
-        # one UTF-8 character
-        length = 1
-        while position + length < end and (source[position + length] & 0xC0) == 0x80:
-            length += 1
-        yield ("lit", position, position + length, source[position:position + length].decode("utf-8", errors="replace"), None)
+        length = _character_length(source, position, end)
+        yield ("lit", position, position + length, decode(source[position:position + length]), None)
         position += length
+
+
+def _character_length(source: bytes, position: int, end: int) -> int:
+    """Bytes of the UTF-8 character at `position` (its lead byte and the continuation bytes after it)."""
+    length = 1
+    while position + length < end and (source[position + length] & 0xC0) == 0x80:
+        length += 1
+    return length
 
 
 def _plain_variable(node: Node, script: Script) -> str | None:
