@@ -1,7 +1,7 @@
 """`mmrun analyse` lives in its own top-level package, mmrun.analyse (the folder analyse/)."""
 from __future__ import annotations
 
-import ast
+import tomllib
 import importlib.util
 import subprocess
 import sys
@@ -15,11 +15,8 @@ def test_the_package_is_top_level_and_installed_as_such():
     assert importlib.util.find_spec("mmrun.analyse.cli") is not None
     assert importlib.util.find_spec("mmrun.launchers.analyse") is None
     assert not (REPO / "launchers" / "analyse").exists()
-    # setup.py lists the top-level folders that become mmrun.* packages.
-    tree = ast.parse((REPO / "setup.py").read_text())
-    top_level = next(node.value for node in ast.walk(tree)
-                     if isinstance(node, ast.Assign) and node.targets[0].id == "TOP_LEVEL")
-    assert "analyse" in ast.literal_eval(top_level)
+    # pyproject.toml lists the packages the wheel carries (tests/test_packaging.py checks the wheel itself).
+    assert "mmrun.analyse" in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     assert "analyse/     mmrun.analyse" in (REPO / "README.md").read_text()
 
 
