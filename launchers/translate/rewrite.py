@@ -28,7 +28,7 @@ from mmrun.launchers.translate.rules import (
     DEVICES, FRAMEWORK_FLAGS, FRAMEWORK_OF, INLINE_ADDED, KEEP_DEFAULTS, MARKER_PREFIX, MMRUN, MMRUN_OWN_TO_MSRUN, MSRUN_EXTRAS,
     ON_UNSUPPORTED, OTHER, WHY_ADDED, WHY_DROPPED, WHY_FROM_MMRUN, WHY_LAUNCHER, WHY_RENAMED,
 )
-from mmrun.launchers.translation import Refusal, Translation, to_msrun, to_torchrun
+from mmrun.launchers.option_rules import Refusal, Translation, to_msrun, to_torchrun
 
 
 def line_ending(source: bytes) -> str:

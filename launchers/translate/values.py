@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN
-from mmrun.launchers.translation import Values
+from mmrun.launchers.option_rules import Values
 from mmrun.launchers.translate.parse import Script
 from mmrun.launchers.translate.words import Definitions
 

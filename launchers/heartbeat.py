@@ -1,0 +1,151 @@
+"""A rank's progress file: its last output and its last sign of life, readable even after it died.
+
+    from mmrun.launchers.heartbeat import heartbeat
+    for iteration in range(train_iters):
+        train_step(...)
+        heartbeat()        # once per iteration: tells `mmrun --watchdog-seconds N` this rank is alive
+
+Under `mmrun`, every worker has one file, `$MMRUN_PROGRESS_FILE` (`rank_<RANK>.progress` in the job's
+status folder). The worker bootstrap creates it; the process running the user's script maps it into
+memory and writes every line it prints through sys.stdout/sys.stderr into a ring of the last 16 KiB,
+with the time. A memory write needs no system call and survives the writer's death (SIGKILL, the OOM
+killer): the bootstrap reads a killed rank's last lines from it, and mmrun's watchdog reads the time
+of each rank's last output or heartbeat. Outside mmrun, `heartbeat()` does nothing.
+
+Times are CLOCK_MONOTONIC (`time.monotonic()`), one clock for every process of the machine.
+Standard library only: the bootstrap imports this before any user code.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = ["PROGRESS_FILE_VAR", "heartbeat", "Progress", "read_progress"]
+
+PROGRESS_FILE_VAR = "MMRUN_PROGRESS_FILE"
+MAGIC = b"MMRUNPG1"
+# magic, bytes of output ever written, last progress, heartbeats, file created, writer pid, its start time,
+# rank, local rank
+HEADER = struct.Struct("<8sQdQdqQqq")
+RING_BYTES = 16 * 1024
+FILE_BYTES = HEADER.size + RING_BYTES
+TAIL_LINES = 20
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks since boot, /proc/<pid>/stat field 22): a PID's identity, as PIDs are reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in (b"Z", b"X"):  # a zombie has ended: only its parent has not collected it yet
+        return None
+    return int(fields[19])
+
+
+def create(path: str, writer_pid: int, rank: int, local_rank: int) -> None:
+    """A fresh progress file for the process `writer_pid` (the bootstrap of one rank)."""
+    header = HEADER.pack(MAGIC, 0, 0.0, 0, time.monotonic(), writer_pid, start_ticks(writer_pid) or 0, rank, local_rank)
+    with open(path, "wb") as handle:
+        handle.write(header + bytes(RING_BYTES))
+
+
+class _Writer:
+    """The memory-mapped progress file of this process."""
+
+    def __init__(self, path: str):
+        with open(path, "r+b") as handle:
+            self._map = mmap.mmap(handle.fileno(), FILE_BYTES)
+        self._lock = threading.Lock()  # several threads may print at once
+        _, self._written, _, self._beats, *_ = HEADER.unpack_from(self._map)
+
+    def _stamp(self) -> None:
+        struct.pack_into("<QdQ", self._map, 8, self._written, time.monotonic(), self._beats)
+
+    def record(self, text: str) -> None:
+        data = text.encode("utf-8", errors="replace")[-RING_BYTES:]
+        with self._lock:
+            start = self._written % RING_BYTES
+            first = min(len(data), RING_BYTES - start)
+            ring = HEADER.size
+            self._map[ring + start:ring + start + first] = data[:first]
+            self._map[ring:ring + len(data) - first] = data[first:]
+            self._written += len(data)
+            self._stamp()
+
+    def beat(self) -> None:
+        with self._lock:
+            self._beats += 1
+            self._stamp()
+
+
+_writer: _Writer | None = None
+
+
+def attach(path: str) -> None:
+    """Make this process the writer of `path` (done by the bootstrap, before the user's script runs)."""
+    global _writer
+    _writer = _Writer(path)
+
+
+def record(text: str) -> None:
+    """Output the process wrote: kept for the tail, and counted as progress."""
+    if _writer is not None:
+        _writer.record(text)
+
+
+def heartbeat() -> None:
+    """Tell mmrun's watchdog that this rank is making progress; a no-op outside an mmrun job.
+
+    Call it once per training iteration (or more often): cheap, no system call. Lines printed through
+    sys.stdout/sys.stderr count as progress too, so a loop that logs every iteration needs no call.
+    """
+    if _writer is not None:
+        _writer.beat()
+
+
+@dataclass(frozen=True)
+class Progress:
+    rank: int
+    local_rank: int
+    created: float  # CLOCK_MONOTONIC seconds
+    last_progress: float  # last output or heartbeat; `created` when there was none
+    beats: int
+    writer_pid: int
+    writer_start: int
+    tail: tuple[str, ...]  # last lines of output, oldest first
+
+    def silent_for(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.last_progress
+
+    def writer_alive(self) -> bool:
+        """False once the bootstrap that created the file has ended (or its PID now names another process)."""
+        return start_ticks(self.writer_pid) == self.writer_start
+
+
+def read_progress(path: str | os.PathLike, lines: int = TAIL_LINES) -> Progress | None:
+    """The file's state, or None when it is missing or not a progress file."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(FILE_BYTES)
+    except OSError:
+        return None
+    if len(raw) < FILE_BYTES or raw[:8] != MAGIC:
+        return None
+    _, written, last, beats, created, pid, ticks, rank, local_rank = HEADER.unpack_from(raw)
+    ring = raw[HEADER.size:]
+    if written <= RING_BYTES:
+        data = ring[:written]
+    else:
+        cut = written % RING_BYTES
+        data = ring[cut:] + ring[:cut]
+    text = data.decode("utf-8", errors="replace")
+    found = text.splitlines()
+    if written > RING_BYTES and found:
+        found = found[1:]  # the ring's oldest line lost its beginning
+    return Progress(rank, local_rank, created, max(last, created), beats, pid, ticks, tuple(found[-lines:]))
