@@ -23,14 +23,19 @@ class WorkerStatus:
     local_rank: int
     exit_code: int  # 128 + N after signal N, as a shell reports it
     signal: int | None  # the signal that killed the script, if one did
+    forwarded: int | None  # a signal its bootstrap received and passed on: the rank was stopped, not failing
     time: float
     tail: list[str]  # the worker's last lines of Python-level output, from its progress file
 
     @property
     def how(self) -> str:
         if self.signal:
-            return f"was killed by signal {self.signal} ({signal_name(self.signal)}): exit code {self.exit_code}"
-        return f"failed with exit code {self.exit_code}"
+            how = f"was killed by signal {self.signal} ({signal_name(self.signal)}): exit code {self.exit_code}"
+        else:
+            how = f"failed with exit code {self.exit_code}"
+        if self.forwarded:
+            how += f", after its bootstrap passed {signal_name(self.forwarded)} on to it (the rank was being stopped)"
+        return how
 
 
 def signal_name(number: int) -> str:
@@ -46,15 +51,22 @@ def read_statuses(status_dir: Path) -> list[WorkerStatus]:
         try:
             record = json.loads(path.read_text())
             statuses.append(WorkerStatus(record["rank"], record["local_rank"], record["exit_code"], record.get("signal"),
-                                         record["time"], record.get("tail", [])))
+                                         record.get("forwarded"), record["time"], record.get("tail", [])))
         except (OSError, ValueError, KeyError):
             continue  # written atomically, so only a foreign file lands here
     return statuses
 
 
-def first_failure(statuses: list[WorkerStatus]) -> WorkerStatus | None:
+def first_failure(statuses: list[WorkerStatus], stopped_too: bool = True) -> WorkerStatus | None:
+    """The earliest rank that failed on its own; else (with `stopped_too`) the earliest one that was stopped.
+
+    When one rank fails, torchrun stops the others (SIGTERM, passed on by their bootstraps), so they
+    end with failures too, later; a rank that was stopped is the cause only when no rank failed alone.
+    """
     failed = [s for s in statuses if s.exit_code != 0]
-    return min(failed, key=lambda s: s.time) if failed else None
+    own = [s for s in failed if not s.forwarded]
+    chosen = own or (failed if stopped_too else [])
+    return min(chosen, key=lambda s: s.time) if chosen else None
 
 
 def running_ranks(status_dir: Path) -> list[Progress]:

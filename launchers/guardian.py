@@ -74,7 +74,7 @@ class Guardian:
         found = self.sweep()
         if found:
             print(f"mmrun guardian: mmrun (pid {mmrun_pid}) ended without stopping its job; stopped {len(found)} "
-                  f"processes of run {self.run_id}", file=sys.stderr, flush=True)
+                  f"process{'' if len(found) == 1 else 'es'} of run {self.run_id}", file=sys.stderr, flush=True)
 
     def sweep(self, settle: float = 1.0, limit: float = 60.0) -> set[int]:
         """Reap tagged processes until none is seen for `settle` seconds (a launcher may still be spawning)."""

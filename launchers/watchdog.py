@@ -41,14 +41,14 @@ class RankWatch:
             cause = failure.first_failure(failure.read_statuses(self.status_dir))
             if cause is not None:
                 return Stop(failure.exit_code_of(cause), failure.describe(self.launcher, self.log_dir, cause))
-            vanished = failure.vanished_ranks(self.status_dir)
-            if vanished:
-                return Stop(failure.UNKNOWN_EXIT_CODE, failure.describe_vanished(vanished[0]))
+            vanished = self._vanished()
+            if vanished is not None:
+                return vanished
         if self.watchdog_seconds > 0:
             now = time.monotonic()
             for rank in failure.running_ranks(self.status_dir):
                 silent = rank.silent_for(now)
-                if silent > self.watchdog_seconds:
+                if silent > self.watchdog_seconds and not rank.finished:
                     return Stop(WATCHDOG_EXIT_CODE, self._silent(rank, silent))
         return None
 
@@ -63,12 +63,21 @@ class RankWatch:
 
         `launcher_waited`: False for msrun --join False, whose code says nothing about the workers.
         """
-        cause = failure.first_failure(failure.read_statuses(self.status_dir))
         if launcher_code == 0 and launcher_waited:
             return None  # torchrun may have restarted a failed rank (--max-restarts) and finished the job
+        statuses = failure.read_statuses(self.status_dir)
+        # a rank that failed on its own, then one that vanished, then one that was stopped
+        cause = failure.first_failure(statuses, stopped_too=False)
+        if cause is None:
+            vanished = self._vanished()
+            if vanished is not None:
+                return vanished
+            cause = failure.first_failure(statuses)
         if cause is not None:
             return Stop(failure.exit_code_of(cause), failure.describe(self.launcher, self.log_dir, cause))
-        vanished = failure.vanished_ranks(self.status_dir)
-        if vanished:
-            return Stop(failure.UNKNOWN_EXIT_CODE, failure.describe_vanished(vanished[0]))
         return None
+
+    def _vanished(self) -> Stop | None:
+        # Several at once: the launcher may have killed the others meanwhile (msrun does, within 1 s).
+        lines = [line for rank in failure.vanished_ranks(self.status_dir) for line in failure.describe_vanished(rank)]
+        return Stop(failure.UNKNOWN_EXIT_CODE, lines) if lines else None

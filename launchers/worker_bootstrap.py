@@ -4,17 +4,17 @@
 1. exports the torch-style rank variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
    MASTER_PORT) that msrun does not set, derived from its RANK_ID/RANK_SIZE/DEVICE_ID/MS_SCHED_*;
 2. in msrun's scheduler process (MS_ROLE=MS_SCHED) runs only the scheduler, never the user's training body;
-3. otherwise runs the script in a child process (`worker_script.py`, same interpreter and flags, same
-   stdout/stderr, its own process group), forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
-   to that group, and waits;
+3. otherwise forks a child that runs the script (`worker_script.py`: same interpreter, flags,
+   stdout/stderr and environment; its own process group), forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+   SIGUSR1 and SIGUSR2 to that group, and waits;
 4. writes the child's exact end to $MMRUN_STATUS_DIR/rank_<RANK>.json (exit code, or the signal that
-   killed it, and its last lines), because torchrun turns every failure into 1, msrun hides the code
-   in its logs, and a rank killed by SIGKILL cannot write anything itself;
+   killed it; the stopping signal it forwarded, if any; its last lines), because torchrun turns every
+   failure into 1, msrun hides the code in its logs, and a rank killed by SIGKILL cannot write anything;
 5. ends the same way: the child's exit code, or the same signal raised on itself, so torchrun and
    msrun see what they would have seen without it.
 
-It stays small and imports only the standard library, mmrun.backend.rank_env, mmrun.launchers.heartbeat
-and, at the end, mmrun.common.atomic_write: it costs one extra interpreter start per rank.
+It imports only the standard library, mmrun.backend.rank_env, mmrun.launchers.heartbeat and, at the
+end, mmrun.common.atomic_write; the fork costs about a millisecond (see benchmarks/worker_bootstrap_cost.py).
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from mmrun.launchers import heartbeat
 
 STATUS_DIR_VAR = "MMRUN_STATUS_DIR"
 NODE_RANK_VAR = "MMRUN_NODE_RANK"
-PARENT_PID_VAR = "MMRUN_BOOTSTRAP_PID"  # tells the child which process to die with
-SCRIPT_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_script.py")
-# torchrun forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT by default; SLURM sends SIGUSR1/2 before a preemption.
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# torchrun stops its workers with SIGTERM (and forwards SIGINT, SIGHUP, SIGQUIT); SLURM warns of a preemption
+# with SIGUSR1/2, which a script may catch to save a checkpoint.
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = (*STOPPING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 CORE_DUMPING = (signal.SIGQUIT, signal.SIGILL, signal.SIGABRT, signal.SIGFPE, signal.SIGSEGV, signal.SIGBUS,
                 signal.SIGSYS, signal.SIGTRAP)
@@ -59,42 +59,50 @@ def _run_scheduler() -> int:
     return 0
 
 
-def _interpreter_command() -> list[str]:
-    """This interpreter with the flags it was started with (torchrun passes -u; a user may add -X, -W, -O)."""
-    flags = sys.orig_argv[1:len(sys.orig_argv) - len(sys.argv)]
-    return [sys.executable, *flags]
-
-
 class _Child:
-    """The script's process; signals that reach the bootstrap before or while it runs go to its group."""
+    """The script's process; signals that reach the bootstrap while it runs go to its process group."""
 
     def __init__(self) -> None:
         self.pid: int | None = None
-        self.pending: list[int] = []
+        self.forwarded: int | None = None  # the first stopping signal passed on: the launcher (or someone) stopped this rank
 
     def forward(self, signum: int, _frame) -> None:
-        if self.pid is None:
-            self.pending.append(signum)
-            return
+        if signum in STOPPING_SIGNALS:
+            self.forwarded = self.forwarded or signum
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
             pass
 
-    def run(self, argv: list[str]) -> int:
+    def fork(self) -> int:
+        """os.fork(): 0 in the child, which then runs the script; its pid in the bootstrap.
+
+        A fork, not a new interpreter: the script starts as fast as it did in the bootstrap itself,
+        with the same interpreter flags (torchrun passes -u), file descriptors and environment. The
+        forwarded signals are blocked across the fork, so none reaches a half-made child.
+        """
+        parent = os.getpid()
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+        previous = {sig: signal.signal(sig, self.forward) for sig in FORWARDED_SIGNALS}
+        self.pid = os.fork()
+        if self.pid == 0:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            # Its own process group: a signal to the bootstrap's group (torchrun's way) reaches the script once, forwarded.
+            os.setpgid(0, 0)
+            # A bootstrap killed outright (SIGKILL) takes its script with it.
+            if set_parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
+                os._exit(128 + signal.SIGKILL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+        return self.pid
+
+    def wait(self) -> int:
         """The child's wait status."""
-        for sig in FORWARDED_SIGNALS:
-            signal.signal(sig, self.forward)
-        env = {**os.environ, PARENT_PID_VAR: str(os.getpid())}
-        # Its own process group: a signal sent to the bootstrap's group reaches the script once, forwarded.
-        self.pid = os.posix_spawn(sys.executable, [*_interpreter_command(), SCRIPT_RUNNER, *argv], env, setpgroup=0)
-        for signum in self.pending:
-            self.forward(signum, None)
         _, status = os.waitpid(self.pid, 0)  # retried by Python after each forwarded signal
         return status
 
 
-def _write_status(status_dir: str, progress_file: str, child_pid: int, wait_status: int) -> None:
+def _write_status(status_dir: str, progress_file: str, child: _Child, wait_status: int) -> None:
     code = os.waitstatus_to_exitcode(wait_status)
     killed_by = -code if code < 0 else None
     progress = heartbeat.read_progress(progress_file)
@@ -103,8 +111,9 @@ def _write_status(status_dir: str, progress_file: str, child_pid: int, wait_stat
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "exit_code": 128 + killed_by if killed_by else code,
         "signal": killed_by,
+        "forwarded": child.forwarded,
         "time": time.time(),
-        "pid": child_pid,
+        "pid": child.pid,
         "tail": list(progress.tail) if progress else [],
     }
     from mmrun.common.atomic_write import atomic_write
@@ -121,6 +130,8 @@ def _end_like(wait_status: int) -> int:
     if code >= 0:
         return code
     killed_by = -code
+    sys.stdout.flush()
+    sys.stderr.flush()
     if killed_by in CORE_DUMPING:  # the child's core (if any) is the one worth keeping
         import resource
 
@@ -130,6 +141,13 @@ def _end_like(wait_status: int) -> int:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [killed_by])
     os.kill(os.getpid(), killed_by)
     return 128 + killed_by  # only for a signal whose default action does not end the process
+
+
+def _leave(code: int) -> None:
+    """The bootstrap's own exit: nothing of its own to flush or finalize beyond stdio, so no interpreter teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str]) -> int:
@@ -155,10 +173,15 @@ def main(argv: list[str]) -> int:
         os.environ[heartbeat.PROGRESS_FILE_VAR] = progress_file
 
     child = _Child()
-    wait_status = child.run(argv)
+    if child.fork() == 0:
+        from mmrun.launchers import worker_script
+
+        return worker_script.run(argv)
+    wait_status = child.wait()
     if status_dir and progress_file:
-        _write_status(status_dir, progress_file, child.pid, wait_status)
-    return _end_like(wait_status)
+        _write_status(status_dir, progress_file, child, wait_status)
+    _leave(_end_like(wait_status))
+    return 0  # not reached
 
 
 if __name__ == "__main__":

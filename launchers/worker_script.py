@@ -1,37 +1,24 @@
-"""The process that runs the user's script for one rank; started by `worker_bootstrap.py`, its parent.
+"""What the child forked by `worker_bootstrap.py` does for one rank: run the user's script.
 
-`python worker_script.py [-m] SCRIPT [args]`:
-1. dies with its parent (PR_SET_PDEATHSIG): a bootstrap killed outright takes its script with it;
-2. copies every line written through sys.stdout/sys.stderr into the rank's progress file
+`run([-m] SCRIPT [args])`:
+1. copies every line written through sys.stdout/sys.stderr into the rank's progress file
    (`launchers/heartbeat.py`): the bootstrap reports the last lines even after a SIGKILL, and the
    watchdog counts them as progress;
-3. runs SCRIPT as `__main__` (or a module with -m), exactly as `python SCRIPT args` would, with the
+2. runs SCRIPT as `__main__` (or a module with -m), exactly as `python SCRIPT args` would, with the
    same stdout/stderr file descriptors the launcher gave the bootstrap;
-4. ends like the script: its exit code, its atexit handlers, its threads (see `_exit_before_finalization`).
+3. ends like the script: its exit code, its atexit handlers, its threads (see `_exit_before_finalization`).
 
-This file is run by path, so its folder lands on sys.path[0]; it is replaced by the script's folder
+The bootstrap is run by path, so its folder is on sys.path[0]; it is replaced by the script's folder
 before any user code runs.
 """
 from __future__ import annotations
 
 import os
 import runpy
-import signal
 import sys
 import traceback
 
 from mmrun.launchers import heartbeat
-from mmrun.launchers.worker_bootstrap import PARENT_PID_VAR, set_parent_death_signal
-
-
-def _die_with_parent() -> None:
-    parent = os.environ.pop(PARENT_PID_VAR, None)
-    if parent is None:
-        return
-    if not set_parent_death_signal(signal.SIGKILL):
-        return  # not Linux: mmrun still reaps the job's processes by their tag
-    if os.getppid() != int(parent):  # the parent died before prctl took effect
-        os._exit(128 + signal.SIGKILL)
 
 
 class _TeeToProgress:
@@ -57,8 +44,8 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def main(argv: list[str]) -> int:
-    _die_with_parent()
+def run(argv: list[str]) -> int:
+    """The script's exit code (the process may end inside, with os._exit, after a torch job)."""
     progress_file = os.environ.get(heartbeat.PROGRESS_FILE_VAR)
     if progress_file:
         heartbeat.attach(progress_file)
@@ -86,6 +73,7 @@ def main(argv: list[str]) -> int:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    heartbeat.script_finished()
     if _destroy_torch_process_group():
         _exit_before_finalization(code)
     if code == 0 and os.environ.get("MS_ROLE") == "MS_WORKER":
@@ -146,7 +134,3 @@ def _join_msrun_cluster() -> None:
     import mmrun.backend as backend
 
     backend.init_distributed()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
