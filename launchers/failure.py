@@ -1,6 +1,6 @@
 """Which worker failed, how (its exit code or the signal that killed it), and the last lines of its output.
 
-Each rank's bootstrap writes `rank_<R>.json` when the rank's script ends; the first rank to fail
+Each rank's bootstrap writes `rank_<R>.json` when the rank's script ends (names in worker_bootstrap.py); the first rank to fail
 (earliest end) is the cause, the others were usually stopped by the launcher. A rank whose bootstrap
 itself was killed leaves only its progress file (`rank_<R>.progress`, see heartbeat.py): it vanished.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mmrun.launchers.heartbeat import TAIL_LINES, Progress, read_progress
 from mmrun.launchers.options import MSRUN
+from mmrun.launchers.worker_bootstrap import PROGRESS_FILE, SCHEDULER, STATUS_FILE
 
 UNKNOWN_EXIT_CODE = 1  # a rank whose end nobody could observe
 
@@ -47,7 +48,7 @@ def signal_name(number: int) -> str:
 
 def read_statuses(status_dir: Path) -> list[WorkerStatus]:
     statuses = []
-    for path in sorted(status_dir.glob("rank_*.json")):
+    for path in sorted(status_dir.glob(STATUS_FILE.format(rank="*"))):
         try:
             record = json.loads(path.read_text())
             statuses.append(WorkerStatus(record["rank"], record["local_rank"], record["exit_code"], record.get("signal"),
@@ -69,12 +70,16 @@ def first_failure(statuses: list[WorkerStatus], stopped_too: bool = True) -> Wor
     return min(chosen, key=lambda s: s.time) if chosen else None
 
 
-def running_ranks(status_dir: Path) -> list[Progress]:
-    """Ranks that started and have not reported an end (yet)."""
-    ended = {path.stem for path in status_dir.glob("rank_*.json")}
+def progress_file(status_dir: Path, rank: int) -> Path:
+    return status_dir / PROGRESS_FILE.format(rank=rank)
+
+
+def running_ranks(status_dir: Path, lines: int = 0) -> list[Progress]:
+    """Ranks that started and have not reported an end (yet), with their last `lines` lines."""
+    ended = {path.stem for path in status_dir.glob(STATUS_FILE.format(rank="*"))}
     found = []
-    for path in sorted(status_dir.glob("rank_*.progress")):
-        progress = read_progress(path) if path.stem not in ended else None
+    for path in sorted(status_dir.glob(PROGRESS_FILE.format(rank="*"))):
+        progress = read_progress(path, lines) if path.stem not in ended else None
         if progress is not None:
             found.append(progress)
     return found
@@ -84,12 +89,17 @@ def vanished_ranks(status_dir: Path) -> list[Progress]:
     """Ranks whose bootstrap ended without writing a status: killed from outside, or crashed itself."""
     gone = [p for p in running_ranks(status_dir) if not p.writer_alive()]
     # A bootstrap writes its status before it exits: one that ended after the listing above left it by now.
-    return [p for p in gone if not (status_dir / f"rank_{p.rank}.json").exists()]
+    gone = [p for p in gone if not (status_dir / STATUS_FILE.format(rank=p.rank)).exists()]
+    return [read_progress(progress_file(status_dir, p.rank)) or p for p in gone]  # with their last lines
 
 
 def exit_code_of(status: WorkerStatus) -> int:
     """What mmrun exits with for this failure: the worker's own code, 128 + N after signal N."""
-    return status.exit_code if 0 < status.exit_code < 256 else UNKNOWN_EXIT_CODE
+    return exit_code_of_record(status.exit_code)
+
+
+def exit_code_of_record(code: int) -> int:
+    return code if 0 < code < 256 else UNKNOWN_EXIT_CODE
 
 
 def worker_log(launcher: str, log_dir: Path, status: WorkerStatus) -> Path | None:
@@ -119,7 +129,8 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
 def last_lines(lines: list[str] | tuple[str, ...]) -> list[str]:
     if not lines:
         return ["mmrun: it printed nothing through Python's sys.stdout/sys.stderr"]
-    return [f"mmrun: its last {len(lines)} lines of output:", *(f"  {line}" for line in lines)]
+    count = "line" if len(lines) == 1 else f"{len(lines)} lines"
+    return [f"mmrun: its last {count} of output:", *(f"  {line}" for line in lines)]
 
 
 def describe(launcher: str, log_dir: Path | None, status: WorkerStatus) -> list[str]:
@@ -138,3 +149,30 @@ def describe_vanished(progress: Progress) -> list[str]:
     return [f"mmrun: rank {progress.rank} (local rank {progress.local_rank}) ended without reporting how: its bootstrap "
             f"(pid {progress.writer_pid}) was killed from outside; exit code unknown ({UNKNOWN_EXIT_CODE})",
             *last_lines(progress.tail)]
+
+
+def scheduler_failure(status_dir: Path, log_dir: Path | None) -> tuple[int, list[str]] | None:
+    """(exit code, lines) when msrun's scheduler on this node failed or vanished; None while it runs or after a clean end."""
+    try:
+        record = json.loads((status_dir / f"{SCHEDULER}.json").read_text())
+    except (OSError, ValueError):
+        record = None
+    if record is None:
+        progress = read_progress(status_dir / f"{SCHEDULER}.progress", lines=0)
+        if progress is None or progress.writer_alive() or (status_dir / f"{SCHEDULER}.json").exists():
+            return None
+        code, how = UNKNOWN_EXIT_CODE, f"ended without reporting how: its bootstrap (pid {progress.writer_pid}) was killed from outside"
+    elif record["exit_code"]:
+        code = exit_code_of_record(record["exit_code"])
+        how = (f"was killed by signal {record['signal']} ({signal_name(record['signal'])})" if record.get("signal")
+               else f"failed with exit code {record['exit_code']}")
+    else:
+        return None
+    out = [f"mmrun: msrun's scheduler {how}, and the ranks would wait --cluster_time_out for it; stopped the job (exit {code})"]
+    log = log_dir / "scheduler.log" if log_dir else None
+    if log is not None and log.is_file() and log.stat().st_size:
+        out.append(f"mmrun: last {TAIL_LINES} lines of {log}:")
+        out.extend(f"  {line}" for line in tail(log))
+    elif record and record.get("tail"):
+        out.extend(last_lines(record["tail"]))
+    return code, out

@@ -144,23 +144,23 @@ class Progress:
 
 
 def read_progress(path: str | os.PathLike, lines: int = TAIL_LINES) -> Progress | None:
-    """The file's state, or None when it is missing or not a progress file."""
+    """The file's state with its last `lines` lines of output (0: the header only, for frequent polls);
+    None when it is missing or not a progress file."""
+    size = FILE_BYTES if lines > 0 else HEADER.size
     try:
         with open(path, "rb") as handle:
-            raw = handle.read(FILE_BYTES)
+            raw = handle.read(size)
     except OSError:
         return None
-    if len(raw) < FILE_BYTES or raw[:8] != MAGIC:
+    if len(raw) < size or raw[:8] != MAGIC:
         return None
     _, written, last, beats, created, pid, ticks, rank, local_rank, finished = HEADER.unpack_from(raw)
-    ring = raw[HEADER.size:]
-    if written <= RING_BYTES:
-        data = ring[:written]
-    else:
+    found: list[str] = []
+    if lines > 0:
+        ring = raw[HEADER.size:]
         cut = written % RING_BYTES
-        data = ring[cut:] + ring[:cut]
-    text = data.decode("utf-8", errors="replace")
-    found = text.splitlines()
-    if written > RING_BYTES and found:
-        found = found[1:]  # the ring's oldest line lost its beginning
-    return Progress(rank, local_rank, created, max(last, created), beats, pid, ticks, bool(finished), tuple(found[-lines:]))
+        data = ring[:written] if written <= RING_BYTES else ring[cut:] + ring[:cut]
+        found = data.decode("utf-8", errors="replace").splitlines()
+        if written > RING_BYTES and found:
+            found = found[1:]  # the ring's oldest line lost its beginning
+    return Progress(rank, local_rank, created, max(last, created), beats, pid, ticks, bool(finished), tuple(found[-lines:]) if lines else ())

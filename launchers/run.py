@@ -148,7 +148,9 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
     else:
         plan.log_dir = Path(str(translation.value("log_dir")))
         # msrun starts workers as `python SCRIPT`, taking python from PATH, not this interpreter.
-        plan.env_set["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        bin_dir, path = str(Path(sys.executable).parent), env.get("PATH", "")
+        if path.split(os.pathsep)[0] != bin_dir:
+            plan.env_set["PATH"] = os.pathsep.join([bin_dir, path])
         plan.wait_for_msrun_workers = str(translation.value("join")) != "True"
 
     probe = dict(env)
@@ -289,7 +291,7 @@ def execute(plan: Plan) -> int:
         if stop is None:
             return None
         reported.append(stop)
-        return _report(stop)
+        return stop.exit_code
 
     guardian = Guardian(run_id, str(plan.temp_dir) if plan.temp_dir else None)
     guardian.start()
@@ -300,8 +302,8 @@ def execute(plan: Plan) -> int:
             wait_for_workers(run_id, stop_when=lambda: stop_when() is not None)
         if supervisor.received is not None:
             return code  # stopped by a signal to mmrun: the workers were told, nothing more to report
-        if reported:
-            return reported[0].exit_code
+        if reported:  # said last, after the launcher's own report of the stop
+            return _report(reported[0])
         stop = watch.after_exit(code, launcher_waited=not plan.wait_for_msrun_workers)
         if stop is not None:
             return _report(stop)

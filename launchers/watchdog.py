@@ -7,6 +7,7 @@ Polled by the Supervisor a few times a second; reads only the job's status folde
   wait (about 30 s for a rank killed by a signal); torchrun stops the job itself within its monitor
   interval, or restarts it under --max-restarts, so mmrun steps in for msrun only.
 - vanished: the bootstrap itself was killed and could not report (msrun only, as above).
+- msrun's scheduler failed or vanished: its ranks would wait --cluster_time_out (600 s) for it.
 - silent (`--watchdog-seconds N`, both launchers): no output line and no heartbeat() for N seconds.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmrun.launchers import failure
+from mmrun.launchers.heartbeat import Progress, read_progress
 
 WATCHDOG_EXIT_CODE = 124  # as GNU timeout(1): stopped because it ran too long without progress
 
@@ -44,18 +46,22 @@ class RankWatch:
             vanished = self._vanished()
             if vanished is not None:
                 return vanished
+            scheduler = failure.scheduler_failure(self.status_dir, self.log_dir)
+            if scheduler is not None:
+                return Stop(*scheduler)
         if self.watchdog_seconds > 0:
             now = time.monotonic()
             for rank in failure.running_ranks(self.status_dir):
                 silent = rank.silent_for(now)
                 if silent > self.watchdog_seconds and not rank.finished:
-                    return Stop(WATCHDOG_EXIT_CODE, self._silent(rank, silent))
+                    with_tail = read_progress(failure.progress_file(self.status_dir, rank.rank)) or rank
+                    return Stop(WATCHDOG_EXIT_CODE, self._silent(with_tail, silent))
         return None
 
-    def _silent(self, rank, silent: float) -> list[str]:
+    def _silent(self, rank: Progress, silent: float) -> list[str]:
         since = "started" if rank.last_progress == rank.created else "last printed a line or called heartbeat()"
-        return [f"mmrun: error: rank {rank.rank} (local rank {rank.local_rank}) made no progress for {silent:.0f} s "
-                f"(--watchdog-seconds {self.watchdog_seconds:g}) since it {since}; stopping the job "
+        return [f"mmrun: error: rank {rank.rank} (local rank {rank.local_rank}) made no progress for {silent:.1f} s "
+                f"(--watchdog-seconds {self.watchdog_seconds:g}) since it {since}; stopped the job "
                 f"(exit {WATCHDOG_EXIT_CODE})", *failure.last_lines(rank.tail)]
 
     def after_exit(self, launcher_code: int, launcher_waited: bool = True) -> Stop | None:
@@ -75,7 +81,8 @@ class RankWatch:
             cause = failure.first_failure(statuses)
         if cause is not None:
             return Stop(failure.exit_code_of(cause), failure.describe(self.launcher, self.log_dir, cause))
-        return None
+        scheduler = failure.scheduler_failure(self.status_dir, self.log_dir)
+        return Stop(*scheduler) if scheduler is not None else None
 
     def _vanished(self) -> Stop | None:
         # Several at once: the launcher may have killed the others meanwhile (msrun does, within 1 s).

@@ -3,8 +3,8 @@
 `python worker_bootstrap.py [-m] SCRIPT [args]`:
 1. exports the torch-style rank variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
    MASTER_PORT) that msrun does not set, derived from its RANK_ID/RANK_SIZE/DEVICE_ID/MS_SCHED_*;
-2. in msrun's scheduler process (MS_ROLE=MS_SCHED) runs only the scheduler, never the user's training body;
-3. otherwise forks a child that runs the script (`worker_script.py`: same interpreter, flags,
+2. forks a child that runs, in msrun's scheduler process (MS_ROLE=MS_SCHED), only the scheduler (never
+   the user's training body), and otherwise the script (`worker_script.py`: same interpreter, flags,
    stdout/stderr and environment; its own process group), forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT,
    SIGUSR1 and SIGUSR2 to that group, and waits;
 4. writes the child's exact end to $MMRUN_STATUS_DIR/rank_<RANK>.json (exit code, or the signal that
@@ -27,6 +27,9 @@ import time
 from mmrun.launchers import heartbeat
 
 STATUS_DIR_VAR = "MMRUN_STATUS_DIR"
+# in $MMRUN_STATUS_DIR, per rank: its end (written once it ended) and its progress file (while it runs)
+STATUS_FILE, PROGRESS_FILE = "rank_{rank}.json", "rank_{rank}.progress"
+SCHEDULER = "scheduler"  # msrun's scheduler's: scheduler.json, scheduler.progress
 NODE_RANK_VAR = "MMRUN_NODE_RANK"
 # torchrun stops its workers with SIGTERM (and forwards SIGINT, SIGHUP, SIGQUIT); SLURM warns of a preemption
 # with SIGUSR1/2, which a script may catch to save a checkpoint.
@@ -102,7 +105,7 @@ class _Child:
         return status
 
 
-def _write_status(status_dir: str, progress_file: str, child: _Child, wait_status: int) -> None:
+def _write_status(status_dir: str, name: str, progress_file: str, child: _Child, wait_status: int) -> None:
     code = os.waitstatus_to_exitcode(wait_status)
     killed_by = -code if code < 0 else None
     progress = heartbeat.read_progress(progress_file)
@@ -116,10 +119,14 @@ def _write_status(status_dir: str, progress_file: str, child: _Child, wait_statu
         "pid": child.pid,
         "tail": list(progress.tail) if progress else [],
     }
+    _save(status_dir, name, record)
+
+
+def _save(status_dir: str, name: str, record: dict) -> None:
     from mmrun.common.atomic_write import atomic_write
 
     try:
-        atomic_write(os.path.join(status_dir, f"rank_{record['rank']}.json"), json.dumps(record))
+        atomic_write(os.path.join(status_dir, name), json.dumps(record))
     except OSError:
         pass  # the status is a diagnosis aid; never turn a worker's result into a bootstrap failure
 
@@ -154,32 +161,36 @@ def main(argv: list[str]) -> int:
     from mmrun.backend.rank_env import read_rank_info, torch_style_variables
 
     os.environ.update(torch_style_variables())
-    if read_rank_info().is_scheduler:
-        return _run_scheduler()
-    if not argv or argv == ["-m"]:
+    scheduler = read_rank_info().is_scheduler
+    if not scheduler and (not argv or argv == ["-m"]):
         print("worker_bootstrap: no script given", file=sys.stderr)
         return 2
 
+    # msrun's scheduler gets the same record as a rank: its ranks would wait --cluster_time_out (600 s)
+    # for a scheduler that died, so mmrun stops the job when it ends badly before they do.
     status_dir = os.environ.get(STATUS_DIR_VAR)
-    progress_file = None
+    rank = os.environ.get("RANK", "0")
+    status_name, progress_name = ((f"{SCHEDULER}.json", f"{SCHEDULER}.progress") if scheduler
+                                  else (STATUS_FILE.format(rank=rank), PROGRESS_FILE.format(rank=rank)))
+    progress_file = os.path.join(status_dir, progress_name) if status_dir else None
     if status_dir:
-        rank = os.environ.get("RANK", "0")
-        progress_file = os.path.join(status_dir, f"rank_{rank}.progress")
         try:
-            os.unlink(os.path.join(status_dir, f"rank_{rank}.json"))  # a restarted rank's earlier end
+            os.unlink(os.path.join(status_dir, status_name))  # a restarted rank's earlier end
         except FileNotFoundError:
             pass
-        heartbeat.create(progress_file, os.getpid(), int(rank), int(os.environ.get("LOCAL_RANK", "0")))
+        heartbeat.create(progress_file, os.getpid(), -1 if scheduler else int(rank), int(os.environ.get("LOCAL_RANK", "0")))
         os.environ[heartbeat.PROGRESS_FILE_VAR] = progress_file
 
     child = _Child()
     if child.fork() == 0:
+        if scheduler:
+            return _run_scheduler()
         from mmrun.launchers import worker_script
 
         return worker_script.run(argv)
     wait_status = child.wait()
-    if status_dir and progress_file:
-        _write_status(status_dir, progress_file, child, wait_status)
+    if status_dir:
+        _write_status(status_dir, status_name, progress_file, child, wait_status)
     _leave(_end_like(wait_status))
     return 0  # not reached
 
