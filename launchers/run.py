@@ -242,7 +242,7 @@ def main(argv: list[str], subcommands: dict[str, tuple[str, str]] | None = None)
         plan = build_plan(request)
         if not request.dry_run:
             _check_framework_installed(plan)
-    except (UsageError, FrameworkNotInstalledError) as error:
+    except (UsageError, ValueError, FrameworkNotInstalledError) as error:
         return _error(str(error))
 
     for note in plan.notes:
@@ -294,7 +294,10 @@ def execute(plan: Plan) -> int:
         return stop.exit_code
 
     guardian = Guardian(run_id, str(plan.temp_dir) if plan.temp_dir else None)
-    guardian.start()
+    try:
+        guardian.start()
+    except OSError as error:  # no process left to fork: the job still runs, reaped by mmrun itself
+        _say(f"warning: no guardian ({error.strerror}): a kill -9 of mmrun would leave the job running")
     try:
         supervisor = Supervisor(plan.command, env, run_id, stop_when=stop_when)
         code = supervisor.run()

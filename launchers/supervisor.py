@@ -80,7 +80,7 @@ def _die_with_parent() -> None:
 
 
 class Supervisor:
-    """Runs one launcher command in its own session; SIGINT/SIGTERM to mmrun reach all its processes.
+    """Runs one launcher command in its own session; SIGINT, SIGTERM and SIGHUP to mmrun reach all its processes.
 
     `stop_when` is polled a few times a second while the launcher runs; an exit code from it stops the
     whole job (msrun does not stop on a failed worker; nothing stops a silent one) and becomes the
