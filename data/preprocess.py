@@ -30,7 +30,7 @@ from mmrun.common.atomic_write import remove_stale_temporaries, temporary_name
 from mmrun.data.indexed_dataset import (IndexedDatasetError, IndexedDatasetWriter, bin_path, cast_tokens, idx_path,
                                         optimal_dtype)
 from mmrun.data.tokenizers import TOKENIZER_BUILDERS, TokenizerError, build_tokenizer, tokenize_in_pieces
-from mmrun.launchers.supervisor import _die_with_parent
+from mmrun.common.processes import set_parent_death_signal
 
 PROG = "mmrun preprocess-data"
 # Lines handed to a worker at a time (Megatron uses the same chunk size), or fewer when they hold BATCH_BYTES.
@@ -120,7 +120,7 @@ def _init_worker(tokenizer_kwargs: dict, json_keys: list[str], append_eod: bool,
         # Ctrl-C reaches the whole process group: the main process stops the pool; workers stay quiet.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not main()'s handler, inherited through fork
-        _die_with_parent()  # SIGKILLed, the main process cannot stop a worker deep in a long document
+        set_parent_death_signal(signal.SIGTERM)  # SIGKILLed, the main process cannot stop a worker deep in a long document
     _WORKER["tokenizer"] = build_tokenizer(**tokenizer_kwargs)
     _WORKER["json_keys"] = json_keys
     _WORKER["append_eod"] = append_eod

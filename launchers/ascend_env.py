@@ -1,4 +1,8 @@
-"""Validation of the Ascend tuning variables the migration guides tell users to export (seed 000).
+"""Validation of the Ascend tuning variables the migration guides tell users to export.
+
+The MindSpeed-MM migration and tuning guide (gitcode.com/Ascend/MindSpeed-MM, docs/user-guide/model-migration.md)
+sets them in its launch scripts; their grammar is in the Ascend Extension for PyTorch environment
+variable reference (hiascend.com).
 
 A typo here does not fail loudly on the NPU: torch_npu silently falls back to its defaults. mmrun checks
 the grammar before anything starts and names the variable that is wrong.

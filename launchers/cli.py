@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(module.main(argv[1:]) or 0)
     from mmrun.launchers.run import main as run_main
 
-    return int(run_main(argv) or 0)
+    return int(run_main(argv, SUBCOMMANDS) or 0)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,14 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from mmrun import __version__
 from mmrun.backend.errors import UsageError
 from mmrun.backend.selection import ENV_VAR as FRAMEWORK_ENV_VAR
-from mmrun.backend.vocabulary import DEFAULT_FRAMEWORK, FRAMEWORK_FLAGS, FRAMEWORKS, framework_name
+from mmrun.backend.vocabulary import DEFAULT_FRAMEWORK, FRAMEWORK_FLAGS, framework_name
+from mmrun.launchers.option_rules import Value
+from mmrun.launchers.option_values import check_values
 from mmrun.launchers.options import MSRUN, OPTIONS, TORCHRUN, LauncherOption
-from mmrun.launchers.translation import Value
+from mmrun.launchers.script_target import FRAMEWORK_ARG_MODES
 
 AI_FRAMEWORK_FLAGS = FRAMEWORK_FLAGS
 
@@ -31,11 +34,19 @@ examples:
   # two nodes: run on each node with its own --node-rank
   mmrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --master-addr 10.0.0.1 --master-port 6000 train.py
 
+  # stop the job when a rank prints nothing (and calls no heartbeat()) for 10 minutes: exit 124
+  mmrun --watchdog-seconds 600 --nproc-per-node 8 train.py
+
+  # a plain argparse script on MindSpore: MMRUN_AI_FRAMEWORK is exported, no --ai-framework appended
+  mmrun --ai-framework mindspore --nproc-per-node 2 my_script.py --epochs 3
+
 subcommands (mmrun SUBCOMMAND --help for each):
 {subcommands}
 
-Exit status: 0 on success, 2 on a usage error, else the failing worker's own exit code
-(1 when it cannot be known). Docs: docs/launcher.md
+Exit status: 0 on success; 2 on a usage error (nothing started); else the failing rank's own exit
+code, 128+N for a rank killed by signal N (1 when it cannot be known); 124 when --watchdog-seconds
+stopped the job; 128+N when mmrun itself got signal N. However mmrun ends, even by kill -9, no
+process of the job outlives it by more than a few seconds. Docs: docs/launcher.md
 """
 
 
@@ -51,6 +62,8 @@ class LaunchRequest:
     dry_run: bool = False
     on_unsupported: str = "error"
     msadapter_path: str | None = None
+    framework_arg: str = "auto"
+    watchdog_seconds: float = 0.0
 
 
 class _Record(argparse.Action):
@@ -67,12 +80,29 @@ class _Record(argparse.Action):
         spelled[self.launcher_option.dest] = option_string
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (what was received, what to do), exit 2; the usage is one --help away."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _watchdog_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; pass N > 0, or 0 for no watchdog")
+    return value
+
+
 def build_parser(subcommands: dict[str, tuple[str, str]] | None = None) -> argparse.ArgumentParser:
     listing = "\n".join(f"  {name:<16} {summary}" for name, (_, summary) in (subcommands or {}).items())
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mmrun",
         usage="mmrun [--ai-framework pytorch|mindspore] [launcher options] SCRIPT [script args]\n"
-        "       mmrun {translate,analyse,features,env,preprocess-data} ...",
+        "       mmrun {" + ",".join(subcommands or {}) + "} ...",
         description="Start a training job with torchrun (PyTorch) or msrun (MindSpore) from one set of "
         "torchrun-style options; options the chosen launcher cannot honour are refused with the reason.",
         epilog=EXAMPLES.format(subcommands=listing),
@@ -87,7 +117,13 @@ def build_parser(subcommands: dict[str, tuple[str, str]] | None = None) -> argpa
                      help="options the launcher cannot honour: stop (error, default) or drop them with a warning")
     own.add_argument("--msadapter-path", "--msadapter_path", default=None, metavar="DIR",
                      help="MSAdapter source tree for user torch code on MindSpore (exported as MSADAPTER_PATH)")
-    own.add_argument("--version", action="store_true", help="print mmrun's version and exit")
+    own.add_argument("--framework-arg", "--framework_arg", choices=FRAMEWORK_ARG_MODES, default="auto",
+                     help="append --ai-framework X to the script's arguments: auto (default: only when the script "
+                     "takes it, see docs/launcher.md), always, or never; MMRUN_AI_FRAMEWORK is exported in every case")
+    own.add_argument("--watchdog-seconds", "--watchdog_seconds", type=_watchdog_seconds, default=0.0, metavar="N",
+                     help="stop the job (exit 124) when a rank of this node shows no progress for N seconds: no line "
+                     "printed and no mmrun.launchers.heartbeat.heartbeat() call; default 0: no watchdog")
+    own.add_argument("--version", action="version", version=f"mmrun {__version__}", help="print mmrun's version and exit")
 
     groups = {TORCHRUN: parser.add_argument_group("torchrun options (both spellings; translated for msrun)"),
               MSRUN: parser.add_argument_group("msrun options (translated for torchrun)")}
@@ -129,6 +165,7 @@ def parse(argv: list[str], parser: argparse.ArgumentParser | None = None, enviro
         parser.error(str(err))
 
     given: dict[str, Value] = dict(getattr(ns, "_given", {}))
+    spelled = dict(getattr(ns, "_spelled", {}))
     from_env: dict[str, str] = {}
     # torchrun reads PET_<OPTION> for options not on the command line; honour that for msrun too.
     for option in OPTIONS:
@@ -136,24 +173,33 @@ def parse(argv: list[str], parser: argparse.ArgumentParser | None = None, enviro
         if option.launcher == TORCHRUN and option.dest not in given and env.get(variable):
             given[option.dest] = True if not option.takes_value else env[variable]
             from_env[option.dest] = variable
+            spelled[option.dest] = variable
+    problems = check_values(given, spelled)
+    if problems:
+        parser.error("; ".join(problems))
 
     return LaunchRequest(
         ai_framework=framework,
         framework_source=source,
         given=given,
-        spelled=dict(getattr(ns, "_spelled", {})),
+        spelled=spelled,
         from_env=from_env,
         script=ns.script,
         script_args=list(ns.script_args),
         dry_run=ns.dry_run,
         on_unsupported=ns.on_unsupported,
         msadapter_path=ns.msadapter_path,
+        framework_arg=ns.framework_arg,
+        watchdog_seconds=ns.watchdog_seconds,
     )
 
 
-def with_framework_arg(script_args: list[str], framework: str) -> list[str]:
-    """Append `--ai-framework X` unless the script's arguments already carry it (MindSpeed-style scripts read it)."""
-    for arg in script_args:
-        if arg in AI_FRAMEWORK_FLAGS or arg.startswith(tuple(f + "=" for f in AI_FRAMEWORK_FLAGS)):
-            return list(script_args)
+def carries_framework_arg(script_args: list[str]) -> bool:
+    return any(arg in AI_FRAMEWORK_FLAGS or arg.startswith(tuple(f + "=" for f in AI_FRAMEWORK_FLAGS)) for arg in script_args)
+
+
+def with_framework_arg(script_args: list[str], framework: str, wanted: bool) -> list[str]:
+    """Append `--ai-framework X` when `wanted`, unless the script's arguments already carry it."""
+    if not wanted or carries_framework_arg(script_args):
+        return list(script_args)
     return [*script_args, "--ai-framework", framework]

@@ -1,7 +1,7 @@
 """The launcher option table: every torchrun and msrun option, and how it crosses to the other launcher.
 
 One table serves `mmrun` (run a job), `mmrun translate` (rewrite a script) and the docs. The rule
-names in `to_other` are implemented once, in `launchers/translation.py`.
+names in `to_other` are implemented once, in `launchers/option_rules.py`.
 
 Measured against torch 2.13 (`torch.distributed.run.get_args_parser()`) and mindspore 2.10
 (`mindspore.parallel.cluster.run.get_args()`); tests compare this table with both parsers.
@@ -23,7 +23,7 @@ class LauncherOption:
     takes_value: bool
     default: str | None  # the launcher's own default, as text
     help: str
-    to_other: str  # translation rule name, see translation.RULES
+    to_other: str  # translation rule name, see option_rules.RULES
     short: tuple[str, ...] = ()  # extra short flags, e.g. ("-m",)
 
     @property

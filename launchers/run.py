@@ -5,6 +5,7 @@ so `--dry-run` prints exactly what a real run would do.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -16,17 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mmrun.backend.cann import AUTOLOAD_VAR, guard_torch_npu_autoload
-from mmrun.backend.errors import UsageError
+from mmrun.backend.errors import FrameworkNotInstalledError, UsageError
+from mmrun.backend.selection import argv_option
 from mmrun.backend.vocabulary import framework_name
-from mmrun.launchers import failure, launch_args
+from mmrun.launchers import launch_args, script_target
 from mmrun.launchers.ascend_env import check_ascend_env
+from mmrun.launchers.guardian import Guardian
+from mmrun.launchers.option_rules import Note, Refusal, Translation, to_msrun, to_torchrun
 from mmrun.launchers.options import LAUNCHER_OF, MSRUN, TORCHRUN
 from mmrun.launchers.supervisor import Supervisor, reap, wait_for_workers
-from mmrun.launchers.translation import Note, Refusal, Translation, to_msrun, to_torchrun
+from mmrun.launchers.watchdog import RankWatch, Stop
 from mmrun.launchers.worker_bootstrap import NODE_RANK_VAR, STATUS_DIR_VAR
 
 BOOTSTRAP = str(Path(__file__).with_name("worker_bootstrap.py"))
 LAUNCHER_MODULES = {TORCHRUN: "torch.distributed.run", MSRUN: "mindspore.parallel.cluster.run"}
+# the package each launcher (and the workers it starts) needs
+FRAMEWORK_MODULE = {TORCHRUN: "torch", MSRUN: "mindspore"}
+DISTRIBUTED_TIMEOUT_FLAGS = ("--distributed-timeout-minutes", "--distributed_timeout_minutes")
 
 # Variables a launcher sets for its workers. Inherited from an outer job they mislead the inner one
 # (msrun's MS_* are a known cause of "Address already in use"), so they never reach the child.
@@ -51,6 +58,10 @@ class Plan:
     temp_dir: Path | None = None  # mmrun's own: the workers' status files
     wait_for_msrun_workers: bool = False
     translation: Translation | None = None
+    framework: str = ""
+    framework_source: str = ""  # words for messages: where the choice came from
+    watchdog_seconds: float = 0.0
+    script_path: Path | None = None  # None: not found here (a dry run for another machine)
 
 
 def _resolve_nproc(value: str) -> str:
@@ -65,30 +76,47 @@ def _resolve_nproc(value: str) -> str:
     return str(counts[value])
 
 
-def _framework_in_script_args(args: list[str]) -> str | None:
-    for i, arg in enumerate(args):
-        if arg in launch_args.AI_FRAMEWORK_FLAGS and i + 1 < len(args):
-            return args[i + 1]
-        for flag in launch_args.AI_FRAMEWORK_FLAGS:
-            if arg.startswith(flag + "="):
-                return arg.split("=", 1)[1]
-    return None
-
-
-def _choose_framework(request: launch_args.LaunchRequest) -> str:
-    in_script = _framework_in_script_args(request.script_args)
+def _choose_framework(request: launch_args.LaunchRequest) -> tuple[str, str]:
+    """The framework and where it came from (words for messages)."""
+    in_script = argv_option(request.script_args, launch_args.AI_FRAMEWORK_FLAGS)
     if in_script is None:
-        return request.ai_framework
-    in_script = framework_name(in_script, f"--ai-framework {in_script} in the script's arguments")
+        source = {"--ai-framework": f"--ai-framework {request.ai_framework}", "default": "the default"}
+        return request.ai_framework, source.get(request.framework_source, f"{request.framework_source}={request.ai_framework}")
+    where = f"--ai-framework {in_script} in the script's arguments"
+    in_script = framework_name(in_script, where)
     if request.framework_source == "--ai-framework" and in_script != request.ai_framework:
         raise UsageError(f"--ai-framework {request.ai_framework} (for mmrun) disagrees with --ai-framework {in_script} "
                          "in the script's arguments; give it once")
-    return in_script
+    return in_script, where
+
+
+def _passes_framework_arg(request: launch_args.LaunchRequest, script_path: Path | None) -> bool:
+    if request.framework_arg != "auto":
+        return request.framework_arg == "always"
+    return script_path is not None and script_target.takes_framework_arg(script_target.read_source(script_path))
+
+
+def _cluster_time_out_from_training_args(request: launch_args.LaunchRequest, translation: Translation) -> Note | None:
+    """msrun's --cluster_time_out from Megatron's --distributed-timeout-minutes, unless the user set it.
+
+    Both bound how long ranks wait for each other to form the job (torch's process-group timeout
+    covers the rendezvous; msrun's scheduler waits --cluster_time_out, default 600 s for both).
+    """
+    minutes = argv_option(request.script_args, DISTRIBUTED_TIMEOUT_FLAGS)
+    if minutes is None or "cluster_time_out" in request.given or "join_timeout=" in str(request.given.get("rdzv_conf", "")):
+        return None
+    try:
+        seconds = int(float(minutes) * 60)
+    except ValueError:
+        raise UsageError(f"--distributed-timeout-minutes {minutes} in the script's arguments is not a number of "
+                         "minutes; pass a whole number") from None
+    translation.set("cluster_time_out", str(seconds))
+    return Note("--distributed-timeout-minutes", minutes, f"msrun waits --cluster_time_out {seconds} s for the ranks to join")
 
 
 def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | None = None) -> Plan:
     env = dict(os.environ if environ is None else environ)
-    framework = _choose_framework(request)
+    framework, framework_source = _choose_framework(request)
     launcher = LAUNCHER_OF[framework]
     given = dict(request.given)
 
@@ -100,7 +128,11 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
     else:
         translation = to_torchrun(given, spelled=request.spelled)
 
-    plan = Plan(launcher=launcher, command=[], notes=list(translation.notes), refusals=list(translation.refusals))
+    plan = Plan(launcher=launcher, command=[], notes=list(translation.notes), refusals=list(translation.refusals),
+                framework=framework, framework_source=framework_source, watchdog_seconds=request.watchdog_seconds)
+    if launcher == MSRUN:
+        note = _cluster_time_out_from_training_args(request, translation)
+        plan.notes.extend([note] if note else [])
     plan.temp_dir = Path(tempfile.gettempdir()) / f"mmrun-{uuid.uuid4().hex[:12]}"
     plan.env_set[STATUS_DIR_VAR] = str(plan.temp_dir / "status")
     plan.env_set["MMRUN_AI_FRAMEWORK"] = framework
@@ -116,7 +148,9 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
     else:
         plan.log_dir = Path(str(translation.value("log_dir")))
         # msrun starts workers as `python SCRIPT`, taking python from PATH, not this interpreter.
-        plan.env_set["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        bin_dir, path = str(Path(sys.executable).parent), env.get("PATH", "")
+        if path.split(os.pathsep)[0] != bin_dir:
+            plan.env_set["PATH"] = os.pathsep.join([bin_dir, path])
         plan.wait_for_msrun_workers = str(translation.value("join")) != "True"
 
     probe = dict(env)
@@ -137,8 +171,14 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
         if port.isdigit():
             plan.master = (str(translation.value("master_addr") or "127.0.0.1"), int(port))
 
+    try:
+        plan.script_path = script_target.locate(request.script, translation.module)
+    except UsageError:
+        if not request.dry_run:
+            raise
+        plan.notes.append(Note(request.script, None, "not found here; a dry run goes on, a real run would stop"))
     target = [*(["-m"] if translation.module else []), request.script]
-    script_args = launch_args.with_framework_arg(request.script_args, framework)
+    script_args = launch_args.with_framework_arg(request.script_args, framework, _passes_framework_arg(request, plan.script_path))
     plan.command = [sys.executable, "-m", LAUNCHER_MODULES[launcher], *translation.argv(), BOOTSTRAP, *target, *script_args]
     plan.translation = translation
     return plan
@@ -180,23 +220,30 @@ def print_dry_run(plan: Plan) -> None:
         print(f"unset {name}")
 
 
-def main(argv: list[str]) -> int:
-    from mmrun.launchers.cli import SUBCOMMANDS
+def _check_framework_installed(plan: Plan) -> None:
+    module = FRAMEWORK_MODULE[plan.launcher]
+    if importlib.util.find_spec(module) is None:
+        raise FrameworkNotInstalledError(plan.framework, module, plan.framework_source)
 
-    parser = launch_args.build_parser(SUBCOMMANDS)
-    if argv[:1] == ["--version"]:
-        from mmrun import __version__
 
-        print(f"mmrun {__version__}")
-        return 0
+def _error(message: str) -> int:
+    print(f"mmrun: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str], subcommands: dict[str, tuple[str, str]] | None = None) -> int:
+    """`mmrun [options] SCRIPT [args]`; `subcommands` (name -> (module, summary)) are listed in --help."""
+    parser = launch_args.build_parser(subcommands)
     request = launch_args.parse(argv, parser)
     try:
         problems = check_ascend_env(os.environ)
         if problems:
             raise UsageError("; ".join(problems))
         plan = build_plan(request)
-    except (UsageError, ValueError) as error:
-        parser.error(str(error))  # exits 2 with the usage line
+        if not request.dry_run:
+            _check_framework_installed(plan)
+    except (UsageError, ValueError, FrameworkNotInstalledError) as error:
+        return _error(str(error))
 
     for note in plan.notes:
         _say(f"note: {note}")
@@ -217,10 +264,15 @@ def main(argv: list[str]) -> int:
         print_dry_run(plan)
         return 0
     if plan.master and _port_in_use(plan.master[1]):
-        print(f"mmrun: error: master port {plan.master[1]} is already in use on this machine; "
-              "free it, pass another --master-port, or --master-port 0 to pick a free one", file=sys.stderr)
-        return 2
+        return _error(f"master port {plan.master[1]} is already in use on this machine; "
+                      "free it, pass another --master-port, or --master-port 0 to pick a free one")
     return execute(plan)
+
+
+def _report(stop: Stop) -> int:
+    for line in stop.lines:
+        print(line, file=sys.stderr, flush=True)
+    return stop.exit_code
 
 
 def execute(plan: Plan) -> int:
@@ -229,24 +281,41 @@ def execute(plan: Plan) -> int:
     status_dir = Path(plan.env_set[STATUS_DIR_VAR])
     status_dir.mkdir(parents=True, exist_ok=True)
     run_id = status_dir.parent.name
+    # torchrun stops (or restarts) the job itself when a rank fails; msrun lets the others wait.
+    watch = RankWatch(status_dir, plan.launcher, plan.log_dir, stop_on_failure=plan.launcher == MSRUN,
+                      watchdog_seconds=plan.watchdog_seconds)
+    reported: list[Stop] = []
+
+    def stop_when() -> int | None:
+        stop = watch.check()
+        if stop is None:
+            return None
+        reported.append(stop)
+        return stop.exit_code
+
+    guardian = Guardian(run_id, str(plan.temp_dir) if plan.temp_dir else None)
     try:
-        # msrun keeps the other workers (and its scheduler) waiting when one fails; torchrun stops them itself.
-        stop_when = (lambda: failure.first_failure(failure.read_statuses(status_dir)) is not None) if plan.launcher == MSRUN else None
-        code = Supervisor(plan.command, env, run_id, stop_when=stop_when).run()
-        if plan.wait_for_msrun_workers and code == 0:
-            wait_for_workers(run_id)
-        reap(run_id)
-        if code >= 128 + 1 and code - 128 in (2, 15):
-            return code  # stopped by SIGINT/SIGTERM: the workers were told, nothing more to report
-        cause = failure.first_failure(failure.read_statuses(status_dir))
-        if cause is not None:
-            for line in failure.describe(plan.launcher, plan.log_dir, cause):
-                print(line, file=sys.stderr)
-            return cause.exit_code if 0 < cause.exit_code < 256 else 1
+        guardian.start()
+    except OSError as error:  # no process left to fork: the job still runs, reaped by mmrun itself
+        _say(f"warning: no guardian ({error.strerror}): a kill -9 of mmrun would leave the job running")
+    try:
+        supervisor = Supervisor(plan.command, env, run_id, stop_when=stop_when)
+        code = supervisor.run()
+        if plan.wait_for_msrun_workers and code == 0 and supervisor.stopped_with is None:
+            wait_for_workers(run_id, stop_when=lambda: stop_when() is not None)
+        if supervisor.received is not None:
+            return code  # stopped by a signal to mmrun: the workers were told, nothing more to report
+        if reported:  # said last, after the launcher's own report of the stop
+            return _report(reported[0])
+        stop = watch.after_exit(code, launcher_waited=not plan.wait_for_msrun_workers)
+        if stop is not None:
+            return _report(stop)
         if code != 0:
             _say(f"{plan.launcher} exited with code {code} and no worker reported its own; see the output above")
             return code if 0 < code < 256 else 1
         return 0
     finally:
+        reap(run_id)
         if plan.temp_dir is not None:
             shutil.rmtree(plan.temp_dir, ignore_errors=True)
+        guardian.release()

@@ -6,7 +6,6 @@ was seen leaving workers and its scheduler behind after it exited.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -14,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from mmrun.common.processes import set_parent_death_signal
+
 RUN_ID_VARIABLE = "MMRUN_RUN_ID"
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def processes_with(*variables: str) -> list[int]:
@@ -62,36 +62,48 @@ def reap(run_id: str, grace: float = 5.0) -> list[int]:
     return pids
 
 
-def wait_for_workers(run_id: str, poll: float = 0.2) -> None:
-    """Wait until no msrun worker of this run is alive (used when msrun itself did not join)."""
+def wait_for_workers(run_id: str, stop_when: Callable[[], bool] | None = None, poll: float = 0.25) -> None:
+    """Wait until no msrun worker of this run is alive (used when msrun itself did not join).
+
+    `stop_when` is polled meanwhile; when it answers True every process of the run is reaped.
+    """
     while tagged_processes(run_id, role="MS_WORKER"):
+        if stop_when is not None and stop_when():
+            reap(run_id, grace=2.0)
+            return
         time.sleep(poll)
 
 
 def _die_with_parent() -> None:
     """In the launcher's child: get SIGTERM if mmrun dies, even by SIGKILL, which no handler can forward."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: the run tag still lets a later reap find the processes
+    set_parent_death_signal(signal.SIGTERM)  # where it is missing, the guardian still reaps the job
 
 
 class Supervisor:
-    """Runs one launcher command in its own session; SIGINT/SIGTERM to mmrun reach all its processes."""
+    """Runs one launcher command in its own session; SIGINT, SIGTERM and SIGHUP to mmrun reach all its processes.
+
+    `stop_when` is polled a few times a second while the launcher runs; an exit code from it stops the
+    whole job (msrun does not stop on a failed worker; nothing stops a silent one) and becomes the
+    result in `stopped_with`.
+    """
 
     def __init__(self, command: list[str], env: dict[str, str], run_id: str, shutdown_grace: float = 10.0,
-                 stop_when: Callable[[], bool] | None = None):
-        self.stop_when = stop_when  # polled; True stops the whole job (msrun does not stop on a failed worker)
+                 stop_when: Callable[[], int | None] | None = None, poll: float = 0.25):
         self.command = command
         self.env = {**env, RUN_ID_VARIABLE: run_id}
         self.run_id = run_id
         self.shutdown_grace = shutdown_grace
+        self.stop_when = stop_when
+        self.poll = poll
         self.received: int | None = None
+        self.stopped_with: int | None = None
         self.process: subprocess.Popen | None = None
 
     def _forward(self, signum: int, _frame) -> None:
         self.received = signum
+        self._signal_launcher(signum)
+
+    def _signal_launcher(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signum)
@@ -107,19 +119,21 @@ class Supervisor:
             deadline: float | None = None
             while True:
                 try:
-                    code = self.process.wait(timeout=0.5)
+                    code = self.process.wait(timeout=self.poll)
                     break
                 except subprocess.TimeoutExpired:
-                    if self.received is None and self.stop_when is not None and self.stop_when():
-                        self._forward(signal.SIGTERM, None)
-                        self.received = None  # a failure, not a user's signal: report the worker's code
+                    pass
+                if self.received is None and self.stopped_with is None and self.stop_when is not None:
+                    self.stopped_with = self.stop_when()
+                    if self.stopped_with is not None:
+                        self._signal_launcher(signal.SIGTERM)
                         reap(self.run_id, grace=2.0)
                         continue
-                    if self.received is None:
-                        continue
-                    deadline = deadline or time.monotonic() + self.shutdown_grace
-                    if time.monotonic() > deadline:  # the launcher did not stop its workers in time
-                        os.killpg(self.process.pid, signal.SIGKILL)
+                if self.received is None:
+                    continue
+                deadline = deadline or time.monotonic() + self.shutdown_grace
+                if time.monotonic() > deadline:  # the launcher did not stop its workers in time
+                    os.killpg(self.process.pid, signal.SIGKILL)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -1,100 +1,43 @@
-"""What torchrun and msrun start in each worker when the job comes through `mmrun`.
+"""What torchrun and msrun start in each worker when the job comes through `mmrun`: a thin parent.
 
 `python worker_bootstrap.py [-m] SCRIPT [args]`:
 1. exports the torch-style rank variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
    MASTER_PORT) that msrun does not set, derived from its RANK_ID/RANK_SIZE/DEVICE_ID/MS_SCHED_*;
-2. in msrun's scheduler process (MS_ROLE=MS_SCHED) runs only the scheduler, never the user's training body;
-3. runs SCRIPT as `__main__` (or a module with -m), exactly as `python SCRIPT args` would;
-4. records the worker's own exit code in $MMRUN_STATUS_DIR/rank_<RANK>.json, because torchrun turns
-   every failure into 1 and msrun hides the code in its logs.
+2. forks a child that runs, in msrun's scheduler process (MS_ROLE=MS_SCHED), only the scheduler (never
+   the user's training body), and otherwise the script (`worker_script.py`: same interpreter, flags,
+   stdout/stderr and environment; its own process group), forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+   SIGUSR1 and SIGUSR2 to that group, and waits;
+4. writes the child's exact end to $MMRUN_STATUS_DIR/rank_<RANK>.json (exit code, or the signal that
+   killed it; the stopping signal it forwarded, if any; its last lines), because torchrun turns every
+   failure into 1, msrun hides the code in its logs, and a rank killed by SIGKILL cannot write anything;
+5. ends the same way: the child's exit code, or the same signal raised on itself, so torchrun and
+   msrun see what they would have seen without it.
 
-This file is run by path, so its folder lands on sys.path[0]; it is replaced by the script's folder
-before any user code runs. Only the standard library, mmrun.backend.rank_env and mmrun.common are
-imported here.
+It imports only the standard library, mmrun.backend.rank_env, mmrun.launchers.heartbeat and, at the
+end, mmrun.common.atomic_write; the fork costs about a millisecond (see benchmarks/worker_bootstrap_cost.py).
 """
 from __future__ import annotations
 
-import collections
 import json
 import os
-import runpy
+import signal
 import sys
 import time
-import traceback
+
+from mmrun.common.processes import set_parent_death_signal
+from mmrun.launchers import heartbeat
 
 STATUS_DIR_VAR = "MMRUN_STATUS_DIR"
+# in $MMRUN_STATUS_DIR, per rank: its end (written once it ended) and its progress file (while it runs)
+STATUS_FILE, PROGRESS_FILE = "rank_{rank}.json", "rank_{rank}.progress"
+SCHEDULER = "scheduler"  # msrun's scheduler's: scheduler.json, scheduler.progress
 NODE_RANK_VAR = "MMRUN_NODE_RANK"
-
-
-TAIL_LINES = 20
-
-
-class _Tail:
-    """The last lines a worker wrote through sys.stdout/sys.stderr, interleaved in write order.
-
-    Kept in memory and put in the status file, so mmrun can show a failed rank's last lines without
-    asking torchrun for per-rank log files (its --tee costs about 0.35 s per job).
-    """
-
-    def __init__(self, lines: int = TAIL_LINES):
-        self.lines: collections.deque[str] = collections.deque(maxlen=lines)
-        self.partial = ""
-
-    def record(self, text: str) -> None:
-        pieces = (self.partial + text).split("\n")
-        self.partial = pieces.pop()
-        self.lines.extend(pieces)
-
-    def snapshot(self) -> list[str]:
-        return [*self.lines, *([self.partial] if self.partial else [])][-self.lines.maxlen:]
-
-
-class _TeeToTail:
-    """A text stream that passes writes through and records them in a _Tail."""
-
-    def __init__(self, stream, tail: _Tail):
-        self._stream, self._tail = stream, tail
-
-    def write(self, text: str) -> int:
-        self._tail.record(text)
-        return self._stream.write(text)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-_tail = _Tail()
-
-
-def _write_status(exit_code: int, error: str | None) -> None:
-    status_dir = os.environ.get(STATUS_DIR_VAR)
-    if not status_dir:
-        return
-    rank = os.environ.get("RANK", "0")
-    record = {
-        "rank": int(rank),
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "exit_code": exit_code,
-        "time": time.time(),
-        "pid": os.getpid(),
-        "error": error,
-        "tail": _tail.snapshot(),
-    }
-    from mmrun.common.atomic_write import atomic_write
-
-    try:
-        atomic_write(os.path.join(status_dir, f"rank_{rank}.json"), json.dumps(record))
-    except OSError:
-        pass  # the status is a diagnosis aid; never turn a worker's result into a bootstrap failure
-
-
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)  # what python itself does with sys.exit("message")
-    return 1
+# torchrun stops its workers with SIGTERM (and forwards SIGINT, SIGHUP, SIGQUIT); SLURM warns of a preemption
+# with SIGUSR1/2, which a script may catch to save a checkpoint.
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = (*STOPPING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
+CORE_DUMPING = (signal.SIGQUIT, signal.SIGILL, signal.SIGABRT, signal.SIGFPE, signal.SIGSEGV, signal.SIGBUS,
+                signal.SIGSYS, signal.SIGTRAP)
 
 
 def _run_scheduler() -> int:
@@ -109,101 +52,137 @@ def _run_scheduler() -> int:
     return 0
 
 
+class _Child:
+    """The script's process; signals that reach the bootstrap while it runs go to its process group."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.forwarded: int | None = None  # the first stopping signal passed on: the launcher (or someone) stopped this rank
+
+    def forward(self, signum: int, _frame) -> None:
+        if signum in STOPPING_SIGNALS:
+            self.forwarded = self.forwarded or signum
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def fork(self) -> int:
+        """os.fork(): 0 in the child, which then runs the script; its pid in the bootstrap.
+
+        A fork, not a new interpreter: the script starts as fast as it did in the bootstrap itself,
+        with the same interpreter flags (torchrun passes -u), file descriptors and environment. The
+        forwarded signals are blocked across the fork, so none reaches a half-made child.
+        """
+        parent = os.getpid()
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+        previous = {sig: signal.signal(sig, self.forward) for sig in FORWARDED_SIGNALS}
+        self.pid = os.fork()
+        if self.pid == 0:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            # Its own process group: a signal to the bootstrap's group (torchrun's way) reaches the script once, forwarded.
+            os.setpgid(0, 0)
+            # A bootstrap killed outright (SIGKILL) takes its script with it.
+            if set_parent_death_signal(signal.SIGKILL) and os.getppid() != parent:
+                os._exit(128 + signal.SIGKILL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+        return self.pid
+
+    def wait(self) -> int:
+        """The child's wait status."""
+        _, status = os.waitpid(self.pid, 0)  # retried by Python after each forwarded signal
+        return status
+
+
+def _write_status(status_dir: str, name: str, progress_file: str, child: _Child, wait_status: int) -> None:
+    code = os.waitstatus_to_exitcode(wait_status)
+    killed_by = -code if code < 0 else None
+    progress = heartbeat.read_progress(progress_file)
+    record = {
+        "rank": int(os.environ.get("RANK", "0")),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "exit_code": 128 + killed_by if killed_by else code,
+        "signal": killed_by,
+        "forwarded": child.forwarded,
+        "time": time.time(),
+        "pid": child.pid,
+        "tail": list(progress.tail) if progress else [],
+    }
+    _save(status_dir, name, record)
+
+
+def _save(status_dir: str, name: str, record: dict) -> None:
+    from mmrun.common.atomic_write import atomic_write
+
+    try:
+        atomic_write(os.path.join(status_dir, name), json.dumps(record))
+    except OSError:
+        pass  # the status is a diagnosis aid; never turn a worker's result into a bootstrap failure
+
+
+def _end_like(wait_status: int) -> int:
+    """Exit as the child did: with its code, or by the signal that killed it."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    if code >= 0:
+        return code
+    killed_by = -code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if killed_by in CORE_DUMPING:  # the child's core (if any) is the one worth keeping
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if killed_by not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be caught or blocked anyway
+        signal.signal(killed_by, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [killed_by])
+    os.kill(os.getpid(), killed_by)
+    return 128 + killed_by  # only for a signal whose default action does not end the process
+
+
+def _leave(code: int) -> None:
+    """The bootstrap's own exit: nothing of its own to flush or finalize beyond stdio, so no interpreter teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str]) -> int:
     from mmrun.backend.rank_env import read_rank_info, torch_style_variables
 
     os.environ.update(torch_style_variables())
-    if read_rank_info().is_scheduler:
-        return _run_scheduler()
-
-    as_module = bool(argv) and argv[0] == "-m"
-    if as_module:
-        argv = argv[1:]
-    if not argv:
+    scheduler = read_rank_info().is_scheduler
+    if not scheduler and (not argv or argv == ["-m"]):
         print("worker_bootstrap: no script given", file=sys.stderr)
         return 2
-    target, args = argv[0], argv[1:]
-    sys.path[0] = os.getcwd() if as_module else os.path.dirname(os.path.abspath(target))
-    sys.argv = [target, *args]
 
-    sys.stdout, sys.stderr = _TeeToTail(sys.stdout, _tail), _TeeToTail(sys.stderr, _tail)
-    code, error = 0, None
-    try:
-        if as_module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc)
-    except KeyboardInterrupt:
-        code, error = 130, "KeyboardInterrupt"
-    except BaseException:  # noqa: BLE001 - report any failure the way python would, then exit 1
-        error = traceback.format_exc()
-        sys.stderr.write(error)
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _write_status(code, error)
-    if _destroy_torch_process_group():
-        _exit_before_finalization(code)
-    if code == 0 and os.environ.get("MS_ROLE") == "MS_WORKER":
-        _join_msrun_cluster()
-    return code
+    # msrun's scheduler gets the same record as a rank: its ranks would wait --cluster_time_out (600 s)
+    # for a scheduler that died, so mmrun stops the job when it ends badly before they do.
+    status_dir = os.environ.get(STATUS_DIR_VAR)
+    rank = os.environ.get("RANK", "0")
+    status_name, progress_name = ((f"{SCHEDULER}.json", f"{SCHEDULER}.progress") if scheduler
+                                  else (STATUS_FILE.format(rank=rank), PROGRESS_FILE.format(rank=rank)))
+    progress_file = os.path.join(status_dir, progress_name) if status_dir else None
+    if status_dir:
+        try:
+            os.unlink(os.path.join(status_dir, status_name))  # a restarted rank's earlier end
+        except FileNotFoundError:
+            pass
+        heartbeat.create(progress_file, os.getpid(), -1 if scheduler else int(rank), int(os.environ.get("LOCAL_RANK", "0")))
+        os.environ[heartbeat.PROGRESS_FILE_VAR] = progress_file
 
+    child = _Child()
+    if child.fork() == 0:
+        if scheduler:
+            return _run_scheduler()
+        from mmrun.launchers import worker_script
 
-def _destroy_torch_process_group() -> bool:
-    """Tear down a torch process group the script left alive (most Megatron scripts do); True if there was one.
-
-    Left to interpreter exit, its C++ threads can outlive what they use and abort the process
-    ("terminate called without an active exception", SIGABRT): measured in 2 of 13 two-node runs on
-    this machine, where the finished rank then counts as failed and the other node waits for it.
-    torch is never imported here for a script that did not use it.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return False
-    dist.destroy_process_group()
-    return True
-
-
-def _exit_before_finalization(code: int) -> None:
-    """End the process the way interpreter exit would, minus the C++ teardown of torch.distributed.
-
-    The teardown can still abort a rank that finished cleanly (seen once in a full CI run, with the
-    process group destroyed: a 2-process training job whose rank 0 printed its last line, then died
-    of SIGABRT; torch's own fix, an atexit destroy, was abandoned upstream). So: wait for the script's
-    non-daemon threads, run its atexit handlers, flush every open file, and leave with os._exit.
-    """
-    import atexit
-    import gc
-    import io
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for obj in gc.get_objects():
-        # type(), not isinstance(): isinstance reads __class__, which some objects turn into a warning.
-        if issubclass(type(obj), io.IOBase) and not obj.closed:
-            try:
-                obj.flush()
-            except (OSError, ValueError):  # a pipe whose reader is gone, a detached buffer
-                pass
-    os._exit(code)
-
-
-def _join_msrun_cluster() -> None:
-    """msrun's scheduler waits (up to --cluster_time_out, 600 s) for every worker to register.
-
-    A script that never initialised communication (a single-rank job, a data tool) would leave it
-    waiting; registering at the end lets the job finish. A failed worker skips this: msrun stops the
-    job on its own when a worker fails.
-    """
-    os.environ.setdefault("MMRUN_AI_FRAMEWORK", "mindspore")
-    import mmrun.backend as backend
-
-    backend.init_distributed()
+        return worker_script.run(argv)
+    wait_status = child.wait()
+    if status_dir:
+        _write_status(status_dir, status_name, progress_file, child, wait_status)
+    _leave(_end_like(wait_status))
+    return 0  # not reached
 
 
 if __name__ == "__main__":

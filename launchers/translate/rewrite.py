@@ -1,7 +1,7 @@
 """The rewrite: torchrun launch lines become msrun ones (and back), changing only the bytes that must change.
 
 Per launch line: read the launcher options wherever they are written (the line itself, a string or
-array variable, if/else definitions), translate them with the shared table (launchers/translation.py,
+array variable, if/else definitions), translate them with the shared table (launchers/option_rules.py,
 the same rules and refusal messages as the `mmrun` launcher), then edit each option where it is
 written: rename in place, replace a computed value, remove what the target launcher lacks, add what
 it needs after the last option. `export LOCAL_WORLD_SIZE` and `--ai-framework` are added or removed,
@@ -30,7 +30,7 @@ from mmrun.launchers.translate.rules import (
     DEVICES, FRAMEWORK_FLAGS, FRAMEWORK_OF, INLINE_ADDED, KEEP_DEFAULTS, MARKER_PREFIX, MMRUN, MMRUN_OWN_TO_MSRUN, MSRUN_EXTRAS,
     ON_UNSUPPORTED, OTHER, WHY_ADDED, WHY_DROPPED, WHY_FROM_MMRUN, WHY_LAUNCHER, WHY_RENAMED,
 )
-from mmrun.launchers.translation import Refusal, Translation, to_msrun, to_torchrun
+from mmrun.launchers.option_rules import Refusal, Translation, to_msrun, to_torchrun
 
 if TYPE_CHECKING:
     from mmrun.features.decisions import Decision

@@ -1,6 +1,6 @@
 """What the rewrite adds, keeps and drops beyond the shared option table, and the reasons the report gives.
 
-Data only: the option translation itself is launchers/translation.py, shared with the `mmrun` launcher.
+Data only: the option translation itself is launchers/option_rules.py, shared with the `mmrun` launcher.
 """
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ MMRUN_OPTIONS: dict[str, LauncherOption] = {o.dest: o for o in (
     LauncherOption("on_unsupported", MMRUN, True, "error", "launcher options the launcher cannot honour", "mmrun"),
     LauncherOption("msadapter_path", MMRUN, True, None, "MSAdapter source tree", "mmrun"),
     LauncherOption("version", MMRUN, False, None, "print mmrun's version", "mmrun"),
+    LauncherOption("framework_arg", MMRUN, True, "auto", "whether the script gets --ai-framework", "mmrun"),
+    LauncherOption("watchdog_seconds", MMRUN, True, "0", "stop a job whose rank shows no progress", "mmrun"),
 )}
 # What `--to mindspore` does with them: ("remove", why) or ("refuse", reason, hint).
 MMRUN_OWN_TO_MSRUN: dict[str, tuple[str, ...]] = {
@@ -74,5 +76,9 @@ MMRUN_OWN_TO_MSRUN: dict[str, tuple[str, ...]] = {
     "msadapter_path": ("refuse", "msrun does not export MSADAPTER_PATH for its workers",
                        "write `export MSADAPTER_PATH=DIR` above the launch line instead"),
     "version": ("refuse", "mmrun --version prints mmrun's version and starts no job", "remove it from the launch line"),
+    "framework_arg": ("refuse", "msrun passes the training command's arguments as they are written",
+                      "remove it, and write --ai-framework mindspore in the training command only if the script takes it"),
+    "watchdog_seconds": ("refuse", "msrun has no progress watchdog (mmrun's --watchdog-seconds watches its ranks)",
+                         "remove it, or keep launching with mmrun --ai-framework mindspore to keep the watchdog"),
 }
 WHY_FROM_MMRUN = "; mmrun's torchrun-style options are translated as torchrun's"

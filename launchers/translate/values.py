@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 
 from mmrun.launchers.options import BY_LAUNCHER, MSRUN
-from mmrun.launchers.translation import Translation, Values
+from mmrun.launchers.option_rules import Translation, Values
 from mmrun.launchers.translate.parse import Script
 from mmrun.launchers.translate.words import Definitions
 

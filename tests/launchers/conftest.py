@@ -47,6 +47,26 @@ def run_mmrun(args: list[str], env: dict, cwd: Path, timeout: float = 120) -> su
     return subprocess.run([*MMRUN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+# Runs mmrun with torch, torch_npu and mindspore unimportable, as on a machine with the base install only.
+WITHOUT_FRAMEWORKS = """
+import importlib.machinery, sys
+class HidingPathFinder(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'torch_npu', 'mindspore'):
+            return None  # what a machine without them answers
+        return importlib.machinery.PathFinder.find_spec(name, path, target)
+sys.meta_path = [HidingPathFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+from mmrun.launchers.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def mmrun_without_frameworks(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WITHOUT_FRAMEWORKS, *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=120)
+
+
 @pytest.fixture
 def jobs():
     """The helpers above, for tests (conftest modules are not importable under --import-mode=importlib)."""
@@ -56,4 +76,5 @@ def jobs():
         free_port = staticmethod(free_port)
         marked_processes = staticmethod(marked_processes)
         run = staticmethod(run_mmrun)
+        without_frameworks = staticmethod(mmrun_without_frameworks)
     return Jobs

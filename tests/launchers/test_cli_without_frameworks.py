@@ -2,28 +2,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-# Makes torch, torch_npu and mindspore unimportable, as on a machine with the base install only.
-BLOCKER = """
-import importlib.machinery, sys
-class HidingPathFinder(importlib.machinery.PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name.split('.')[0] in ('torch', 'torch_npu', 'mindspore'):
-            return None  # what a machine without them answers
-        return importlib.machinery.PathFinder.find_spec(name, path, target)
-sys.meta_path = [HidingPathFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
-from mmrun.launchers.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-def mmrun_without_frameworks(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCKER, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
-
 
 @pytest.mark.parametrize("args", [
     ["--help"],
@@ -35,35 +15,35 @@ def mmrun_without_frameworks(*args: str, cwd=None) -> subprocess.CompletedProces
     ["analyse", "--help"],
     ["preprocess-data", "--help"],
 ])
-def test_runs_with_neither_framework(args):
-    result = mmrun_without_frameworks(*args)
+def test_runs_with_neither_framework(args, jobs):
+    result = jobs.without_frameworks(*args)
     assert result.returncode == 0, result.stderr
     assert "No module named" not in result.stderr
 
 
-def test_help_lists_examples_options_and_subcommands():
-    out = mmrun_without_frameworks("--help").stdout
+def test_help_lists_examples_options_and_subcommands(jobs):
+    out = jobs.without_frameworks("--help").stdout
     for text in ("examples:", "--nproc-per-node NPROC_PER_NODE, --nproc_per_node NPROC_PER_NODE", "--local_worker_num",
                  "translate", "analyse", "features", "env", "preprocess-data", "Exit status"):
         assert text in out
 
 
-def test_env_reports_versions_as_json():
+def test_env_reports_versions_as_json(jobs):
     from importlib.metadata import version
 
-    report = json.loads(mmrun_without_frameworks("env", "--json").stdout)
+    report = json.loads(jobs.without_frameworks("env", "--json").stdout)
     assert report["torch"] == version("torch") and report["mindspore"] == version("mindspore")  # metadata, not imports
     assert report["mmrun"] == version("mmrun")
     assert report["torch_npu"] == "not installed" and report["CANN"] == "not found"
     assert report["devices"]["cpu cores"] >= 1
 
 
-def test_env_text_block_is_copy_paste_ready():
-    out = mmrun_without_frameworks("env").stdout.splitlines()
+def test_env_text_block_is_copy_paste_ready(jobs):
+    out = jobs.without_frameworks("env").stdout.splitlines()
     assert out[0] == "```" and out[-1] == "```"
     assert any(line.startswith("python: ") for line in out)
 
 
-def test_no_script_is_a_usage_error():
-    result = mmrun_without_frameworks("--nproc-per-node", "2")
+def test_no_script_is_a_usage_error(jobs):
+    result = jobs.without_frameworks("--nproc-per-node", "2")
     assert result.returncode == 2 and "no SCRIPT given" in result.stderr

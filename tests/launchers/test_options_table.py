@@ -26,18 +26,23 @@ def test_every_msrun_option_is_in_the_table(monkeypatch):
 
 
 def test_every_rule_is_implemented():
-    from mmrun.launchers.translation import RULES
+    from mmrun.launchers.option_rules import RULES
 
     assert {option.to_other for option in OPTIONS} <= set(RULES)
+
+
+# a value every option accepts (values are checked at parse time: see test_option_values.py)
+GOOD_VALUE = {"join": "True"}
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.takes_value], ids=lambda o: f"{o.launcher}:{o.dest}")
 @pytest.mark.parametrize("form", ["space", "equals"])
 def test_each_spelling_and_form_parses(option, form):
+    value = GOOD_VALUE.get(option.dest, "1")
     for flag in option.flags:
-        argv = [f"{flag}=v1"] if form == "equals" and flag.startswith("--") else [flag, "v1"]
+        argv = [f"{flag}={value}"] if form == "equals" and flag.startswith("--") else [flag, value]
         request = launch_args.parse([*argv, "train.py", "--lr", "1"], environ={})
-        assert request.given == {option.dest: "v1"}
+        assert request.given == {option.dest: value}
         assert request.spelled[option.dest] == flag
         assert request.script == "train.py" and request.script_args == ["--lr", "1"]
 
@@ -75,9 +80,11 @@ def test_pet_environment_fallback():
     assert request.from_env == {"nproc_per_node": "PET_NPROC_PER_NODE", "nnodes": "PET_NNODES"}
 
 
-def test_framework_argument_is_appended_once():
-    assert launch_args.with_framework_arg(["--lr", "1"], "mindspore") == ["--lr", "1", "--ai-framework", "mindspore"]
-    assert launch_args.with_framework_arg(["--ai-framework=mindspore"], "mindspore") == ["--ai-framework=mindspore"]
+def test_framework_argument_is_appended_once_and_only_when_wanted():
+    assert launch_args.with_framework_arg(["--lr", "1"], "mindspore", True) == ["--lr", "1", "--ai-framework", "mindspore"]
+    assert launch_args.with_framework_arg(["--ai-framework=mindspore"], "mindspore", True) == ["--ai-framework=mindspore"]
+    assert launch_args.with_framework_arg(["--lr", "1"], "mindspore", False) == ["--lr", "1"]
+    assert launch_args.with_framework_arg(["--ai_framework", "pytorch"], "pytorch", False) == ["--ai_framework", "pytorch"]
 
 
 def test_find_option_by_any_spelling():

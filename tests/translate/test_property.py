@@ -18,7 +18,7 @@ from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN
 from mmrun.launchers.translate import Options, translate_script
 from mmrun.launchers.translate.rewrite import translate_rules
 from mmrun.launchers.translate.rules import KEEP_DEFAULTS
-from mmrun.launchers.translation import to_msrun, to_torchrun
+from mmrun.launchers.option_rules import to_msrun, to_torchrun
 
 STUB = '#!/bin/bash\nprintf "%s\\n" "LWS=${LOCAL_WORLD_SIZE-unset}" "$(basename "$0")" "$@" > "$STUB_OUT"\n'
 DROPPED = {  # torchrun options msrun has no use for, with a value each may take

@@ -4,7 +4,8 @@ import os
 import sys
 import time
 
-names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MMRUN_AI_FRAMEWORK")
+names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MMRUN_AI_FRAMEWORK",
+         "MMRUN_STATUS_DIR")
 record = {name: os.environ.get(name) for name in names}
 record["argv"] = sys.argv[1:]
 record["pid"] = os.getpid()

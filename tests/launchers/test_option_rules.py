@@ -4,10 +4,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mmrun.launchers.translation import Values, to_msrun, to_torchrun
+from mmrun.launchers.option_rules import Values, to_msrun, to_torchrun
 
 
-def test_seed_003_mapping_with_literal_values():
+# The mapping of the MindSpeed-MM MindSpore-backend migration guide: --local_worker_num = nproc_per_node,
+# --worker_num = nproc_per_node x nnodes, the rest by the same names.
+def test_ascend_guide_mapping_with_literal_values():
     out = to_msrun({"nproc_per_node": "8", "nnodes": "2", "node_rank": "1", "master_addr": "10.0.0.1", "master_port": "6000"})
     assert out.argv() == ["--local_worker_num", "8", "--worker_num", "16", "--master_addr", "10.0.0.1",
                           "--master_port", "6000", "--node_rank", "1", "--log_dir", "msrun_log", "--join", "True"]

@@ -1,4 +1,6 @@
-"""torchrun <-> msrun option translation, shared by `mmrun` (run a job) and `mmrun translate` (rewrite a script).
+"""The launcher option rules: how each torchrun option becomes msrun's and back.
+
+Shared by `mmrun` (run a job) and `mmrun translate` (rewrite a script, in `launchers/translate/`).
 
 Input is what the user gave, keyed by option dest (`nproc_per_node`, `local_worker_num`, ...), values as
 text. Values may be shell expressions (`$GPUS_PER_NODE`) when a script is translated: arithmetic between
@@ -15,7 +17,7 @@ from mmrun.launchers.options import BY_LAUNCHER, MSRUN, TORCHRUN, LauncherOption
 
 Value = Union[str, bool]  # text, or True for a flag that takes no value
 
-# mmrun's own msrun defaults (msrun's differ: no join, no log dir); see launchers.md.
+# mmrun's own msrun defaults (msrun's differ: no join, no log dir); see docs/launcher.md.
 MSRUN_DEFAULT_LOG_DIR = "msrun_log"
 MSRUN_DEFAULT_JOIN = "True"
 C10D_DEFAULT_PORT = "29400"  # torchrun's port when --rdzv-endpoint names only a host
@@ -401,7 +403,3 @@ def _check_total(out: Translation, given: Mapping[str, Value]) -> None:
     nnodes, total, local = str(given.get("nnodes", "")), str(out.value("worker_num")), str(out.value("local_worker_num"))
     if "worker_num" in given and _is_int(nnodes) and _is_int(total) and _is_int(local) and int(local) * int(nnodes) != int(total):
         out.refusals.append(Refusal("--worker_num", total, MSRUN, f"it disagrees with --nproc-per-node {local} x --nnodes {nnodes}", "give one of them, or make them agree"))
-
-
-def translate(given: Mapping[str, Value], target: str, **kwargs) -> Translation:
-    return to_msrun(given, **kwargs) if target == MSRUN else to_torchrun(given, **kwargs)
