@@ -72,4 +72,4 @@ def test_the_launcher_reads_the_framework_variable_as_the_backend_does(tmp_path)
     out = subprocess.run([sys.executable, "-m", "mmrun.launchers.cli", "--dry-run", str(script)],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "mindspore.parallel.cluster.run" in out.stdout and "--ai-framework mindspore" in out.stdout
+    assert "mindspore.parallel.cluster.run" in out.stdout and "export MMRUN_AI_FRAMEWORK=mindspore" in out.stdout
