@@ -85,12 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         path = REPO / page
         old = path.read_text(encoding="utf-8")
         bodies = {e.name: blocks[e.key] for e in chosen if e.page == page and isinstance(blocks[e.key], str)}
-        missing = [e.name for e in examples if e.page == page and e.name not in docs_pages.example_blocks(old)]
-        if missing:
-            print(f"update_docs: error: {page} has no marker <!-- example: {missing[0]} --> for the example "
+        static = docs_pages.regenerate_static(page, old)
+        marked = docs_pages.example_blocks(static)
+        declared = {e.name for e in examples if e.page == page}
+        for name in sorted(declared - set(marked)):
+            print(f"update_docs: error: {page} has no marker <!-- example: {name} --> for the example "
                   f"declared in docs/examples/", file=sys.stderr)
+        for name in sorted(set(marked) - declared):
+            print(f"update_docs: error: {page} marks <!-- example: {name} -->, which no file in docs/examples/ "
+                  f"declares", file=sys.stderr)
+        if declared != set(marked):
             return 1
-        new = docs_pages.splice_examples(docs_pages.regenerate_static(page, old), bodies)
+        new = docs_pages.splice_examples(static, bodies)
         if new == old:
             continue
         changed.append(page)
