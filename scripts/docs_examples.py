@@ -46,6 +46,7 @@ import secrets
 import select
 import shutil
 import signal
+import site
 import struct
 import subprocess
 import sys
@@ -238,9 +239,14 @@ def load_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
 
 
 def _placeholders(tmp: Path) -> list[tuple[str, str]]:
-    """Built-in: the paths of this machine become <tmp>, <venv>, <repo> (longest first, resolved too)."""
+    """Built-in: the paths of this machine become <tmp>, <site-packages>, <venv>, <repo> (longest first, resolved
+    too)."""
     pairs = {}
-    for path, name in ((tmp, "<tmp>"), (Path(sys.prefix), "<venv>"), (REPO, "<repo>")):
+    # Every site-packages folder the interpreter reads (a venv may reach another one through a .pth file).
+    packages = {*site.getsitepackages(), *(p for p in sys.path if Path(p).name in ("site-packages", "dist-packages"))}
+    places = [(tmp, "<tmp>"), *((Path(p), "<site-packages>") for p in sorted(packages)),
+              (Path(sys.prefix), "<venv>"), (REPO, "<repo>")]
+    for path, name in places:
         for variant in {str(path), str(path.resolve())}:
             pairs.setdefault(variant, name)
     return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
