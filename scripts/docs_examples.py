@@ -115,12 +115,10 @@ class Rule:
                 lines[i] = line
             return "\n".join(lines)
         dropped = [bool(self.regex.search(line)) for line in lines]
-        # Blank lines inside a dropped stretch (between two dropped lines) go with it.
+        # Blank lines right after a dropped line go with it (log messages end with one, or separate two).
         for i, line in enumerate(lines):
-            if not line.strip() and not dropped[i]:
-                before = next((dropped[j] for j in range(i - 1, -1, -1) if lines[j].strip()), False)
-                after = next((dropped[j] for j in range(i + 1, len(lines)) if lines[j].strip()), False)
-                dropped[i] = before and after
+            if i and not line.strip() and dropped[i - 1]:
+                dropped[i] = True
         kept: list[str] = []
         for line, drop in zip(lines, dropped):
             if not drop:
@@ -394,12 +392,13 @@ def produce_all(examples: list[Example], jobs: int = 1,
     from concurrent.futures import ThreadPoolExecutor
 
     def one(example: Example) -> str | ExampleError:
+        started = time.monotonic()
         try:
             block = produce(example)
         except ExampleError as err:
             progress(f"FAILED {example.key}: {str(err).splitlines()[0]}")
             return err
-        progress(f"ran {example.key}")
+        progress(f"ran {example.key} ({time.monotonic() - started:.1f} s)")
         return block
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

@@ -49,15 +49,41 @@ def test_every_example_marker_has_its_commands_and_back():
                                    f"in their page: {sorted(declared - marked)}")
 
 
-@pytest.mark.parametrize("example", [pytest.param(e, id=e.key, marks=[pytest.mark.slow] if e.slow else [])
-                                     for e in EXAMPLES])
-def test_example_output_is_what_its_commands_print_now(example: docs_examples.Example):
+FAST = [e for e in EXAMPLES if not e.slow]
+SLOW = [e for e in EXAMPLES if e.slow]
+# The slow examples mostly wait (MindSpore's start-up, a watchdog, a rank's death), so two at a time keep the
+# whole drift test near 2.5 minutes on a 2-core machine; their outputs do not depend on it.
+SLOW_JOBS = 2
+
+
+def _check(example: docs_examples.Example, produced: str | docs_examples.ExampleError) -> None:
     shown = docs_pages.example_blocks((REPO / example.page).read_text(encoding="utf-8")).get(example.name)
     assert shown is not None, f"{example.page} has no <!-- example: {example.name} --> marker"
-    try:
-        produced = docs_examples.produce(example)
-    except docs_examples.ExampleError as err:
-        pytest.fail(f"{err}\nfix the example ({example.spec_file}) or the code, then run: {example.regenerate}")
+    if isinstance(produced, docs_examples.ExampleError):
+        pytest.fail(f"{produced}\nfix the example ({example.spec_file}) or the code, then run: {example.regenerate}")
     assert produced == shown, (f"{example.page}: example {example.name!r} drifted from what its commands print "
                                f"now; regenerate it with: {example.regenerate}\n"
                                f"{_diff(shown, produced, example.page)}")
+
+
+@pytest.mark.parametrize("example", [pytest.param(e, id=e.key) for e in FAST])
+def test_example_output_is_what_its_commands_print_now(example: docs_examples.Example):
+    try:
+        produced: str | docs_examples.ExampleError = docs_examples.produce(example)
+    except docs_examples.ExampleError as err:
+        produced = err
+    _check(example, produced)
+
+
+@pytest.fixture(scope="module")
+def slow_outputs(request) -> dict:
+    """The selected slow examples, run SLOW_JOBS at a time, once for all their tests."""
+    wanted = [item.callspec.params["example"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_slow_example_output_is_what_its_commands_print_now"]
+    return docs_examples.produce_all(wanted, jobs=SLOW_JOBS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", [pytest.param(e, id=e.key) for e in SLOW])
+def test_slow_example_output_is_what_its_commands_print_now(example: docs_examples.Example, slow_outputs: dict):
+    _check(example, slow_outputs[example.key])

@@ -40,7 +40,7 @@ def test_an_unknown_rule_name_is_refused_with_the_known_ones(tmp_path):
 
 def test_drop_collapses_a_stretch_with_its_blank_lines_into_one_note():
     rule = docs_examples.Rule("drop", re.compile(r"^noise"), note="[...]")
-    text = "start\nnoise 1\n\nnoise 2\nkept\n\nend"
+    text = "start\nnoise 1\n\nnoise 2\n\nkept\n\nend"
     assert rule.apply(text) == "start\n[...]\nkept\n\nend"
 
 

@@ -1,4 +1,4 @@
-# Put on PYTHONPATH by the docs example "bad-input": mindspore cannot be imported, as in a venv without it.
+# Put on PYTHONPATH by docs examples (docs/examples/*.yaml): mindspore cannot be imported, as in a venv without it.
 import importlib.machinery
 import sys
 
