@@ -181,6 +181,8 @@ def _step(where: str, raw: Any, named: dict[str, Rule]) -> Step:
     if isinstance(raw, str):
         return Step(run=raw)
     check_keys(where, raw, required=("run",), optional=STEP_KEYS[1:])
+    if not isinstance(raw.get("exit", 0), int) or isinstance(raw.get("exit", 0), bool):
+        raise TableError(f"{where}: exit is the step's expected exit status, a whole number. Received: {raw['exit']!r}")
     rules = raw.get("normalise")
     step = Step(run=str(raw["run"]), exit=int(raw.get("exit", 0)), note=str(raw.get("note", "")),
                 hide=bool(raw.get("hide", False)), blank=bool(raw.get("blank", False)),
@@ -211,6 +213,8 @@ def load_spec(path: Path, named: dict[str, Rule]) -> list[Example]:
         for dest, src in files:
             if not (REPO / src).exists():
                 raise TableError(f"{where}: file {src} (for {dest}) does not exist")
+        if not isinstance(raw["steps"], list) or not raw["steps"]:
+            raise TableError(f"{where}: steps is a list of commands. Received: {raw['steps']!r}")
         steps = tuple(_step(f"{where}: step {i + 1}", s, named) for i, s in enumerate(raw["steps"]))
         if not any(not s.hide for s in steps):
             raise TableError(f"{where}: every step is hidden; nothing would be shown")

@@ -84,3 +84,11 @@ def test_a_session_over_its_timeout_is_stopped():
 def test_splicing_replaces_only_the_named_example():
     page = "a\n<!-- example: one -->\nold 1\n<!-- /example -->\nb\n<!-- example: two -->\nold 2\n<!-- /example -->\n"
     assert docs_pages.splice_examples(page, {"two": "new 2\n"}) == page.replace("old 2", "new 2")
+
+
+def test_steps_must_be_a_list_and_exit_a_number(tmp_path):
+    base = f"page: {REPO}/docs/launcher.md\nexamples:\n  x:\n"
+    with pytest.raises(TableError, match="steps is a list of commands"):
+        _load(_spec(tmp_path, base + "    steps: echo hi\n"))
+    with pytest.raises(TableError, match="exit is the step's expected exit status"):
+        _load(_spec(tmp_path, base + "    steps: [{run: echo hi, exit: two}]\n"))
