@@ -51,8 +51,9 @@ def test_every_example_marker_has_its_commands_and_back():
 
 FAST = [e for e in EXAMPLES if not e.slow]
 SLOW = [e for e in EXAMPLES if e.slow]
-# The slow examples mostly wait (MindSpore's start-up, a watchdog, a rank's death), so two at a time keep the
-# whole drift test near 2.5 minutes on a 2-core machine; their outputs do not depend on it.
+# The slow examples mostly wait (MindSpore's start-up, a watchdog, a rank's death), so two at a time nearly
+# halve the drift test on a 2-core machine (4 minutes at a load average of 6 to 10); their outputs do not
+# depend on it.
 SLOW_JOBS = 2
 
 
