@@ -102,4 +102,4 @@ def test_docs_table_is_current():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "launcher.md").read_text()
     table = re.search(r"<!-- options-table:start -->\n(.*?)\n<!-- options-table:end -->", doc, flags=re.S)
-    assert table and table.group(1) == options_markdown(), "regenerate: python scripts/update_docs_tables.py"
+    assert table and table.group(1) == options_markdown(), "regenerate: python scripts/update_docs.py --skip-slow"

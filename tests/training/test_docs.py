@@ -13,7 +13,7 @@ def test_ignored_and_refused_flags_table_is_current():
     text = DOC.read_text(encoding="utf-8")
     embedded = text[text.index(BEGIN) + len(BEGIN): text.index(END)].strip()
     assert embedded == ignored_and_refused_markdown(), (
-        "docs/training.md's flag table is stale: run python scripts/update_docs_tables.py")
+        "docs/training.md's flag table is stale: run python scripts/update_docs.py --only training --skip-slow")
 
 
 def test_docs_show_the_loss_curve_that_exists():

