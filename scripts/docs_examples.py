@@ -254,9 +254,15 @@ def _placeholders(tmp: Path) -> list[tuple[str, str]]:
     return sorted(pairs.items(), key=lambda pair: -len(pair[0]))
 
 
+_INTERPRETER = re.compile(r"<venv>/bin/python3(?:\.\d+)?\b")
+
+
 def normalise(example: Example, step: Step, text: str, tmp: Path) -> str:
     for path, name in _placeholders(tmp):
         text = text.replace(path, name)
+    # The interpreter's name is the one its caller used (a console script's shebang says python3 or python,
+    # depending on how pip was run): one spelling on the page.
+    text = _INTERPRETER.sub("<venv>/bin/python", text)
     for rule in example.rules if step.rules is None else step.rules:
         text = rule.apply(text)
     return text
