@@ -1,0 +1,49 @@
+"""The MindSpore engine (models/megatron_gpt.py + backend/mindspore/parallel) trained under msrun on the same
+weights and micro-batches as mcore_reference.py; writes the same result files."""
+from __future__ import annotations
+
+import numpy as np
+
+import parity_setup as setup
+from mmrun import backend
+
+
+def main() -> None:
+    args = setup.arguments()
+    backend.init_distributed()
+    from mmrun.backend.mindspore import optim, tensors
+    from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
+    from mmrun.backend.mindspore.parallel.groups import initialize_model_parallel
+    from mmrun.models.gpt import GPTConfig
+    from mmrun.models.megatron_gpt import GPTModel, init_weights
+
+    state = initialize_model_parallel(args.tp, args.pp, args.sequence_parallel)
+    sizes = setup.SIZES
+    config = GPTConfig(num_layers=sizes["num_layers"], hidden_size=sizes["hidden_size"],
+                       num_attention_heads=sizes["num_attention_heads"], ffn_hidden_size=sizes["ffn_hidden_size"],
+                       vocab_size=sizes["vocab_size"], max_position_embeddings=sizes["max_position_embeddings"],
+                       seq_length=setup.SEQ, hidden_dropout=0.0, attention_dropout=0.0, init_method_std=setup.INIT_STD)
+    model = GPTModel(config, state)
+    init_weights(model, setup.WEIGHTS_SEED, setup.INIT_STD)
+    opt = setup.OPTIMIZER
+    optimizer = optim.AdamW(model.named_parameters(), lr=opt["lr"], betas=(opt["adam_beta1"], opt["adam_beta2"]),
+                            eps=opt["adam_eps"], weight_decay=opt["weight_decay"], no_decay=optim.megatron_no_decay)
+    engine = ParallelTrainStep(model, optimizer, state, clip_grad=opt["clip_grad"], jit=args.jit == "on")
+    losses, norms, grads = [], [], {}
+    for iteration in range(args.iters):
+        batches = setup.micro_batches(iteration, args.micro_batches, state.dp_rank, state.data_parallel_size)
+        loss, step_grads = engine.compute_gradients(batches)
+        if iteration == 0:
+            grads = {n: tensors.to_numpy(g) for n, g in zip(optimizer.names, step_grads)}
+        result = engine.apply_gradients(step_grads, loss)
+        losses.append(result.loss)
+        norms.append(result.grad_norm)
+    params = model.rank_state_dict()
+    setup.write_result(args.out_dir, state.rank, {
+        "framework": "mindspore", "tp_rank": state.tp_rank, "pp_rank": state.pp_rank, "dp_rank": state.dp_rank,
+        "losses": losses, "grad_norms": norms, "shapes": {n: list(v.shape) for n, v in params.items()},
+        "final_params_sum": {n: float(np.sum(np.abs(v))) for n, v in params.items()}}, grads)
+
+
+if __name__ == "__main__":
+    main()
