@@ -19,17 +19,19 @@ returns its hidden states [s, b, h] for the next one. Training (schedule, gradie
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mmrun.backend.errors import UsageError
 from mmrun.backend.mindspore import nn, ops, tensors
 from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
 from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep, ParameterRoles
 from mmrun.backend.mindspore.parallel.groups import ParallelState, initialize_model_parallel
-from mmrun.backend.mindspore.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from mmrun.backend.mindspore.parallel.layers import (ColumnParallelLinear, RowParallelLinear, ShardedDropout,
+                                                     VocabParallelEmbedding)
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
 from mmrun.models.gpt import GPTConfig
 from mmrun.models.mcore_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, GPTLayout, LayoutError
@@ -43,6 +45,14 @@ def layout_of(config: GPTConfig) -> GPTLayout:
                      config.vocab_size, config.max_position_embeddings, config.untie_embeddings_and_output_weights)
 
 
+def _hidden_dropout(config: GPTConfig, state: ParallelState) -> nn.Module:
+    """Dropout on the residual stream [s, b, h]: replicated over TP (the same masks on every rank, drawn from
+    the same generator), or split on the sequence with sequence parallelism."""
+    if state.sequence_parallel:
+        return ShardedDropout(config.hidden_dropout, config.dropout_impl, state, dim=0)
+    return nn.Dropout(config.hidden_dropout, config.dropout_impl)
+
+
 class LanguageModelEmbedding(nn.Module):
     """Word (vocab-parallel) plus position embeddings, turned sequence-first, scattered over the sequence with
     sequence parallelism."""
@@ -54,7 +64,7 @@ class LanguageModelEmbedding(nn.Module):
         self.sequence_parallel = state.sequence_parallel
         if self.sequence_parallel:
             self.scatter = ScatterToSequenceParallelRegion(state.group("tp"))
-        self.dropout = nn.Dropout(config.hidden_dropout, config.dropout_impl)
+        self.dropout = _hidden_dropout(config, state)
 
     def forward(self, tokens, position_ids):
         embeddings = self.word_embeddings(tokens) + self.position_embeddings(position_ids)  # [b, s, h]
@@ -71,8 +81,8 @@ class SelfAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.heads_per_partition = config.num_attention_heads // tp
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        self.attention_dropout = config.attention_dropout
-        self.dropout_impl = config.dropout_impl
+        # [b, heads / tp, s, s]: split on the heads
+        self.attention_dropout = ShardedDropout(config.attention_dropout, config.dropout_impl, state, dim=1)
         self.linear_qkv = ColumnParallelLinear(config.hidden_size, 3 * config.hidden_size, state)
         self.linear_proj = RowParallelLinear(config.hidden_size, config.hidden_size, state, skip_bias_add=True)
 
@@ -83,7 +93,7 @@ class SelfAttention(nn.Module):
         q, k, v = ops.split(qkv, self.head_dim, dim=3)  # each [s, b, heads/tp, head_dim]
         scores = ops.matmul(ops.permute(q, (1, 2, 0, 3)), ops.permute(k, (1, 2, 3, 0))) * self.scale  # [b, n, s, s]
         scores = ops.masked_fill(scores, ops.causal_mask(s), MASKED_SCORE)
-        probs = ops.dropout(ops.softmax(scores, dim=-1), self.attention_dropout, self.training, self.dropout_impl)
+        probs = self.attention_dropout(ops.softmax(scores, dim=-1))
         context = ops.matmul(probs, ops.permute(v, (1, 2, 0, 3)))  # [b, n, s, head_dim]
         context = ops.reshape(ops.permute(context, (2, 0, 1, 3)), (s, b, self.heads_per_partition * self.head_dim))
         return self.linear_proj(context)
@@ -108,7 +118,7 @@ class TransformerLayer(nn.Module):
         self.self_attention = SelfAttention(config, state)
         self.pre_mlp_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
         self.mlp = MLP(config, state)
-        self.hidden_dropout = nn.Dropout(config.hidden_dropout, config.dropout_impl)
+        self.hidden_dropout = _hidden_dropout(config, state)
 
     def forward(self, x):
         out, bias = self.self_attention(self.input_layernorm(x))
@@ -138,6 +148,7 @@ class GPTModel(nn.Module):
 
     def __init__(self, config: GPTConfig, state: ParallelState) -> None:
         super().__init__()
+        config = _recomputable_dropout(config, state)
         self.config, self.state = config, state
         self.layout = layout_of(config)
         pp, pp_rank = state.pipeline_model_parallel_size, state.pp_rank
@@ -184,6 +195,17 @@ class GPTModel(nn.Module):
         return ParameterRoles(tensor_parallel=tp_split, sequence_parallel=sequence, tied_embedding=tied,
                               shared_copy=OUTPUT_LAYER if tied == OUTPUT_LAYER else None)
 
+    def dropout_draws(self) -> tuple[int, int]:
+        """Dropout generator draws of one micro-batch's forward in training: (those of the stages before this
+        one, those of the whole model). The engine starts each micro-batch's forward at the offset one process
+        would have reached, so every TP/PP split draws the same masks (and a recomputed forward the same again)."""
+        c = self.config
+        embedding = int(c.hidden_dropout > 0)
+        per_layer = int(c.attention_dropout > 0) + 2 * int(c.hidden_dropout > 0)
+        before = 0 if self.pre_process else embedding + self.layout.stage_layers(
+            self.state.pipeline_model_parallel_size, self.state.pp_rank).start * per_layer
+        return before, embedding + c.num_layers * per_layer
+
     def rank_state_dict(self) -> dict[str, np.ndarray]:
         """name -> numpy: this rank's parameters, named as megatron-core's state_dict() names them on this rank."""
         return {name: tensors.to_numpy(param) for name, param in self.named_parameters()}
@@ -202,6 +224,24 @@ class GPTModel(nn.Module):
         for name, param in own.items():
             param.set_data(tensors.from_numpy(np.asarray(tensors.to_numpy(state[name]), dtype=np.float32),
                                               dtype=param.dtype))
+
+
+def _recomputable_dropout(config: GPTConfig, state: ParallelState) -> GPTConfig:
+    """Pipeline stages recompute their forward for the backward, which must draw the same dropout masks: only
+    the hash dropout (backend/dropout_hash.py) can be replayed; "auto" picks it there, "native" is refused."""
+    from mmrun.backend.dropout_hash import resolve_impl
+    from mmrun.backend.mindspore import device
+
+    dropout = config.hidden_dropout > 0 or config.attention_dropout > 0
+    if state.pipeline_model_parallel_size == 1 or not dropout:
+        return config
+    if resolve_impl(config.dropout_impl, device.detect().kind) == "hash":
+        return config
+    if config.dropout_impl == "native":
+        raise UsageError("--dropout-impl native cannot run with --pipeline-model-parallel-size > 1: pipeline stages "
+                         "recompute their forward and native dropout cannot draw the same masks again; use "
+                         "--dropout-impl hash (or auto), or dropout 0")
+    return dataclasses.replace(config, dropout_impl="hash")
 
 
 def init_weights(model: GPTModel, seed: int, init_method_std: float) -> None:

@@ -24,8 +24,12 @@ Backward on a pipeline stage re-runs that stage's forward under `mindspore.value
 output gradient (full activation recomputation, Megatron's `--recompute-granularity full`): MindSpore's
 functional autodiff keeps no tape between calls, and a `vjp` closure taken before later forwards fails in
 PyNative ("Can not find top cell for backward"). The last stage runs forward and backward as one call, so only
-the other stages compute each forward twice. Dropout draws the same masks in the recomputation: the dropout
-generator is put back to where it stood before that micro-batch's first forward.
+the other stages compute each forward twice.
+
+Dropout: before each micro-batch's forward (and its recomputation) the dropout generator is set to the offset
+one process running the whole model would have reached there (the model's `dropout_draws()`), so the
+recomputation draws the same masks, and with the model's ShardedDropout every TP/PP split draws the masks of
+a single process.
 """
 from __future__ import annotations
 
@@ -117,6 +121,9 @@ class ParallelTrainStep(ms.nn.Cell):
                           "evaluate": wrap(self._evaluate), "squares": ms.jit(self._squares),
                           "apply": ms.jit(self._apply)}
         self._p2p: PipelineP2P | None = None
+        draws = getattr(model, "dropout_draws", None)
+        self._draws = draws() if draws is not None else (0, 0)
+        self._dropout_start: dict[str, int] = {}
 
     # ------------------------------------------------------------------ what gets differentiated
 
@@ -199,41 +206,52 @@ class ParallelTrainStep(ms.nn.Cell):
         data-parallel ranks, on every rank."""
         batches = self._micro_batches(micro_batches)
         num = len(batches)
+        self.model.set_train(True)  # Megatron's train_step runs the model in training mode (dropout on)
         scale = ms.Tensor(1.0 / num, ms.float32)
         acc = ms.mutable(tuple(mint.zeros(tuple(p.shape), dtype=ms.float32) for p in self.optimizer.params))
         backward = self._compiled["backward"]
+        if self._draws[1]:
+            self._dropout_start = seeding.get_rng_state()["dropout"]
         if self.state.pipeline_model_parallel_size == 1:
             loss_sum = 0.0
-            for batch in batches:
+            for i, batch in enumerate(batches):
+                self._dropout_at(i)
                 loss, _, acc = backward(acc, batch, None, None, scale)
                 acc = ms.mutable(acc)
                 loss_sum += float(loss)
         else:
             loss_sum, acc = self._one_f_one_b(batches, acc, scale)
+        self._dropout_at(num, before=0)  # every rank leaves the step where one process would
         return self._finalize(list(acc), loss_sum / num)
+
+    def _dropout_at(self, micro_batch: int, before: int | None = None) -> None:
+        """Put the dropout generator where one process would stand at this micro-batch's forward on this stage."""
+        if self._draws[1] == 0:
+            return
+        start = self._dropout_start
+        offset = start["offset"] + micro_batch * self._draws[1] + (self._draws[0] if before is None else before)
+        seeding.set_rng_state({"dropout": {"seed": start["seed"], "offset": offset}})
 
     def _one_f_one_b(self, batches: list, acc, scale) -> tuple[float, Any]:
         """Megatron's forward_backward_pipelining_without_interleaving."""
         p2p = self._pipeline(batches[0])
         pp, pp_rank, num = self.state.pipeline_model_parallel_size, self.state.pp_rank, len(batches)
         warmup = min(pp - pp_rank - 1, num)
-        pending: deque = deque()  # (micro-batch index, its input, the dropout generator before its forward)
+        pending: deque = deque()  # (micro-batch index, its input) of the forwards still to be differentiated
         loss_sum = 0.0
         backward, forward = self._compiled["backward"], self._compiled["forward"]
 
         def run_forward(i: int, hidden_in):
-            rng = seeding.DROPOUT_GENERATOR.get_state()
+            self._dropout_at(i)
             output = forward(batches[i], hidden_in)
-            pending.append((i, hidden_in, rng))
+            pending.append((i, hidden_in))
             return output
 
         def run_backward(output_grad):
             nonlocal acc, loss_sum
-            i, hidden_in, rng = pending.popleft()
-            after = seeding.DROPOUT_GENERATOR.get_state()
-            seeding.DROPOUT_GENERATOR.set_state(rng)  # the recomputed forward draws the same dropout masks
+            i, hidden_in = pending.popleft()
+            self._dropout_at(i)  # the recomputed forward draws the same masks as the forward did
             loss, input_grad, acc = backward(acc, batches[i], hidden_in, output_grad, scale)
-            seeding.DROPOUT_GENERATOR.set_state(after)
             acc = ms.mutable(acc)
             loss_sum += float(loss)
             return None if self.first else input_grad
@@ -245,7 +263,7 @@ class ParallelTrainStep(ms.nn.Cell):
         for j in range(remaining):
             i = warmup + j
             if self.last:
-                pending.append((i, hidden_in, seeding.DROPOUT_GENERATOR.get_state()))
+                pending.append((i, hidden_in))
                 output_grad = None
             else:
                 output_grad = p2p.send_forward_recv_backward(run_forward(i, hidden_in))

@@ -129,3 +129,30 @@ class VocabParallelEmbedding(nn.Module):
         rows = ops.embedding(local_ids, self.weight)
         rows = ops.masked_fill(rows, mint.unsqueeze(outside, -1), 0.0)
         return self.reduce(rows)
+
+
+class ShardedDropout(nn.Module):
+    """Dropout of a tensor split over the TP group on `dim` (attention heads, or the sequence with sequence
+    parallelism) that draws the masks of the whole tensor and applies this rank's slice of them.
+
+    Every rank then uses exactly the masks one process would draw for the unsplit model, so a model trains the
+    same for any TP size (Megatron instead draws such masks from a per-rank stream, its model-parallel RNG
+    tracker). The cost is drawing tp times the elements; with `--dropout-impl hash` the masks are a hash of
+    (seed, call, element), no bigger a cost than the dropout itself.
+    """
+
+    def __init__(self, p: float, impl: str, state: ParallelState, dim: int) -> None:
+        super().__init__()
+        tp = state.group("tp")
+        self.p, self.impl, self.dim = p, impl, dim
+        self.size, self.rank = tp.size, tp.rank
+
+    def forward(self, x):
+        if self.size == 1 or not self.training or self.p == 0.0:
+            return ops.dropout(x, self.p, self.training, self.impl)
+        shape = list(x.shape)
+        chunk = shape[self.dim]
+        shape[self.dim] = chunk * self.size
+        # ops.dropout of ones is keep * 1/(1-p): the factor ops.dropout multiplies x by, bit for bit.
+        scale = ops.dropout(mint.ones(tuple(shape), dtype=x.dtype), self.p, True, self.impl)
+        return x * mint.narrow(scale, self.dim, self.rank * chunk, chunk)

@@ -35,8 +35,10 @@ EMULATED_COLLECTIVES = device.detect().kind == "cpu"
 
 
 def _take(x, dim: int, size: int, rank: int):
-    """This rank's slice of `x` along `dim` (a copy: ops.split, not a view)."""
-    return _ops.split(x, x.shape[dim] // size, dim)[rank]
+    """This rank's slice of `x` along `dim`. mint.narrow: ops.split inside a bprop fails to compile under jit
+    ("The func graph is empty", MindSpore 2.10); a view is safe here, no gradient flows through a region's ops."""
+    chunk = x.shape[dim] // size
+    return mint.narrow(x, dim, rank * chunk, chunk)
 
 
 def _gather_all(all_reduce, all_gather, x, dim: int, size: int, rank: int):

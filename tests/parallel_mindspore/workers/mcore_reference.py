@@ -45,6 +45,19 @@ def _cpu_shims() -> None:
 
     mopt.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
 
+    import megatron.core.transformer.torch_norm as torch_norm
+
+    def layer_norm(cls, config, hidden_size, eps=1e-5, **_):
+        # The local spec's LayerNorm is torch's when Apex is missing, and it refuses --sequence-parallel. Apex's
+        # FusedLayerNorm is torch's LayerNorm plus the `sequence_parallel` attribute on its parameters, which
+        # tells finalize_model_grads to sum their gradients over the TP group: the same here.
+        norm = torch.nn.LayerNorm(hidden_size, eps=eps)
+        for param in norm.parameters():
+            param.sequence_parallel = config.sequence_parallel
+        return norm
+
+    torch_norm.WrappedTorchNorm.__new__ = layer_norm
+
 
 def main() -> None:
     args = setup.arguments()

@@ -11,6 +11,7 @@ from mmrun import backend
 def main() -> None:
     args = setup.arguments()
     backend.init_distributed()
+    backend.seeding.seed_everything(setup.WEIGHTS_SEED)
     from mmrun.backend.mindspore import optim, tensors
     from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
     from mmrun.backend.mindspore.parallel.groups import initialize_model_parallel
@@ -22,7 +23,8 @@ def main() -> None:
     config = GPTConfig(num_layers=sizes["num_layers"], hidden_size=sizes["hidden_size"],
                        num_attention_heads=sizes["num_attention_heads"], ffn_hidden_size=sizes["ffn_hidden_size"],
                        vocab_size=sizes["vocab_size"], max_position_embeddings=sizes["max_position_embeddings"],
-                       seq_length=setup.SEQ, hidden_dropout=0.0, attention_dropout=0.0, init_method_std=setup.INIT_STD)
+                       seq_length=setup.SEQ, hidden_dropout=args.dropout, attention_dropout=args.dropout,
+                       init_method_std=setup.INIT_STD, dropout_impl="hash")
     model = GPTModel(config, state)
     init_weights(model, setup.WEIGHTS_SEED, setup.INIT_STD)
     opt = setup.OPTIMIZER

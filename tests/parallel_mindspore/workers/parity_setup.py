@@ -24,6 +24,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--micro-batches", type=int, default=2)
+    parser.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout (MindSpore only)")
     parser.add_argument("--jit", choices=["on", "off"], default="off")
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--ai-framework", help="appended by mmrun; the framework is the backend's choice")
