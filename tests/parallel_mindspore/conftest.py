@@ -1,0 +1,89 @@
+"""Helpers for the MindSpore tensor/pipeline-parallel tests: real jobs (msrun through mmrun for MindSpore,
+torchrun for the megatron-core reference) in their own process group, and their result files."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKERS = Path(__file__).parent / "workers"
+_DROPPED = ("MMRUN_", "MS_", "PET_", "TORCHELASTIC_")
+_DROPPED_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK_ID",
+                  "RANK_SIZE", "DEVICE_ID", "PYTHONPATH"}
+
+
+def job_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_NAMES and not k.startswith(_DROPPED)}
+    # msrun starts workers as `python` from PATH: it must be this interpreter. One thread per process (2 cores).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(OMP_NUM_THREADS="1", GLOG_v="3")
+    return env
+
+
+def run_job(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a launcher in a new session and kill the session afterwards (msrun can leave workers behind)."""
+    proc = subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=WORKERS)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out = f"[timed out after {timeout} s]"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def _log_tail(log_dir: Path) -> str:
+    return "\n".join(f"--- {p.name}\n" + "\n".join(
+        line for line in p.read_text(errors="replace").splitlines()[-40:] if "[WARNING]" not in line)
+        for p in sorted(log_dir.glob("*.log")))
+
+
+@dataclass
+class RankResult:
+    result: dict
+    grads: dict[str, np.ndarray]
+
+
+def load_results(folder: Path) -> dict[int, RankResult]:
+    out = {}
+    for path in sorted(folder.glob("rank*.json")):
+        rank = int(path.stem[4:])
+        grads_file = folder / f"grads_rank{rank}.npz"
+        grads = dict(np.load(grads_file)) if grads_file.exists() else {}
+        out[rank] = RankResult(json.loads(path.read_text()), grads)
+    return out
+
+
+def msrun(script: str, nproc: int, args: list[str], out_dir: Path, timeout: float = 300) -> dict[int, RankResult]:
+    """`mmrun --ai-framework mindspore --nproc-per-node N <worker> ...` (msrun), then its result files."""
+    logs = out_dir.with_name(out_dir.name + "_logs")
+    job = run_job([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "mindspore", "--nproc-per-node",
+                   str(nproc), "--master-port", "0", "--log-dir", str(logs), str(WORKERS / script),
+                   "--out-dir", str(out_dir), *args], timeout)
+    assert job.returncode == 0, job.stdout[-3000:] + _log_tail(logs)
+    return load_results(out_dir)
+
+
+def torchrun(script: str, nproc: int, args: list[str], out_dir: Path, timeout: float = 300) -> dict[int, RankResult]:
+    """`torchrun --standalone --nproc-per-node N <worker> ...`, then its result files."""
+    job = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                   str(WORKERS / script), "--out-dir", str(out_dir), *args], timeout)
+    assert job.returncode == 0, job.stdout[-4000:]
+    return load_results(out_dir)
+
+
+@pytest.fixture
+def jobs():
+    """The job runners, for tests: jobs.msrun(...), jobs.torchrun(...)."""
+    return type("Jobs", (), {"msrun": staticmethod(msrun), "torchrun": staticmethod(torchrun)})
