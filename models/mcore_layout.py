@@ -39,14 +39,15 @@ OUTPUT_LAYER = "output_layer.weight"
 FINAL_LAYERNORM = "decoder.final_layernorm"
 LAYER_PREFIX = "decoder.layers."
 
-# Per-layer parameters: suffix -> (shape as a function of (hidden, ffn), TP partition dim or None).
+# Per-layer parameters in megatron-core's state_dict order: suffix -> (shape in terms of hidden h and ffn f,
+# TP partition dim or None).
 _LAYER_PARAMS: dict[str, tuple[str, int | None]] = {
     "input_layernorm.weight": ("h", None),
     "input_layernorm.bias": ("h", None),
-    "self_attention.linear_qkv.weight": ("3h,h", 0),
-    "self_attention.linear_qkv.bias": ("3h", 0),
     "self_attention.linear_proj.weight": ("h,h", 1),
     "self_attention.linear_proj.bias": ("h", None),
+    "self_attention.linear_qkv.weight": ("3h,h", 0),
+    "self_attention.linear_qkv.bias": ("3h", 0),
     "pre_mlp_layernorm.weight": ("h", None),
     "pre_mlp_layernorm.bias": ("h", None),
     "mlp.linear_fc1.weight": ("f,h", 0),

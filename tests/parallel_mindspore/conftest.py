@@ -83,7 +83,21 @@ def torchrun(script: str, nproc: int, args: list[str], out_dir: Path, timeout: f
     return load_results(out_dir)
 
 
+class Jobs:
+    """What the tests use from here (test modules cannot import conftest under --import-mode=importlib)."""
+
+    workers = WORKERS
+    env = staticmethod(job_env)
+    msrun = staticmethod(msrun)
+    torchrun = staticmethod(torchrun)
+
+
 @pytest.fixture
-def jobs():
-    """The job runners, for tests: jobs.msrun(...), jobs.torchrun(...)."""
-    return type("Jobs", (), {"msrun": staticmethod(msrun), "torchrun": staticmethod(torchrun)})
+def jobs() -> type[Jobs]:
+    return Jobs
+
+
+@pytest.fixture(scope="module")
+def jobs_module() -> type[Jobs]:
+    """The same, for module-scoped fixtures."""
+    return Jobs
