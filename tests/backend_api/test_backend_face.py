@@ -16,12 +16,17 @@ import types
 import pytest
 
 PROTOCOL_METHODS = {"forward", "construct"}
+# Subpackages of one framework only, outside the portable face: the engines behind tensor/pipeline parallelism
+# (MindSpore: Megatron's design built from its collectives, backend/mindspore/parallel; PyTorch's engine is
+# megatron-core itself).
+FRAMEWORK_ONLY = {"mmrun.backend.mindspore": {"parallel"}, "mmrun.backend.torch": set()}
 PLAIN = (type(None), bool, int, float, str, tuple)
 
 
 def _modules(package_name: str) -> set[str]:
     package = importlib.import_module(package_name)
-    return {m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")}
+    return {m.name for m in pkgutil.iter_modules(package.__path__)
+            if not m.name.startswith("_") and m.name not in FRAMEWORK_ONLY[package_name]}
 
 
 def _defined(module: types.ModuleType) -> dict[str, object]:

@@ -43,6 +43,7 @@ import numpy as np
 from mindspore import mint
 from mindspore.ops import functional as F
 
+from mmrun.backend.errors import UsageError
 from mmrun.backend.mindspore import optim, seeding, tensors
 from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.backend.mindspore.parallel.p2p import PipelineP2P
@@ -95,6 +96,12 @@ class ParallelTrainStep(ms.nn.Cell):
         self.jit = DEFAULT_JIT if jit is None else bool(jit)
         self.first, self.last = state.is_first_stage, state.is_last_stage
         self.names = list(optimizer.names)
+        half = sorted({str(p.dtype) for p in optimizer.params if p.dtype != ms.float32})
+        if half:
+            # No loss scaling and fp32 pipeline buffers here: fp16/bf16 would silently underflow or mismatch.
+            raise UsageError(f"the MindSpore tensor/pipeline-parallel engine trains in fp32 only. Received parameters "
+                             f"in {', '.join(half)}; drop --fp16/--bf16 (on Ascend, MindSpore's own parallel modes "
+                             "are the engine for mixed precision)")
         roles = model.parameter_roles()
         self.roles = roles
         own = set(self.names)
@@ -161,8 +168,7 @@ class ParallelTrainStep(ms.nn.Cell):
         return loss, input_grad, tuple([a + F.cast(g, ms.float32) for a, g in zip(acc, grads)])
 
     def _forward(self, batch, hidden_in):
-        tokens, position_ids, _, _ = batch
-        return self.model(tokens, position_ids, hidden_in, None)
+        return self.model(batch[0], batch[1], hidden_in, None)
 
     def _evaluate(self, batch, hidden_in):
         tokens, position_ids, labels, loss_mask = batch
@@ -189,6 +195,10 @@ class ParallelTrainStep(ms.nn.Cell):
             if len(mb) != len(MICRO_BATCH_FIELDS):
                 raise ValueError(f"a micro-batch is ({', '.join(MICRO_BATCH_FIELDS)}). Received {len(mb)} values")
             batches.append(ms.mutable(tuple(_as_tensor(v) for v in mb)))
+        seq, tp = batches[0][0].shape[-1], self.state.tensor_model_parallel_size
+        if self.state.sequence_parallel and seq % tp:
+            raise UsageError(f"with --sequence-parallel the sequence length ({seq}) must be divisible by "
+                             f"--tensor-model-parallel-size ({tp}); change --seq-length")
         return batches
 
     def _pipeline(self, batch) -> PipelineP2P:
