@@ -65,13 +65,18 @@ def load_results(folder: Path) -> dict[int, RankResult]:
     return out
 
 
-def msrun(script: str, nproc: int, args: list[str], out_dir: Path, timeout: float = 300) -> dict[int, RankResult]:
-    """`mmrun --ai-framework mindspore --nproc-per-node N <worker> ...` (msrun), then its result files."""
-    logs = out_dir.with_name(out_dir.name + "_logs")
+def mmrun(script: Path, nproc: int, args: list[str], log_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`mmrun --ai-framework mindspore --nproc-per-node N <script> ...` (msrun); fails the test unless it exits 0."""
     job = run_job([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "mindspore", "--nproc-per-node",
-                   str(nproc), "--master-port", "0", "--log-dir", str(logs), str(WORKERS / script),
-                   "--out-dir", str(out_dir), *args], timeout)
-    assert job.returncode == 0, job.stdout[-3000:] + _log_tail(logs)
+                   str(nproc), "--master-port", "0", "--log-dir", str(log_dir), str(script), *args], timeout)
+    assert job.returncode == 0, job.stdout[-3000:] + _log_tail(log_dir)
+    return job
+
+
+def msrun(script: str, nproc: int, args: list[str], out_dir: Path, timeout: float = 300) -> dict[int, RankResult]:
+    """A worker of workers/ under mmrun (msrun), then its result files."""
+    mmrun(WORKERS / script, nproc, ["--out-dir", str(out_dir), *args], out_dir.with_name(out_dir.name + "_logs"),
+          timeout)
     return load_results(out_dir)
 
 
@@ -88,6 +93,7 @@ class Jobs:
 
     workers = WORKERS
     env = staticmethod(job_env)
+    mmrun = staticmethod(mmrun)
     msrun = staticmethod(msrun)
     torchrun = staticmethod(torchrun)
 
