@@ -74,7 +74,8 @@ def worker(args: argparse.Namespace) -> None:
         times.append(time.perf_counter() - start)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank{state.rank}.json").write_text(json.dumps({"times": times[args.warmup:]}))
+    device = backend.current().device_kind
+    (out / f"rank{state.rank}.json").write_text(json.dumps({"times": times[args.warmup:], "device": device}))
 
 
 def _env() -> dict[str, str]:
@@ -97,11 +98,12 @@ def run_config(label: str, size: str, warmup: int, iters: int, scratch: Path) ->
     if proc.returncode != 0:
         raise SystemExit(f"error: the {label} job failed (exit {proc.returncode}); see {out}_logs\n"
                          + proc.stdout[-2000:])
-    ranks = [json.loads(p.read_text())["times"] for p in sorted(out.glob("rank*.json"))]
-    step = max(statistics.median(t) for t in ranks)  # the job moves at its slowest rank
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    step = max(statistics.median(r["times"]) for r in results)  # the job moves at its slowest rank
     layers, hidden, heads, seq, micro, micro_batches = SIZES[size]
     tokens = micro * micro_batches * seq
-    return {"label": label, "nproc": nproc, "step_s": step, "tokens_per_s": tokens / step,
+    return {"label": label, "nproc": nproc, "device": results[0]["device"], "step_s": step,
+            "tokens_per_s": tokens / step,
             "tokens_per_s_per_process": tokens / step / nproc}
 
 
@@ -147,7 +149,8 @@ def main() -> None:
         labels = ["1 process", *labels]
     with tempfile.TemporaryDirectory(prefix="mmrun-ms-parallel-") as scratch:
         rows = [run_config(label, size, args.warmup, iters, Path(scratch)) for label in labels]
-    text = f"MindSpore tensor/pipeline-parallel engine, CPU ({os.cpu_count()} cores), mindspore jit\n\n" + table(rows, size)
+    where = f"{rows[0]['device']}" + (f" ({os.cpu_count()} cores)" if rows[0]["device"] == "cpu" else "")
+    text = f"MindSpore tensor/pipeline-parallel engine on {where}, mindspore jit\n\n" + table(rows, size)
     print(text)
     if args.markdown:
         atomic_write(args.markdown, text + "\n")

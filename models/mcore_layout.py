@@ -174,14 +174,16 @@ class GPTLayout:
             shapes[name] = tuple(shape)
         return shapes
 
-    def shard(self, full: Mapping[str, np.ndarray], tp: int, pp: int, tp_rank: int, pp_rank: int) -> dict[str, np.ndarray]:
+    def shard(self, full: Mapping[str, np.ndarray], tp: int, pp: int, tp_rank: int,
+              pp_rank: int) -> dict[str, np.ndarray]:
         """This rank's parameters cut from the whole model's state (copies, not views)."""
         self.check_parallel_sizes(tp, pp)
         self._check_full(full)
         return {name: _split(full[source], self.partition_dim(name), tp, tp_rank)
                 for name, source in self._rank_sources(pp, pp_rank)}
 
-    def join(self, shards: Mapping[tuple[int, int], Mapping[str, np.ndarray]], tp: int, pp: int) -> dict[str, np.ndarray]:
+    def join(self, shards: Mapping[tuple[int, int], Mapping[str, np.ndarray]], tp: int,
+             pp: int) -> dict[str, np.ndarray]:
         """The whole model's state from every rank's shard, keyed by (tp_rank, pp_rank); the inverse of `shard`.
         The last stage's tied copy of the word embeddings is not part of the whole model and is dropped."""
         self.check_parallel_sizes(tp, pp)
@@ -204,8 +206,8 @@ class GPTLayout:
         wrong = sorted(f"{n} {tuple(np.shape(full[n]))} (expected {expected[n]})"
                        for n in set(expected) & set(full) if tuple(np.shape(full[n])) != expected[n])
         if missing or wrong:
-            raise LayoutError(f"the state does not fit this GPT layout: missing {missing[:4]}, wrong shapes {wrong[:4]}; "
-                              "build it with GPTLayout.full_shapes() of the same sizes")
+            raise LayoutError(f"the state does not fit this GPT layout: missing {missing[:4]}, wrong shapes "
+                              f"{wrong[:4]}; build it with GPTLayout.full_shapes() of the same sizes")
 
     # ---------------------------------------------------------------- initial weights
 

@@ -65,12 +65,21 @@ class ParameterRoles:
 
 def megatron_loss(per_token_loss, loss_mask):
     """Megatron's loss_func with its schedule's division: sum(loss * mask) / max(sum(mask), 1)."""
-    mask = F.cast(loss_mask, ms.float32)
-    return mint.sum(mint.reshape(per_token_loss, (-1,)) * mint.reshape(mask, (-1,))) / mint.clamp(mint.sum(mask), min=1.0)
+    mask = mint.reshape(F.cast(loss_mask, ms.float32), (-1,))
+    return mint.sum(mint.reshape(per_token_loss, (-1,)) * mask) / mint.clamp(mint.sum(mask), min=1.0)
 
 
 def _as_tensor(value: Any) -> ms.Tensor:
     return value if isinstance(value, ms.Tensor) else tensors.from_numpy(value)
+
+
+def _all_reduce_flat(tensors: Sequence[ms.Tensor], group: str | None, scale: float = 1.0) -> list[ms.Tensor]:
+    """The tensors times `scale`, summed over `group` with one collective on a flat buffer."""
+    flat = mint.cat([mint.reshape(t, (-1,)) for t in tensors])
+    if scale != 1.0:
+        flat = flat * scale
+    pieces = mint.split(_all_reduce_(flat, group), [int(t.size) for t in tensors])
+    return [mint.reshape(p, t.shape) for p, t in zip(pieces, tensors)]
 
 
 def _all_reduce_(tensor: ms.Tensor, group: str | None) -> ms.Tensor:
@@ -292,16 +301,12 @@ class ParallelTrainStep(ms.nn.Cell):
         groups = self.state.groups
         dp = self.state.data_parallel_size
         loss_t = ms.Tensor(np.array([loss], dtype=np.float32))
-        if dp > 1:
-            flat = mint.cat([mint.reshape(g, (-1,)) for g in grads] + [loss_t]) / dp
-            _all_reduce_(flat, groups["dp"].name)
-            *pieces, loss_t = mint.split(flat, [int(g.size) for g in grads] + [1])
-            grads = [mint.reshape(p, g.shape) for p, g in zip(pieces, grads)]
+        if dp > 1:  # megatron-core's DDP: gradients scaled by 1/dp, then summed
+            *grads, loss_t = _all_reduce_flat([*grads, loss_t], groups["dp"].name, 1.0 / dp)
         if self._sequence_index:
-            flat = mint.cat([mint.reshape(grads[i], (-1,)) for i in self._sequence_index])
-            _all_reduce_(flat, groups["tp"].name)
-            for i, piece in zip(self._sequence_index, mint.split(flat, [int(grads[i].size) for i in self._sequence_index])):
-                grads[i] = mint.reshape(piece, grads[i].shape)
+            summed = _all_reduce_flat([grads[i] for i in self._sequence_index], groups["tp"].name)
+            for i, grad in zip(self._sequence_index, summed):
+                grads[i] = grad
         if self._tied_index is not None:
             grads[self._tied_index] = _all_reduce_(grads[self._tied_index].copy(), groups["embd"].name)
         return float(loss_t.asnumpy().reshape(-1)[0]), tuple(grads)

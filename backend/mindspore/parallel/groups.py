@@ -144,6 +144,7 @@ def build_state(rank: int, world_size: int, tp: int, pp: int, sequence_parallel:
 
 
 _state: ParallelState | None = None
+_created: set[str] = set()  # communicators already created in this process (kinds can share one)
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
@@ -181,8 +182,6 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     _state = state
     return state
 
-
-_created: set[str] = set()  # communicators already created in this process (kinds can share one)
 
 
 def get_parallel_state() -> ParallelState:

@@ -7,7 +7,6 @@ clipping). The CPU shims below are the ones /work/shared/notes/torch-npu-megatro
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import torch
