@@ -95,8 +95,9 @@ def run(args, rank: int, world: int) -> None:
                      vocab_size=sizes["vocab_size"], max_sequence_length=sizes["max_position_embeddings"],
                      pre_process=parallel_state.is_pipeline_first_stage(),
                      post_process=parallel_state.is_pipeline_last_stage(),
-                     position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True)
-    shard = setup.layout().shard(setup.full_weights(), args.tp, args.pp, tp_rank, pp_rank)
+                     position_embedding_type="learned_absolute",
+                     share_embeddings_and_output_weights=not args.untie)
+    shard = setup.layout(args.untie).shard(setup.full_weights(args.untie), args.tp, args.pp, tp_rank, pp_rank)
     result = model.load_state_dict({k: torch.from_numpy(v) for k, v in shard.items()}, strict=False)
     assert not result.unexpected_keys and all(k.endswith("_extra_state") for k in result.missing_keys), result
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), module=model)

@@ -24,7 +24,8 @@ def main() -> None:
                        num_attention_heads=sizes["num_attention_heads"], ffn_hidden_size=sizes["ffn_hidden_size"],
                        vocab_size=sizes["vocab_size"], max_position_embeddings=sizes["max_position_embeddings"],
                        seq_length=setup.SEQ, hidden_dropout=args.dropout, attention_dropout=args.dropout,
-                       init_method_std=setup.INIT_STD, dropout_impl="hash")
+                       init_method_std=setup.INIT_STD, dropout_impl="hash",
+                       untie_embeddings_and_output_weights=args.untie)
     model = GPTModel(config, state)
     init_weights(model, setup.WEIGHTS_SEED, setup.INIT_STD)
     opt = setup.OPTIMIZER

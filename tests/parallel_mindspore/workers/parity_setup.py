@@ -24,6 +24,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--micro-batches", type=int, default=2)
+    parser.add_argument("--untie", action="store_true", help="untie the embeddings and the output layer")
     parser.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout (MindSpore only)")
     parser.add_argument("--jit", choices=["on", "off"], default="off")
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -31,12 +32,12 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def layout() -> GPTLayout:
-    return GPTLayout(**SIZES)
+def layout(untie: bool = False) -> GPTLayout:
+    return GPTLayout(**SIZES, untie_embeddings_and_output_weights=untie)
 
 
-def full_weights() -> dict[str, np.ndarray]:
-    return layout().init_full(WEIGHTS_SEED, INIT_STD)
+def full_weights(untie: bool = False) -> dict[str, np.ndarray]:
+    return layout(untie).init_full(WEIGHTS_SEED, INIT_STD)
 
 
 def micro_batches(iteration: int, count: int, dp_rank: int, dp_size: int) -> list[tuple[np.ndarray, ...]]:
