@@ -27,10 +27,13 @@ def job_env() -> dict[str, str]:
     return env
 
 
-def run_job(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run a launcher in a new session and kill the session afterwards (msrun can leave workers behind)."""
-    proc = subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def _start(cmd: list[str]) -> subprocess.Popen:
+    # A new session, killed as a whole afterwards: msrun can leave workers behind.
+    return subprocess.Popen(cmd, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, cwd=WORKERS)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -40,7 +43,12 @@ def run_job(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def run_job(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a launcher to its end in its own session."""
+    return _finish(_start(cmd), timeout)
 
 
 def _log_tail(log_dir: Path) -> str:
@@ -65,10 +73,19 @@ def load_results(folder: Path) -> dict[int, RankResult]:
     return out
 
 
+def _mmrun_cmd(script: Path, nproc: int, args: list[str], log_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "mindspore", "--nproc-per-node", str(nproc),
+            "--master-port", "0", "--log-dir", str(log_dir), str(script), *args]
+
+
+def _torchrun_cmd(script: Path, nproc: int, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(script),
+            *args]
+
+
 def mmrun(script: Path, nproc: int, args: list[str], log_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """`mmrun --ai-framework mindspore --nproc-per-node N <script> ...` (msrun); fails the test unless it exits 0."""
-    job = run_job([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "mindspore", "--nproc-per-node",
-                   str(nproc), "--master-port", "0", "--log-dir", str(log_dir), str(script), *args], timeout)
+    job = run_job(_mmrun_cmd(script, nproc, args, log_dir), timeout)
     assert job.returncode == 0, job.stdout[-3000:] + _log_tail(log_dir)
     return job
 
@@ -80,12 +97,18 @@ def msrun(script: str, nproc: int, args: list[str], out_dir: Path, timeout: floa
     return load_results(out_dir)
 
 
-def torchrun(script: str, nproc: int, args: list[str], out_dir: Path, timeout: float = 300) -> dict[int, RankResult]:
-    """`torchrun --standalone --nproc-per-node N <worker> ...`, then its result files."""
-    job = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                   str(WORKERS / script), "--out-dir", str(out_dir), *args], timeout)
-    assert job.returncode == 0, job.stdout[-4000:]
-    return load_results(out_dir)
+def reference_and_engine(nproc: int, args: list[str], engine_args: list[str], tmp: Path,
+                         timeout: float = 400) -> tuple[dict[int, RankResult], dict[int, RankResult]]:
+    """workers/mcore_reference.py under torchrun and workers/ms_engine.py under mmrun (msrun) with the same
+    arguments, side by side (each waits on its launcher's rendezvous much of the time), then their results."""
+    logs = tmp / "mindspore_logs"
+    reference = _start(_torchrun_cmd(WORKERS / "mcore_reference.py", nproc, ["--out-dir", str(tmp / "mcore"), *args]))
+    engine = _start(_mmrun_cmd(WORKERS / "ms_engine.py", nproc,
+                               ["--out-dir", str(tmp / "mindspore"), *args, *engine_args], logs))
+    engine_job, reference_job = _finish(engine, timeout), _finish(reference, timeout)
+    assert reference_job.returncode == 0, reference_job.stdout[-4000:]
+    assert engine_job.returncode == 0, engine_job.stdout[-3000:] + _log_tail(logs)
+    return load_results(tmp / "mcore"), load_results(tmp / "mindspore")
 
 
 class Jobs:
@@ -95,7 +118,7 @@ class Jobs:
     env = staticmethod(job_env)
     mmrun = staticmethod(mmrun)
     msrun = staticmethod(msrun)
-    torchrun = staticmethod(torchrun)
+    reference_and_engine = staticmethod(reference_and_engine)
 
 
 @pytest.fixture

@@ -28,8 +28,7 @@ CONFIGS = {
 def test_engine_equals_megatron_core(tmp_path, jobs, name):
     nproc, args = CONFIGS[name]
     args = [*args, "--iters", str(ITERS)]
-    reference = jobs.torchrun("mcore_reference.py", nproc, args, tmp_path / "mcore")
-    engine = jobs.msrun("ms_engine.py", nproc, [*args, "--jit", "on"], tmp_path / "mindspore")
+    reference, engine = jobs.reference_and_engine(nproc, args, ["--jit", "on"], tmp_path)
     assert sorted(engine) == sorted(reference) == list(range(nproc))
     for rank, ref in reference.items():
         ours = engine[rank]

@@ -134,6 +134,7 @@ class ParallelTrainStep(ms.nn.Cell):
             grad = ms.value_and_grad(self._middle_dot, 0, params)
         self._grad_fn = grad
         self._compiled = {"backward": wrap(self._backward), "forward": wrap(self._forward),
+                          "forward_eval": wrap(self._forward_eval),
                           "evaluate": wrap(self._evaluate), "squares": ms.jit(self._squares),
                           "apply": ms.jit(self._apply)}
         self._p2p: PipelineP2P | None = None
@@ -177,6 +178,12 @@ class ParallelTrainStep(ms.nn.Cell):
         return loss, input_grad, tuple([a + F.cast(g, ms.float32) for a, g in zip(acc, grads)])
 
     def _forward(self, batch, hidden_in):
+        return self.model(batch[0], batch[1], hidden_in, None)
+
+    def _forward_eval(self, batch, hidden_in):
+        # Its own graph: a graph compiled by mindspore.jit keeps the training mode it was compiled in, so
+        # sharing _forward with the 1F1B schedule would put eval-mode (no dropout) forwards into training, or
+        # dropout into evaluation, whichever ran first.
         return self.model(batch[0], batch[1], hidden_in, None)
 
     def _evaluate(self, batch, hidden_in):
@@ -342,6 +349,9 @@ class ParallelTrainStep(ms.nn.Cell):
         on every rank."""
         batches = self._micro_batches(micro_batches)
         self.model.set_train(False)
+        # Evaluation leaves the dropout generator where training left it, so an evaluation between steps
+        # does not change the masks training draws next (on any split alike).
+        rng = seeding.get_rng_state() if self._draws[1] else None
         try:
             loss_sum = 0.0
             p2p = self._pipeline(batches[0]) if self.state.pipeline_model_parallel_size > 1 else None
@@ -350,9 +360,11 @@ class ParallelTrainStep(ms.nn.Cell):
                 if self.last:
                     loss_sum += float(self._compiled["evaluate"](batch, hidden_in))
                 else:
-                    p2p.send_forward(self._compiled["forward"](batch, hidden_in))
+                    p2p.send_forward(self._compiled["forward_eval"](batch, hidden_in))
         finally:
             self.model.set_train(True)
+            if rng is not None:
+                seeding.set_rng_state(rng)
         loss = ms.Tensor(np.array([loss_sum / len(batches) / self.state.data_parallel_size], np.float32))
         _all_reduce_(loss, self.state.groups["dp"].name)
         return self._over_model_parallel(ms.Tensor(0.0, ms.float32), float(loss.asnumpy()[0]))[1]

@@ -32,6 +32,12 @@ def main() -> None:
     optimizer = optim.AdamW(model.named_parameters(), lr=opt["lr"], betas=(opt["adam_beta1"], opt["adam_beta2"]),
                             eps=opt["adam_eps"], weight_decay=opt["weight_decay"], no_decay=optim.megatron_no_decay)
     engine = ParallelTrainStep(model, optimizer, state, clip_grad=opt["clip_grad"], jit=args.jit == "on")
+    extra = {}
+    if args.dropout > 0:
+        # The first step's loss with dropout off (evaluate runs the model in eval mode, drawing no masks):
+        # the test's proof that dropout changed the training loss, without a second job.
+        extra["eval_loss"] = engine.evaluate(setup.micro_batches(0, args.micro_batches, state.dp_rank,
+                                                                 state.data_parallel_size))
     losses, norms, grads = [], [], {}
     for iteration in range(args.iters):
         batches = setup.micro_batches(iteration, args.micro_batches, state.dp_rank, state.data_parallel_size)
@@ -45,7 +51,7 @@ def main() -> None:
     setup.write_result(args.out_dir, state.rank, {
         "framework": "mindspore", "tp_rank": state.tp_rank, "pp_rank": state.pp_rank, "dp_rank": state.dp_rank,
         "losses": losses, "grad_norms": norms, "shapes": {n: list(v.shape) for n, v in params.items()},
-        "final_params_sum": {n: float(np.sum(np.abs(v))) for n, v in params.items()}}, grads)
+        "final_params_sum": {n: float(np.sum(np.abs(v))) for n, v in params.items()}, **extra}, grads)
 
 
 if __name__ == "__main__":
