@@ -11,6 +11,9 @@ from mmrun.backend import selection
 from mmrun.backend.errors import FrameworkNotInstalledError
 
 NAME = "mindspore"
+# Subpackages with no PyTorch twin: not part of the portable face (tests/backend_api/test_backend_face.py).
+# `parallel`: Megatron's TP/PP built from MindSpore's collectives (PyTorch's engine is megatron-core itself).
+FRAMEWORK_ONLY = frozenset({"parallel"})
 
 try:
     import mindspore

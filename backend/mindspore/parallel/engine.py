@@ -1,0 +1,370 @@
+"""One training step of a tensor/pipeline/data-parallel model on MindSpore, as megatron-core trains it.
+
+    step = ParallelTrainStep(model, optimizer, state, clip_grad=1.0, lr_scheduler=schedule)
+    result = step([(tokens, position_ids, labels, loss_mask), ...])   # one tuple per micro-batch
+    result.loss, result.grad_norm, result.lr                           # the same floats on every rank
+
+`model` is this rank's pipeline stage (models/megatron_gpt.GPTModel or anything with the same call and
+`parameter_roles()`); every rank gets every micro-batch and uses what its stage needs (tokens and positions on
+the first stage, labels and the loss mask on the last). The step, in megatron-core's order:
+
+1. forward and backward over the micro-batches: one after the other without pipeline parallelism, else
+   Megatron's 1F1B schedule (warm-up forwards, one-forward-one-backward, cool-down backwards) with activations
+   and their gradients sent between stages (p2p.py). The loss of a micro-batch is Megatron's
+   sum(loss * mask) / max(sum(mask), 1), divided by the number of micro-batches before the backward.
+2. finalize the gradients (megatron-core's finalize_model_grads): mean over the data-parallel group; with
+   sequence parallelism, the sum over the TP group of the LayerNorm and row-parallel bias gradients; with
+   tied embeddings over 2+ stages, the sum of the first stage's word-embedding gradient and the last stage's
+   output-layer copy over the embedding group, so both copies take the same update.
+3. the gradient norm over the whole model (Megatron's get_grad_norm_fp32: squares of the gradients this rank
+   owns, counting a replicated parameter on TP rank 0 only and the tied copy once, summed over the
+   model-parallel group), clipping to --clip-grad, and AdamW on this rank's parameters.
+
+Backward on a pipeline stage re-runs that stage's forward under `mindspore.value_and_grad` with the received
+output gradient (full activation recomputation, Megatron's `--recompute-granularity full`): MindSpore's
+functional autodiff keeps no tape between calls, and a `vjp` closure taken before later forwards fails in
+PyNative ("Can not find top cell for backward"). The last stage runs forward and backward as one call, so only
+the other stages compute each forward twice.
+
+Dropout: before each micro-batch's forward (and its recomputation) the dropout generator is set to the offset
+one process running the whole model would have reached there (the model's `dropout_draws()`), so the
+recomputation draws the same masks, and with the model's ShardedDropout every TP/PP split draws the masks of
+a single process.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mindspore as ms
+import numpy as np
+from mindspore import mint
+from mindspore.ops import functional as F
+
+from mmrun.backend.errors import UsageError
+from mmrun.backend.mindspore import optim, seeding, tensors
+from mmrun.backend.mindspore.parallel.groups import ParallelState
+from mmrun.backend.mindspore.parallel.p2p import PipelineP2P
+from mmrun.backend.mindspore.train_step import DEFAULT_JIT
+from mmrun.backend.train_step_shared import StepResult, advance_schedule, check_micro_batches, set_step_lr
+
+MICRO_BATCH_FIELDS = ("tokens", "position_ids", "labels", "loss_mask")
+
+
+@dataclass(frozen=True)
+class ParameterRoles:
+    """What the gradient finalization and the norm must know about a stage's parameters (by name)."""
+
+    tensor_parallel: frozenset[str] = frozenset()  # split over the TP group: every TP rank counts its part
+    sequence_parallel: frozenset[str] = frozenset()  # replicated, gradients summed over TP (sequence parallelism)
+    tied_embedding: str | None = None  # this stage's copy of the tied word embeddings, when stages differ
+    shared_copy: str | None = None  # the copy the norm leaves out (megatron's `shared` attribute)
+
+
+def megatron_loss(per_token_loss, loss_mask):
+    """Megatron's loss_func with its schedule's division: sum(loss * mask) / max(sum(mask), 1)."""
+    mask = mint.reshape(F.cast(loss_mask, ms.float32), (-1,))
+    return mint.sum(mint.reshape(per_token_loss, (-1,)) * mask) / mint.clamp(mint.sum(mask), min=1.0)
+
+
+def _as_tensor(value: Any) -> ms.Tensor:
+    return value if isinstance(value, ms.Tensor) else tensors.from_numpy(value)
+
+
+def _all_reduce_flat(tensors: Sequence[ms.Tensor], group: str | None, scale: float = 1.0) -> list[ms.Tensor]:
+    """The tensors times `scale`, summed over `group` with one collective on a flat buffer."""
+    flat = mint.cat([mint.reshape(t, (-1,)) for t in tensors])
+    if scale != 1.0:
+        flat = flat * scale
+    pieces = mint.split(_all_reduce_(flat, group), [int(t.size) for t in tensors])
+    return [mint.reshape(p, t.shape) for p, t in zip(pieces, tensors)]
+
+
+def _all_reduce_(tensor: ms.Tensor, group: str | None) -> ms.Tensor:
+    """Sum over `group` in place (nothing in a group of one)."""
+    if group is not None:
+        import mindspore.mint.distributed as mdist
+        mdist.all_reduce(tensor, group=group)
+    return tensor
+
+
+class ParallelTrainStep(ms.nn.Cell):
+    """forward/backward schedule + gradient finalization + clipping + AdamW for one tensor/pipeline/data-parallel
+    rank. Same call and result as mmrun.backend.mindspore.train_step.TrainStep (StepResult)."""
+
+    def __init__(self, model: ms.nn.Cell, optimizer: optim.AdamW, state: ParallelState, clip_grad: float = 1.0,
+                 lr_scheduler: Any = None, increment: int = 1, jit: bool | None = None,
+                 loss_func: Callable[[Any, Any], Any] | None = None) -> None:
+        super().__init__(auto_prefix=False)
+        self.model, self.optimizer, self.state = model, optimizer, state
+        self.clip_grad = float(clip_grad)
+        self.lr_scheduler, self.increment = lr_scheduler, increment
+        self.loss_func = loss_func or megatron_loss
+        self.jit = DEFAULT_JIT if jit is None else bool(jit)
+        self.first, self.last = state.is_first_stage, state.is_last_stage
+        self.names = list(optimizer.names)
+        half = sorted({str(p.dtype) for p in optimizer.params if p.dtype != ms.float32})
+        if half:
+            # No loss scaling and fp32 pipeline buffers here: fp16/bf16 would silently underflow or mismatch.
+            raise UsageError(f"the MindSpore tensor/pipeline-parallel engine trains in fp32 only. Received parameters "
+                             f"in {', '.join(half)}; drop --fp16/--bf16 (on Ascend, MindSpore's own parallel modes "
+                             "are the engine for mixed precision)")
+        roles = model.parameter_roles()
+        self.roles = roles
+        own = set(self.names)
+        unknown = sorted((set(roles.tensor_parallel) | set(roles.sequence_parallel)) - own)
+        if unknown:
+            raise ValueError(f"parameter_roles() names parameters the optimizer does not hold: {unknown[:3]}")
+        self._sequence_index = [i for i, n in enumerate(self.names) if n in roles.sequence_parallel]
+        self._tied_index = self.names.index(roles.tied_embedding) if roles.tied_embedding in own else None
+        tp_rank = state.tp_rank
+        self._norm_flags = tuple((n in roles.tensor_parallel or tp_rank == 0) and n != roles.shared_copy
+                                 for n in self.names)
+        params = optimizer.params
+        wrap = ms.jit if self.jit else (lambda fn: fn)
+        if self.first and self.last:
+            grad = ms.value_and_grad(self._whole_loss, None, params, has_aux=True)
+        elif self.last:
+            grad = ms.value_and_grad(self._last_loss, 0, params, has_aux=True)
+        elif self.first:
+            grad = ms.value_and_grad(self._first_dot, None, params)
+        else:
+            grad = ms.value_and_grad(self._middle_dot, 0, params)
+        self._grad_fn = grad
+        self._compiled = {"backward": wrap(self._backward), "forward": wrap(self._forward),
+                          "forward_eval": wrap(self._forward_eval),
+                          "evaluate": wrap(self._evaluate), "squares": ms.jit(self._squares),
+                          "apply": ms.jit(self._apply)}
+        self._p2p: PipelineP2P | None = None
+        draws = getattr(model, "dropout_draws", None)
+        self._draws = draws() if draws is not None else (0, 0)
+        self._dropout_start: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ what gets differentiated
+
+    def _whole_loss(self, tokens, position_ids, labels, loss_mask, scale):
+        loss = self.loss_func(self.model(tokens, position_ids, None, labels), loss_mask)
+        return loss * scale, loss
+
+    def _last_loss(self, hidden_in, labels, loss_mask, scale):
+        loss = self.loss_func(self.model(None, None, hidden_in, labels), loss_mask)
+        return loss * scale, loss
+
+    def _first_dot(self, tokens, position_ids, output_grad):
+        return mint.sum(self.model(tokens, position_ids, None, None) * output_grad)
+
+    def _middle_dot(self, hidden_in, output_grad):
+        return mint.sum(self.model(None, None, hidden_in, None) * output_grad)
+
+    # ------------------------------------------------------------------ compiled pieces
+
+    def _backward(self, acc, batch, hidden_in, output_grad, scale):
+        """Gradients of one micro-batch added to `acc`; returns (loss or 0, input gradient or 0, acc)."""
+        tokens, position_ids, labels, loss_mask = batch
+        zero = F.cast(0.0, ms.float32)
+        if self.first and self.last:
+            (_, loss), grads = self._grad_fn(tokens, position_ids, labels, loss_mask, scale)
+            input_grad = zero
+        elif self.last:
+            (_, loss), (input_grad, grads) = self._grad_fn(hidden_in, labels, loss_mask, scale)
+        elif self.first:
+            _, grads = self._grad_fn(tokens, position_ids, output_grad)
+            loss, input_grad = zero, zero
+        else:
+            _, (input_grad, grads) = self._grad_fn(hidden_in, output_grad)
+            loss = zero
+        return loss, input_grad, tuple([a + F.cast(g, ms.float32) for a, g in zip(acc, grads)])
+
+    def _forward(self, batch, hidden_in):
+        return self.model(batch[0], batch[1], hidden_in, None)
+
+    def _forward_eval(self, batch, hidden_in):
+        # Its own graph: a graph compiled by mindspore.jit keeps the training mode it was compiled in, so
+        # sharing _forward with the 1F1B schedule would put eval-mode (no dropout) forwards into training, or
+        # dropout into evaluation, whichever ran first.
+        return self.model(batch[0], batch[1], hidden_in, None)
+
+    def _evaluate(self, batch, hidden_in):
+        tokens, position_ids, labels, loss_mask = batch
+        return self.loss_func(self.model(tokens, position_ids, hidden_in, labels), loss_mask)
+
+    def _squares(self, grads):
+        """Sum of squares of the gradients this rank owns for the norm (megatron's grads_for_norm)."""
+        total = F.cast(0.0, ms.float32)
+        for g, counted in zip(grads, self._norm_flags):
+            if counted:
+                total = total + mint.sum(g * g)
+        return total
+
+    def _apply(self, grads, norm, scalars):
+        grads, norm = optim.clip_grad_norm(grads, self.clip_grad, total=norm)
+        return F.depend(norm, self.optimizer(grads, scalars))
+
+    # ------------------------------------------------------------------ the step
+
+    def _micro_batches(self, micro_batches: Sequence[Sequence[Any]]) -> list:
+        check_micro_batches(micro_batches)
+        batches = []
+        for mb in micro_batches:
+            if len(mb) != len(MICRO_BATCH_FIELDS):
+                raise ValueError(f"a micro-batch is ({', '.join(MICRO_BATCH_FIELDS)}). Received {len(mb)} values")
+            batches.append(ms.mutable(tuple(_as_tensor(v) for v in mb)))
+        seq, tp = batches[0][0].shape[-1], self.state.tensor_model_parallel_size
+        if self.state.sequence_parallel and seq % tp:
+            raise UsageError(f"with --sequence-parallel the sequence length ({seq}) must be divisible by "
+                             f"--tensor-model-parallel-size ({tp}); change --seq-length")
+        return batches
+
+    def _pipeline(self, batch) -> PipelineP2P:
+        b, s = batch[0].shape
+        if self.state.sequence_parallel:
+            s //= self.state.tensor_model_parallel_size
+        shape = (s, b, self.model.config.hidden_size)
+        if self._p2p is None or self._p2p.shape != shape:
+            self._p2p = PipelineP2P(self.state, shape)
+        return self._p2p
+
+    def compute_gradients(self, micro_batches: Sequence[Sequence[Any]]) -> tuple[float, tuple[ms.Tensor, ...]]:
+        """Forward and backward over the micro-batches and the finalized gradients of this rank's parameters
+        (aligned with optimizer.names), before clipping; the loss is the mean over micro-batches and
+        data-parallel ranks, on every rank."""
+        batches = self._micro_batches(micro_batches)
+        num = len(batches)
+        self.model.set_train(True)  # Megatron's train_step runs the model in training mode (dropout on)
+        scale = ms.Tensor(1.0 / num, ms.float32)
+        acc = ms.mutable(tuple(mint.zeros(tuple(p.shape), dtype=ms.float32) for p in self.optimizer.params))
+        backward = self._compiled["backward"]
+        if self._draws[1]:
+            self._dropout_start = seeding.get_rng_state()["dropout"]
+        if self.state.pipeline_model_parallel_size == 1:
+            loss_sum = 0.0
+            for i, batch in enumerate(batches):
+                self._dropout_at(i)
+                loss, _, acc = backward(acc, batch, None, None, scale)
+                acc = ms.mutable(acc)
+                loss_sum += float(loss)
+        else:
+            loss_sum, acc = self._one_f_one_b(batches, acc, scale)
+        self._dropout_at(num, before=0)  # every rank leaves the step where one process would
+        return self._finalize(list(acc), loss_sum / num)
+
+    def _dropout_at(self, micro_batch: int, before: int | None = None) -> None:
+        """Put the dropout generator where one process would stand at this micro-batch's forward on this stage."""
+        if self._draws[1] == 0:
+            return
+        start = self._dropout_start
+        offset = start["offset"] + micro_batch * self._draws[1] + (self._draws[0] if before is None else before)
+        seeding.set_rng_state({"dropout": {"seed": start["seed"], "offset": offset}})
+
+    def _one_f_one_b(self, batches: list, acc, scale) -> tuple[float, Any]:
+        """Megatron's forward_backward_pipelining_without_interleaving."""
+        p2p = self._pipeline(batches[0])
+        pp, pp_rank, num = self.state.pipeline_model_parallel_size, self.state.pp_rank, len(batches)
+        warmup = min(pp - pp_rank - 1, num)
+        pending: deque = deque()  # (micro-batch index, its input) of the forwards still to be differentiated
+        loss_sum = 0.0
+        backward, forward = self._compiled["backward"], self._compiled["forward"]
+
+        def run_forward(i: int, hidden_in):
+            self._dropout_at(i)
+            output = forward(batches[i], hidden_in)
+            pending.append((i, hidden_in))
+            return output
+
+        def run_backward(output_grad):
+            nonlocal acc, loss_sum
+            i, hidden_in = pending.popleft()
+            self._dropout_at(i)  # the recomputed forward draws the same masks as the forward did
+            loss, input_grad, acc = backward(acc, batches[i], hidden_in, output_grad, scale)
+            acc = ms.mutable(acc)
+            loss_sum += float(loss)
+            return None if self.first else input_grad
+
+        for i in range(warmup):
+            p2p.send_forward(run_forward(i, p2p.recv_forward()))
+        remaining = num - warmup
+        hidden_in = p2p.recv_forward() if remaining > 0 else None
+        for j in range(remaining):
+            i = warmup + j
+            if self.last:
+                pending.append((i, hidden_in))
+                output_grad = None
+            else:
+                output_grad = p2p.send_forward_recv_backward(run_forward(i, hidden_in))
+            input_grad = run_backward(output_grad)
+            if j == remaining - 1:
+                p2p.send_backward(input_grad)
+            else:
+                hidden_in = p2p.send_backward_recv_forward(input_grad)
+        for _ in range(warmup):
+            p2p.send_backward(run_backward(p2p.recv_backward()))
+        return loss_sum, acc
+
+    def _finalize(self, grads: list, loss: float) -> tuple[float, tuple[ms.Tensor, ...]]:
+        """megatron-core's finalize_model_grads (data-parallel mean, sequence-parallel sums, tied embeddings);
+        the loss rides in the data-parallel buffer."""
+        groups = self.state.groups
+        dp = self.state.data_parallel_size
+        loss_t = ms.Tensor(np.array([loss], dtype=np.float32))
+        if dp > 1:  # megatron-core's DDP: gradients scaled by 1/dp, then summed
+            *grads, loss_t = _all_reduce_flat([*grads, loss_t], groups["dp"].name, 1.0 / dp)
+        if self._sequence_index:
+            summed = _all_reduce_flat([grads[i] for i in self._sequence_index], groups["tp"].name)
+            for i, grad in zip(self._sequence_index, summed):
+                grads[i] = grad
+        if self._tied_index is not None:
+            grads[self._tied_index] = _all_reduce_(grads[self._tied_index].copy(), groups["embd"].name)
+        return float(loss_t.asnumpy().reshape(-1)[0]), tuple(grads)
+
+    def _over_model_parallel(self, squares: ms.Tensor, loss: float) -> tuple[float, float]:
+        """One all-reduce over the model-parallel group: (sqrt of the summed squares, the last stage's loss)."""
+        owner = self.last and self.state.tp_rank == 0  # one copy of the loss in the sum
+        buffer = mint.cat([mint.reshape(squares, (1,)), ms.Tensor(np.array([loss if owner else 0.0], np.float32))])
+        values = _all_reduce_(buffer, self.state.groups["mp"].name).asnumpy()
+        return math.sqrt(float(values[0])), float(values[1])
+
+    def grad_norm(self, grads: Sequence[ms.Tensor], loss: float = 0.0) -> tuple[float, float]:
+        """(global L2 norm of the finalized gradients over the model-parallel group, the last stage's `loss`
+        on every rank)."""
+        return self._over_model_parallel(self._compiled["squares"](ms.mutable(tuple(grads))), loss)
+
+    def apply_gradients(self, grads: Sequence[ms.Tensor], loss: float) -> StepResult:
+        """The second half of a step: the norm over model-parallel ranks, clipping and the AdamW update of
+        `grads` from compute_gradients; `loss` is what compute_gradients returned (shared with every stage)."""
+        lr = set_step_lr(self.lr_scheduler, self.optimizer)
+        norm, loss = self.grad_norm(grads, loss)
+        self._compiled["apply"](ms.mutable(tuple(grads)), ms.Tensor(norm, ms.float32), self.optimizer._next_scalars())
+        advance_schedule(self.lr_scheduler, self.increment, False)
+        return StepResult(loss, norm, float(lr))
+
+    def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
+        """One training step over the micro-batches: compute_gradients, then apply_gradients."""
+        loss, grads = self.compute_gradients(micro_batches)
+        return self.apply_gradients(grads, loss)
+
+    def evaluate(self, micro_batches: Sequence[Sequence[Any]]) -> float:
+        """The loss without gradients (forward-only schedule), mean over micro-batches and data-parallel ranks,
+        on every rank."""
+        batches = self._micro_batches(micro_batches)
+        self.model.set_train(False)
+        # Evaluation leaves the dropout generator where training left it, so an evaluation between steps
+        # does not change the masks training draws next (on any split alike).
+        rng = seeding.get_rng_state() if self._draws[1] else None
+        try:
+            loss_sum = 0.0
+            p2p = self._pipeline(batches[0]) if self.state.pipeline_model_parallel_size > 1 else None
+            for batch in batches:
+                hidden_in = p2p.recv_forward() if p2p is not None else None
+                if self.last:
+                    loss_sum += float(self._compiled["evaluate"](batch, hidden_in))
+                else:
+                    p2p.send_forward(self._compiled["forward_eval"](batch, hidden_in))
+        finally:
+            self.model.set_train(True)
+            if rng is not None:
+                seeding.set_rng_state(rng)
+        loss = ms.Tensor(np.array([loss_sum / len(batches) / self.state.data_parallel_size], np.float32))
+        _all_reduce_(loss, self.state.groups["dp"].name)
+        return self._over_model_parallel(ms.Tensor(0.0, ms.float32), float(loss.asnumpy()[0]))[1]

@@ -1,0 +1,253 @@
+"""megatron-core GPTModel's parameters, framework-free: names, shapes, tensor-parallel shards, pipeline stages.
+
+The tiny GPT of mmrun's default arguments, as megatron-core 0.16's `GPTModel` with `get_gpt_layer_local_spec()`
+builds it (learned absolute positions, LayerNorm, GELU MLP, biases), names exactly as its `state_dict()`:
+
+    embedding.word_embeddings.weight              (vocab, hidden)        split on dim 0 over TP
+    embedding.position_embeddings.weight          (max_positions, hidden)
+    decoder.layers.N.input_layernorm.{weight,bias}
+    decoder.layers.N.self_attention.linear_qkv.{weight,bias}   (3 * hidden, hidden): per head [q_h k_h v_h], dim 0
+    decoder.layers.N.self_attention.linear_proj.weight         (hidden, hidden): dim 1 (bias replicated)
+    decoder.layers.N.pre_mlp_layernorm.{weight,bias}
+    decoder.layers.N.mlp.linear_fc1.{weight,bias}              (ffn, hidden): dim 0
+    decoder.layers.N.mlp.linear_fc2.weight                     (hidden, ffn): dim 1 (bias replicated)
+    decoder.final_layernorm.{weight,bias}
+    output_layer.weight                           (vocab, hidden), dim 0: untied, or the last stage's copy of the
+                                                  word embeddings when they are tied and the pipeline has 2+ stages
+
+megatron-core's fused QKV keeps each head's q, k and v rows together, so an even split of dim 0 over TP ranks
+gives each rank whole heads, as megatron-core's ColumnParallelLinear does. Pipeline stages hold
+`num_layers / pp` consecutive layers, numbered from 0 on every stage (megatron-core's `state_dict()` names on a
+stage are local; `global_layer_name` maps back). The `_extra_state` entries megatron-core also puts in its
+state dict are None for this spec and are not parameters: they are left out.
+
+Used by the MindSpore tensor/pipeline-parallel engine to shard the same initial weights as megatron-core gets,
+and by its parity tests on both frameworks. numpy only.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import numpy as np
+
+WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
+POSITION_EMBEDDINGS = "embedding.position_embeddings.weight"
+OUTPUT_LAYER = "output_layer.weight"
+FINAL_LAYERNORM = "decoder.final_layernorm"
+LAYER_PREFIX = "decoder.layers."
+
+# Per-layer parameters in megatron-core's state_dict order: suffix -> (shape in terms of hidden h and ffn f,
+# TP partition dim or None).
+_LAYER_PARAMS: dict[str, tuple[str, int | None]] = {
+    "input_layernorm.weight": ("h", None),
+    "input_layernorm.bias": ("h", None),
+    "self_attention.linear_proj.weight": ("h,h", 1),
+    "self_attention.linear_proj.bias": ("h", None),
+    "self_attention.linear_qkv.weight": ("3h,h", 0),
+    "self_attention.linear_qkv.bias": ("3h", 0),
+    "pre_mlp_layernorm.weight": ("h", None),
+    "pre_mlp_layernorm.bias": ("h", None),
+    "mlp.linear_fc1.weight": ("f,h", 0),
+    "mlp.linear_fc1.bias": ("f", 0),
+    "mlp.linear_fc2.weight": ("h,f", 1),
+    "mlp.linear_fc2.bias": ("h", None),
+}
+# Megatron's scaled init (std / sqrt(2 * num_layers)) is for the two projections back into the residual stream.
+_SCALED_INIT = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+class LayoutError(ValueError):
+    """Sizes that megatron-core's partitioning cannot split, or a state that does not fit the layout."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class GPTLayout:
+    """The parameter layout of one megatron-core GPTModel (sizes as in Megatron's arguments)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int  # padded (Megatron's padded_vocab_size)
+    max_position_embeddings: int
+    untie_embeddings_and_output_weights: bool = False
+
+    # ---------------------------------------------------------------- names and shapes of the full model
+
+    def _dims(self) -> dict[str, int]:
+        return {"h": self.hidden_size, "3h": 3 * self.hidden_size, "f": self.ffn_hidden_size}
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """name -> shape of the whole model (TP=1, PP=1), in megatron-core's state_dict order."""
+        dims = self._dims()
+        shapes = {WORD_EMBEDDINGS: (self.vocab_size, self.hidden_size),
+                  POSITION_EMBEDDINGS: (self.max_position_embeddings, self.hidden_size)}
+        for layer in range(self.num_layers):
+            for suffix, (shape, _) in _LAYER_PARAMS.items():
+                shapes[f"{LAYER_PREFIX}{layer}.{suffix}"] = tuple(dims[d] for d in shape.split(","))
+        shapes[f"{FINAL_LAYERNORM}.weight"] = (self.hidden_size,)
+        shapes[f"{FINAL_LAYERNORM}.bias"] = (self.hidden_size,)
+        if self.untie_embeddings_and_output_weights:
+            shapes[OUTPUT_LAYER] = (self.vocab_size, self.hidden_size)
+        return shapes
+
+    # ---------------------------------------------------------------- tensor parallelism
+
+    @staticmethod
+    def partition_dim(name: str) -> int | None:
+        """The dim megatron-core splits `name` on over tensor-parallel ranks; None when every rank holds it whole."""
+        if name in (WORD_EMBEDDINGS, OUTPUT_LAYER):
+            return 0
+        match = _LAYER_NAME.match(name)
+        return _LAYER_PARAMS[match.group(2)][1] if match and match.group(2) in _LAYER_PARAMS else None
+
+    @staticmethod
+    def is_sequence_parallel(name: str) -> bool:
+        """With --sequence-parallel these replicated parameters see only this rank's part of the sequence, so
+        megatron-core sums their gradients over the TP group (its `sequence_parallel` parameter attribute):
+        the LayerNorms and the biases of the row-parallel layers."""
+        return ("layernorm" in name) or name.endswith(("linear_proj.bias", "linear_fc2.bias"))
+
+    def check_parallel_sizes(self, tp: int, pp: int) -> None:
+        """One-line LayoutError unless megatron-core can split this model over `tp` x `pp` ranks."""
+        needs = {"--num-attention-heads": (self.num_attention_heads, tp, "tensor"),
+                 "--ffn-hidden-size": (self.ffn_hidden_size, tp, "tensor"),
+                 "the padded vocabulary size": (self.vocab_size, tp, "tensor"),
+                 "--num-layers": (self.num_layers, pp, "pipeline")}
+        for what, (value, size, kind) in needs.items():
+            if size < 1 or value % size:
+                raise LayoutError(f"{what} ({value}) must be divisible by the {kind}-model-parallel size ({size}); "
+                                  f"change one of them")
+
+    # ---------------------------------------------------------------- pipeline stages
+
+    def stage_layers(self, pp: int, pp_rank: int) -> range:
+        """Global numbers of the layers stage `pp_rank` holds: an even split, as megatron-core's default."""
+        per_stage = self.num_layers // pp
+        return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+
+    def stage_holds_output_layer(self, pp: int, pp_rank: int) -> bool:
+        """The last stage holds output_layer.weight: untied, or a tied copy of the word embeddings when pp > 1."""
+        return pp_rank == pp - 1 and (self.untie_embeddings_and_output_weights or pp > 1)
+
+    def global_layer_name(self, local_name: str, pp: int, pp_rank: int) -> str:
+        """A stage's local name (decoder.layers.0...) -> the whole model's name (decoder.layers.<offset>...)."""
+        match = _LAYER_NAME.match(local_name)
+        if not match:
+            return local_name
+        return f"{LAYER_PREFIX}{int(match.group(1)) + self.stage_layers(pp, pp_rank).start}.{match.group(2)}"
+
+    def _rank_sources(self, pp: int, pp_rank: int) -> Iterator[tuple[str, str]]:
+        """(name on the rank, name in the full model) for every parameter stage `pp_rank` holds."""
+        first, last = pp_rank == 0, pp_rank == pp - 1
+        if first:
+            yield WORD_EMBEDDINGS, WORD_EMBEDDINGS
+            yield POSITION_EMBEDDINGS, POSITION_EMBEDDINGS
+        layers = self.stage_layers(pp, pp_rank)
+        for local, layer in enumerate(layers):
+            for suffix in _LAYER_PARAMS:
+                yield f"{LAYER_PREFIX}{local}.{suffix}", f"{LAYER_PREFIX}{layer}.{suffix}"
+        if last:
+            yield f"{FINAL_LAYERNORM}.weight", f"{FINAL_LAYERNORM}.weight"
+            yield f"{FINAL_LAYERNORM}.bias", f"{FINAL_LAYERNORM}.bias"
+            if self.stage_holds_output_layer(pp, pp_rank):
+                # Tied: megatron-core's last stage starts its copy from the first stage's word embeddings.
+                yield OUTPUT_LAYER, OUTPUT_LAYER if self.untie_embeddings_and_output_weights else WORD_EMBEDDINGS
+
+    def rank_shapes(self, tp: int, pp: int, pp_rank: int) -> dict[str, tuple[int, ...]]:
+        """name -> shape of the parameters one (tensor, pipeline) rank holds, as megatron-core names them there."""
+        self.check_parallel_sizes(tp, pp)
+        full = self.full_shapes()
+        full.setdefault(OUTPUT_LAYER, full[WORD_EMBEDDINGS])
+        shapes = {}
+        for name, source in self._rank_sources(pp, pp_rank):
+            shape = list(full[source])
+            dim = self.partition_dim(name)
+            if dim is not None:
+                shape[dim] //= tp
+            shapes[name] = tuple(shape)
+        return shapes
+
+    def shard(self, full: Mapping[str, np.ndarray], tp: int, pp: int, tp_rank: int,
+              pp_rank: int) -> dict[str, np.ndarray]:
+        """This rank's parameters cut from the whole model's state (copies, not views)."""
+        self.check_parallel_sizes(tp, pp)
+        self._check_full(full)
+        return {name: _split(full[source], self.partition_dim(name), tp, tp_rank)
+                for name, source in self._rank_sources(pp, pp_rank)}
+
+    def join(self, shards: Mapping[tuple[int, int], Mapping[str, np.ndarray]], tp: int,
+             pp: int) -> dict[str, np.ndarray]:
+        """The whole model's state from every rank's shard, keyed by (tp_rank, pp_rank); the inverse of `shard`.
+        The last stage's tied copy of the word embeddings is not part of the whole model and is dropped."""
+        self.check_parallel_sizes(tp, pp)
+        missing = sorted({(t, p) for t in range(tp) for p in range(pp)} - set(shards))
+        if missing:
+            raise LayoutError(f"join needs the shard of every (tp_rank, pp_rank); missing {missing}")
+        full: dict[str, np.ndarray] = {}
+        for pp_rank in range(pp):
+            for name, source in self._rank_sources(pp, pp_rank):
+                if name == OUTPUT_LAYER and not self.untie_embeddings_and_output_weights:
+                    continue
+                pieces = [np.asarray(shards[(t, pp_rank)][name]) for t in range(tp)]
+                dim = self.partition_dim(name)
+                full[source] = pieces[0].copy() if dim is None else np.concatenate(pieces, axis=dim)
+        return {name: full[name] for name in self.full_shapes()}
+
+    def _check_full(self, full: Mapping[str, np.ndarray]) -> None:
+        expected = self.full_shapes()
+        missing = sorted(set(expected) - set(full))
+        wrong = sorted(f"{n} {tuple(np.shape(full[n]))} (expected {expected[n]})"
+                       for n in set(expected) & set(full) if tuple(np.shape(full[n])) != expected[n])
+        if missing or wrong:
+            raise LayoutError(f"the state does not fit this GPT layout: missing {missing[:4]}, wrong shapes "
+                              f"{wrong[:4]}; build it with GPTLayout.full_shapes() of the same sizes")
+
+    # ---------------------------------------------------------------- initial weights
+
+    def init_value(self, name: str, rng: np.random.Generator, init_method_std: float,
+                   dtype: np.dtype = np.float32) -> np.ndarray:
+        """Megatron's init of one whole parameter of the full model: N(0, std) weights, N(0, std/sqrt(2L)) for
+        linear_proj and linear_fc2, zero biases, LayerNorm weight 1 and bias 0."""
+        shape = self.full_shapes()[name]
+        if "layernorm" in name:
+            return (np.ones if name.endswith("weight") else np.zeros)(shape, dtype=dtype)
+        if name.endswith("bias"):
+            return np.zeros(shape, dtype=dtype)
+        std = init_method_std / math.sqrt(2.0 * self.num_layers) if name.endswith(_SCALED_INIT) else init_method_std
+        return (rng.standard_normal(shape) * std).astype(dtype)
+
+    def init_full(self, seed: int, init_method_std: float = 0.02) -> dict[str, np.ndarray]:
+        """The whole model's initial state from one seed, drawn in sorted-name order."""
+        rng = np.random.default_rng(seed)
+        values = {name: self.init_value(name, rng, init_method_std) for name in sorted(self.full_shapes())}
+        return {name: values[name] for name in self.full_shapes()}
+
+    def init_rank(self, seed: int, init_method_std: float, tp: int, pp: int, tp_rank: int,
+                  pp_rank: int) -> dict[str, np.ndarray]:
+        """This rank's shard of `init_full(seed)`, equal to `shard(init_full(seed), ...)`, holding only one whole
+        parameter at a time (as Megatron's CPU initialisation draws the master weight and keeps its slice)."""
+        self.check_parallel_sizes(tp, pp)
+        wanted: dict[str, list[str]] = {}
+        for name, source in self._rank_sources(pp, pp_rank):
+            wanted.setdefault(source, []).append(name)
+        rng = np.random.default_rng(seed)
+        out: dict[str, np.ndarray] = {}
+        for source in sorted(self.full_shapes()):
+            value = self.init_value(source, rng, init_method_std)  # drawn on every rank: the stream stays aligned
+            for name in wanted.get(source, ()):
+                out[name] = _split(value, self.partition_dim(name), tp, tp_rank)
+        return {name: out[name] for name, _ in self._rank_sources(pp, pp_rank)}
+
+
+def _split(value: np.ndarray, dim: int | None, parts: int, index: int) -> np.ndarray:
+    value = np.asarray(value)
+    if dim is None or parts == 1:
+        return value.copy()
+    return np.split(value, parts, axis=dim)[index].copy()
