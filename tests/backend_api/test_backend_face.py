@@ -4,7 +4,8 @@ names, kinds and plain-value defaults), and the same public methods on the class
 
 Framework-specific constants (UPPER_CASE: device variables, chunk sizes) and the framework's own
 protocol methods (`forward`, `construct`) are allowed to differ; everything a model or the trainer
-calls is not.
+calls is not. A backend package may declare subpackages that are its own alone in `FRAMEWORK_ONLY`
+(torch: `megatron_core`); those are left out of the comparison.
 """
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ PLAIN = (type(None), bool, int, float, str, tuple)
 
 
 def _modules(package_name: str) -> set[str]:
+    """The package's public modules, less the framework-only subpackages it declares (FRAMEWORK_ONLY:
+    megatron-core's engine on torch, say), which have no twin and are no part of the portable face."""
     package = importlib.import_module(package_name)
-    return {m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")}
+    own = set(getattr(package, "FRAMEWORK_ONLY", ()))
+    return {m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_") and m.name not in own}
 
 
 def _defined(module: types.ModuleType) -> dict[str, object]:
