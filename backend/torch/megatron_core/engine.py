@@ -242,7 +242,7 @@ class MegatronCoreEngine:
         torch.distributed.broadcast(size, src=src, group=group)
         buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=self._comm_device())
         if ps.is_pipeline_last_stage(ignore_virtual=True):
-            buffer.copy_(torch.from_numpy(payload))
+            buffer.copy_(torch.from_numpy(payload.copy()))
         torch.distributed.broadcast(buffer, src=src, group=group)
         return object_codec.decode(buffer.cpu().numpy())
 
