@@ -28,7 +28,7 @@ import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -146,7 +146,8 @@ class RankFiles:
     meta: Mapping[str, Any]
 
 
-def _single_process(value: Any) -> list[Any]:
+def single_process(value: Any) -> list[Any]:
+    """write_checkpoint_shards' all-gather for one process."""
     return [value]
 
 
@@ -162,17 +163,17 @@ def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str
     state_dict with numpy tensors (None to leave it out); `meta` is JSON-ready. Returns the iteration
     directory. A file-system error raises CheckpointSaveError (one line) after removing what this save wrote.
     """
-    written = write_checkpoint_shards(root, iteration, RankFiles(RANK_DIR, model, optimizer, meta), rank=0,
-                                      gather=_single_process, log=log)
+    written = write_checkpoint_shards(root, iteration, [RankFiles(RANK_DIR, model, optimizer, meta)], rank=0,
+                                      gather=single_process, log=log)
     assert written is not None
     return written
 
 
-def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: RankFiles | None, *, rank: int,
+def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Sequence[RankFiles], *, rank: int,
                             gather: Callable[[Any], list[Any]], log: Callable[[str], None] | None = None) -> Path:
     """The save sequence of the module docstring with one writer per model shard: every process calls it
     (`gather` is an all-gather of JSON values over all of them, `rank` this process's global rank); the
-    ones that hold a shard pass its `files`. Rank 0 prepares the temporary iteration directory, every writer
+    ones that hold shards pass their `files` (the others none; one process may write several). Rank 0 prepares the temporary iteration directory, every writer
     fills its own rank directory in it, and only when all of them succeeded does rank 0 swap it into place
     and then move the tracker. Any failure anywhere leaves the previous checkpoint and the tracker as they
     were and raises the same CheckpointSaveError on every process."""
@@ -194,15 +195,16 @@ def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Rank
         raise _save_error(OSError(*failure), root, iteration)
     try:
         own: list[Any] | None = None
-        if files is not None:
-            checksums = {"model": _digest(files.model)}
-            if files.optimizer is not None:
-                checksums["optimizer"] = _digest(files.optimizer["tensors"])
+        for one in files:
+            checksums = {"model": _digest(one.model)}
+            if one.optimizer is not None:
+                checksums["optimizer"] = _digest(one.optimizer["tensors"])
             try:
-                checkpoint_io.save_checkpoint(Path(shared_tmp) / files.rank_dir, files.model, files.optimizer,
-                                              {**files.meta, "checksums": checksums}, on_step=step)
+                checkpoint_io.save_checkpoint(Path(shared_tmp) / one.rank_dir, one.model, one.optimizer,
+                                              {**one.meta, "checksums": checksums}, on_step=step)
             except OSError as err:
                 own = _os_error_fields(err)
+                break
         failures = [f for f in gather(own) if f is not None]
         if failures:
             raise OSError(*failures[0])

@@ -201,7 +201,7 @@ def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, engine
     layout = engine.layout
     rng = _rng_states(not args.no_save_rng, engine)
     shard = engine.checkpoint_state()
-    files = None
+    files = []
     if shard is not None:
         meta = {
             "iteration": progress.iteration,
@@ -220,7 +220,7 @@ def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, engine
             "saved_at": timestamp(),
             **shard.meta,
         }
-        files = RankFiles(layout.rank_dir, shard.model, None if args.no_save_optim else shard.optimizer, meta)
+        files = [RankFiles(layout.rank_dir, shard.model, None if args.no_save_optim else shard.optimizer, meta)]
     log(f"saving checkpoint at iteration {progress.iteration:7d} to {args.save} in safetensors format")
     start = time.time()
     written = write_checkpoint_shards(args.save, progress.iteration, files, rank=dist.get_rank(),
@@ -337,7 +337,8 @@ def load_checkpoint(args: argparse.Namespace, engine: Any, scheduler: Any, log: 
         return TrainingProgress()
     if not args.no_load_rng:
         states = shard.meta.get("rng_state")
-        notice = (_restore_rng(states, _rng_slot(engine.layout), engine) if not shard.meta.get("resharded")
+        moved = shard.meta.get("resharded") or shard.meta.get("converted_from")
+        notice = (_restore_rng(states, _rng_slot(engine.layout), engine) if not moved
                   else "the checkpoint was saved with another parallel layout; RNGs keep their seeded state "
                        "(dropout masks after resume differ; weights, optimizer and data order resume exactly)")
         if notice:

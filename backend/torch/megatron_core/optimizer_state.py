@@ -83,7 +83,9 @@ def gather(optimizer: Any, names: dict[torch.nn.Parameter, str], dp_group: Any,
         step_t = torch.tensor([step], dtype=torch.int64)
         torch.distributed.all_reduce(step_t, op=torch.distributed.ReduceOp.MAX, group=dp_group)
         step = int(step_t.item())
-    params = sorted({s.name: s.param for s in all_slots}.items())
+    # Every parameter of the model, not only those this rank holds a shard of: the buffers must have the
+    # same layout on every data-parallel rank for the all-reduce.
+    params = sorted((name, param) for param, name in names.items())
     keys = list(STATE_KEYS) + ([MAIN_PARAM_KEY] if any(p.dtype != torch.float32 for _, p in params) else [])
     out: dict[str, torch.Tensor] = {}
     for key in keys:
