@@ -241,6 +241,9 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
     g = p.add_argument_group("distributed")
     add(g, "--distributed-backend", default=None,
         help="nccl|gloo|hccl|mccl; replaced by the one that works on this device, with a notice")
+    add(g, "--distributed-timeout-minutes", type=int, default=10,
+        help="how long a collective waits for a missing rank before it fails (PyTorch: the process group's "
+             "timeout; MindSpore: msrun's --cluster_time_out, set by mmrun's launcher); default 10")
     add(g, "--tensor-model-parallel-size", type=int, default=1,
         help="split each layer over this many ranks (PyTorch: megatron-core; docs/parallelism.md)")
     add(g, "--pipeline-model-parallel-size", type=int, default=1,
@@ -423,7 +426,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
                     "train_iters", "lr"))
     _positive(args, ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                      "global_batch_size", "train_iters", "log_interval", "eval_interval", "save_interval",
-                     "exit_interval", "ffn_hidden_size", "make_vocab_size_divisible_by"))
+                     "exit_interval", "ffn_hidden_size", "make_vocab_size_divisible_by", "distributed_timeout_minutes"))
     _positive(args, ("eval_iters", "lr", "min_lr", "weight_decay", "clip_grad", "lr_warmup_iters",
                      "hidden_dropout", "attention_dropout"), allow_zero=True)
     if args.fp16 and args.bf16:

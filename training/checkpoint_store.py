@@ -372,8 +372,7 @@ def recover_interrupted_saves(root: str | os.PathLike, log: Callable[[str], None
                     verify_iteration_dir(copy, iteration_of(final_name))
                 except CheckpointError:
                     continue
-                os.rename(copy, final)
-                fsync_dir(root)
+                replace_directory(copy, final)  # final is absent: a plain rename, then fsync of root
                 restored.append(final)
                 if log:
                     log(f"WARNING: {final} was missing after an interrupted save; put back the complete copy "

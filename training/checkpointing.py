@@ -1,12 +1,21 @@
 """Megatron's checkpoint layout with framework-neutral files, written atomically, loaded all or nothing.
 
     <save>/latest_checkpointed_iteration.txt     "10": the newest COMPLETE checkpoint
-    <save>/iter_0000010/mp_rank_00/
-        model.safetensors        parameters, torch-style names (wte.weight, h.0.attn.c_attn.bias, ...)
+    <save>/iter_0000010/mp_rank_00/              mmrun's engine (data parallelism): one model shard
+    <save>/iter_0000010/mp_rank_01_001/          megatron-core's engine: one per (tensor, pipeline) rank
+        model.safetensors        parameters by the engine's names: mmrun's GPT (wte.weight, h.0.attn.c_attn.bias,
+                                 ...) or megatron-core GPTModel's own state_dict() names for that rank
+                                 (embedding.word_embeddings.weight, decoder.layers.0.self_attention.linear_qkv
+                                 .weight, ...; `model<v>.` before them for virtual pipeline stages)
         optimizer.safetensors    AdamW moments, <param>.exp_avg / <param>.exp_avg_sq, and for a --fp16/--bf16
-                                 run the fp32 main params <param>.main_param (unless --no-save-optim)
-        meta.json                iteration, consumed samples, scheduler, loss scaler, optimizer step, RNG
-                                 state, the arguments, framework and versions, checksums of the tensors
+                                 run the fp32 main params <param>.main_param (unless --no-save-optim); whole
+                                 tensors per parameter, also when the distributed optimizer sharded them
+        meta.json                iteration, consumed samples, scheduler, loss scaler, optimizer step, the RNG
+                                 states of the ranks sharing this shard, the arguments, framework and versions,
+                                 engine, model names and parallel layout, checksums of the tensors
+
+One rank per model shard writes it (the first of its data/context-parallel group); the iteration directory
+appears, and the tracker moves, only when every writer succeeded.
 
 Precision moves with the checkpoint: the main params, when saved, are the exact weights, so an fp16 run
 resumed in fp32 (or bf16, or on the other framework) starts from them, not from the rounded model copy.
@@ -15,7 +24,8 @@ Megatron writes `model_optim_rng.pt` (pickle) in the same place; mmrun never pic
 MindSpore read each other's checkpoints (backend/checkpoint_io.py writes the files).
 
 The file layer is checkpoint_store.py (the save sequence, verified reads, recovery after a killed save)
-over checkpoint_layout.py (Megatron's names on disk); this module is Megatron's save_checkpoint and
+over checkpoint_layout.py (Megatron's names on disk); checkpoint_reshard.py loads a checkpoint into
+another tensor/pipeline layout or the other engine; this module is Megatron's save_checkpoint and
 load_checkpoint around them. A process killed at any point of a save leaves the tracker naming a
 complete checkpoint.
 
@@ -23,9 +33,10 @@ complete checkpoint.
 checkpoint that verifies (one WARNING line says which); with no checkpoint at all, a fresh start
 (Megatron's warning). A tracker that exists but cannot be read stops the run with one line.
 
-Loading checks everything before changing anything: tensor names and shapes against the model and the
-optimizer, checksums against the files, the schedule against the arguments. A mismatch raises
-CheckpointError naming the first problems; the model is never partially loaded.
+Loading checks everything before changing anything, on every rank: tensor names and shapes against the
+model and the optimizer, checksums against the files, the schedule against the arguments. A mismatch on
+any rank raises the same CheckpointError on all of them, naming the first problems; no model is ever
+partially loaded.
 """
 from __future__ import annotations
 
@@ -226,7 +237,7 @@ def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, engine
     written = write_checkpoint_shards(args.save, progress.iteration, files, rank=dist.get_rank(),
                                       gather=dist.all_gather_object, log=log)
     log(f"  successfully saved checkpoint from iteration {progress.iteration:7d} to {args.save} "
-        f"[ t {layout.tp}, p {layout.pp} ] ({time.time() - start:.2f} s)")
+        f"[ t {layout.tp_rank + 1}/{layout.tp}, p {layout.pp_rank + 1}/{layout.pp} ] ({time.time() - start:.2f} s)")
     return written
 
 
@@ -346,7 +357,8 @@ def load_checkpoint(args: argparse.Namespace, engine: Any, scheduler: Any, log: 
     if ckpt.meta.get("framework") not in (None, backend_framework()):
         log(f"  the checkpoint was saved by {ckpt.meta['framework']}; resuming on {backend_framework()}")
     layout = engine.layout
-    log(f"  successfully loaded checkpoint from {root} [ t {layout.tp}, p {layout.pp} ] at iteration {ckpt.iteration}")
+    log(f"  successfully loaded checkpoint from {root} [ t {layout.tp_rank + 1}/{layout.tp}, p {layout.pp_rank + 1}/"
+        f"{layout.pp} ] at iteration {ckpt.iteration}")
     return TrainingProgress(iteration=ckpt.iteration,
                             consumed_train_samples=int(ckpt.meta.get("consumed_train_samples", 0)),
                             consumed_valid_samples=int(ckpt.meta.get("consumed_valid_samples", 0)))

@@ -2,7 +2,8 @@
 
     pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step)
 
-In order (seed 002's sequence diagram): parse and check the arguments, gate the features for this
+In order (the call flow of Megatron-LM's megatron/training/training.py, as MindSpeed-MM's model migration
+guide, MindSpeed MM模型迁移指南 "核心接口调用流程", draws it): parse and check the arguments, gate the features for this
 framework and device, pick the engine (training/engines/: mmrun's own for data parallelism on both
 frameworks, megatron-core on PyTorch for tensor, pipeline, context parallelism and the distributed
 optimizer), start communication and the engine's parallel state, build the tokenizer, seed,
@@ -80,16 +81,21 @@ def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, layout:
             return None  # a run resumed at its end: nothing of this split is left to read
 
         return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, layout.dp_rank, layout.dp)
-    return dataset  # seed 002 style: the provider returned data loaders
+    return dataset  # MindSpeed-MM style (its migration guide's providers): the provider returned data loaders
 
 
 def _iterators(loader: Any, layout: ParallelLayout) -> list[Iterator] | None:
     """One iterator per model chunk (virtual pipeline stage), each over the same samples, as Megatron builds them."""
     if loader is None:
         return None
-    if layout.model_chunks == 1 or not hasattr(loader, "__len__"):
-        return [iter(loader)] * layout.model_chunks
-    return [iter(loader) for _ in range(layout.model_chunks)]
+    if layout.model_chunks == 1:
+        return [iter(loader)]
+    iterators = [iter(loader) for _ in range(layout.model_chunks)]
+    if iterators[0] is iterators[1]:
+        raise TrainingError("virtual pipeline stages read each split once per model chunk, so "
+                            "train_valid_test_datasets_provider must return datasets or re-iterable loaders. "
+                            f"Received: {type(loader).__name__}, an iterator")
+    return iterators
 
 
 def _peak_rss_mb() -> float:
@@ -212,6 +218,11 @@ def initialize(args: argparse.Namespace) -> _Job:
     rank = backend.rank_env.read_rank_info().rank
     say = (lambda message: print(message, flush=True)) if rank == 0 else (lambda message: None)
     engine = engines.create(args, framework, say)
+    if framework == "pytorch":
+        from mmrun.backend.torch import process_group
+
+        # Megatron's initialize_megatron hands --distributed-timeout-minutes to init_process_group; torch only.
+        process_group.start(args.distributed_backend, timeout_minutes=args.distributed_timeout_minutes)
     info = backend.init_distributed(args.distributed_backend)
     if info.world_size != args.world_size:
         raise TrainingError(f"the launcher reports {info.world_size} processes but the arguments were checked for "
@@ -305,6 +316,19 @@ def _evaluate_and_print(job: _Job, forward_step_func: Callable, prefix: str, ite
     return loss
 
 
+def _heartbeat_function() -> Callable[[], None]:
+    """The launcher's per-iteration sign of life (mmrun.launchers.heartbeat; a no-op outside an mmrun job).
+    A launcher without it (an older mmrun) leaves nothing to tell."""
+    try:
+        from mmrun.launchers.heartbeat import heartbeat
+    except ImportError:
+        return lambda: None
+    return heartbeat
+
+
+_heartbeat = _heartbeat_function()
+
+
 def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator] | None,
           valid_iters: Sequence[Iterator] | None, test_loader: Any) -> None:
     """Megatron's train(): steps, logs, evaluations, saves, exits; then the final validation and test."""
@@ -333,6 +357,7 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
             raise TrainingError(f"the training data ran out at iteration {progress.iteration + 1}; use more data "
                                 "or fewer --train-iters") from None
         elapsed = time.perf_counter() - start
+        _heartbeat()  # tells `mmrun --watchdog-seconds N` that this rank lives, also between log lines
         progress.iteration += 1
         progress.consumed_train_samples += args.global_batch_size
         it = result.iteration = progress.iteration

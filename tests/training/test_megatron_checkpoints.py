@@ -91,7 +91,7 @@ def test_a_tp2_x_pp2_run_resumes_bit_exact(mcore_runs, tmp_path, train):
     nproc, extra = 4, ["--use-mcore-models", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
     run = train([*extra, "--load", str(copy)], nproc, sub="resume")
     assert run.returncode == 0, run.output[-3000:]
-    assert "successfully loaded checkpoint" in run.output and "[ t 2, p 2 ] at iteration 4" in run.output
+    assert "successfully loaded checkpoint" in run.output and "[ t 1/2, p 1/2 ] at iteration 4" in run.output
     _later_iterations_equal(run, mcore_runs("tp2pp2"), exact=True)
 
 

@@ -19,6 +19,8 @@ def _assert_same_training(run, reference, tolerance=TOLERANCE):
     losses, expected = run.losses(), reference.losses()
     assert sorted(losses) == sorted(expected) == list(range(1, 9))
     worst = max(abs(losses[i] - expected[i]) for i in expected)
+    valid = max(abs(a - b) for a, b in zip(run.evals("valid"), reference.evals("valid")))
+    print(f"\n  largest difference: train loss {worst:.1e}, validation loss {valid:.1e}", end="")  # docs/parallelism.md
     assert worst < tolerance, {i: (losses[i], expected[i]) for i in expected}
     norms = {m["iteration"]: m["grad_norm"] for m in run.metrics if m["kind"] == "train"}
     expected_norms = {m["iteration"]: m["grad_norm"] for m in reference.metrics if m["kind"] == "train"}

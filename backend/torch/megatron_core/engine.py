@@ -88,16 +88,18 @@ class MegatronCoreEngine:
 
     # ----------------------------------------------------------------------------------- set-up
     def initialize(self, args: Any) -> ParallelLayout:
-        from mmrun.backend.torch import distributed
+        from mmrun.backend.torch import process_group
 
         kind = runtime.prepare()
-        distributed.init_distributed(args.distributed_backend, single_process_group=True)
+        process_group.start(args.distributed_backend, single_process_group=True,
+                            timeout_minutes=args.distributed_timeout_minutes)
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         ps.initialize_model_parallel(
             tensor_model_parallel_size=args.tensor_model_parallel_size,
             pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            distributed_timeout_minutes=args.distributed_timeout_minutes,  # its sub-groups' bound
             virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
             context_parallel_size=args.context_parallel_size,
         )
@@ -113,6 +115,9 @@ class MegatronCoreEngine:
             cp=args.context_parallel_size, dp=ps.get_data_parallel_world_size(),
             tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
             cp_rank=ps.get_context_parallel_rank(), dp_rank=ps.get_data_parallel_rank())
+        if args.dropout_impl == "hash" and (args.hidden_dropout > 0 or args.attention_dropout > 0):
+            self.log("notice: --dropout-impl hash is mmrun's GPT's; megatron-core's GPTModel draws its dropout masks "
+                     "with torch's generators (Megatron's tensor-parallel RNG streams), so they differ from mmrun's")
         kernels = runtime.installed_kernels()
         self.log(f"> megatron-core {runtime.version()} on {kind}: parallel state "
                  f"{self.layout.describe()}; Transformer Engine {'found' if kernels['transformer_engine'] else 'absent'}, "

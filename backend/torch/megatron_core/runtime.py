@@ -66,6 +66,8 @@ def prepare() -> str:
         from mmrun.backend.torch.megatron_core import cpu_shims
 
         cpu_shims.install()
+        # A CUDA stream tuning hint, said by every rank at its first tensor-parallel backward; no CUDA here.
+        warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
     _prepared = kind
     return kind
 
