@@ -3,6 +3,8 @@
     mmrun --ai-framework pytorch   --nproc-per-node 2 models/pretrain_gpt.py --mock-data --train-iters 20
     mmrun --ai-framework mindspore --nproc-per-node 2 models/pretrain_gpt.py --mock-data --train-iters 20
     python -m mmrun.models.pretrain_gpt --mock-data --train-iters 20        # one process, no launcher
+    mmrun --nproc-per-node 4 models/pretrain_gpt.py --mock-data --train-iters 20 --use-mcore-models \
+        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2    # megatron-core on PyTorch
 
 This is Megatron's pretrain_gpt.py: five callbacks that the shared loop (`mmrun.training.pretrain`)
 calls. To train your own model, replace the callbacks; nothing else.
@@ -16,15 +18,19 @@ calls. To train your own model, replace the callbacks; nothing else.
 The arguments are Megatron's (--num-layers, --hidden-size, --micro-batch-size, --global-batch-size,
 --lr, --data-path, --save, --load, ...; see --help and docs/training.md). Megatron requires the model
 sizes; this entry fills in a tiny CPU-sized GPT for whatever is not given (CPU_DEFAULTS).
+
+With --use-mcore-models (PyTorch) the model is megatron-core's GPTModel, the same network starting from
+the same weights, and the tensor/pipeline/context-parallel flags split it (docs/parallelism.md); get_batch
+then reads data only on the first and last pipeline stages, as Megatron's does.
 """
 from functools import partial
 
-import numpy as np
-
 from mmrun.backend import ops, tensors
 from mmrun.data.gpt_dataset import build_train_valid_test_datasets
+from mmrun.models.convert_gpt import mmrun_initial_weights
 from mmrun.models.gpt import GPT, GPTConfig
-from mmrun.training import ModelType, get_args, get_tokenizer, pretrain, print_rank_0
+from mmrun.training import (ModelType, core_gpt_model, get_args, get_batch_on_this_cp_rank, get_tokenizer,
+                            is_first_or_last_pipeline_stage, model_vp_stage, pretrain, print_rank_0)
 
 # Used only for arguments left out of the command line (Megatron's `args_defaults`).
 CPU_DEFAULTS = {
@@ -39,25 +45,21 @@ CPU_DEFAULTS = {
 
 def init_weights(model, seed, std, num_layers):
     """Megatron's init (the same as GPT's own), drawn with numpy rather than the framework's RNG, so
-    that one --seed gives bit-identical weights on PyTorch and on MindSpore: N(0, std) for weights,
-    N(0, std / sqrt(2 * num_layers)) for the two output projections of each block, zero biases,
-    LayerNorm weight 1. Parameters are drawn in name order."""
-    rng = np.random.default_rng(seed)
+    that one --seed gives bit-identical weights on PyTorch, on MindSpore and in megatron-core's GPTModel:
+    N(0, std) for weights, N(0, std / sqrt(2 * num_layers)) for the two output projections of each
+    block, zero biases, LayerNorm weight 1. Parameters are drawn in name order (models/convert_gpt.py)."""
     state = tensors.state_dict_to_numpy(model.state_dict())
-    for name in sorted(state):
-        if name.startswith("ln_") or ".ln_" in name:
-            continue  # LayerNorm keeps weight 1, bias 0
-        if name.endswith("bias"):
-            state[name] = np.zeros_like(state[name])
-            continue
-        scale = std / np.sqrt(2.0 * num_layers) if name.endswith(("attn.c_proj.weight", "mlp.c_proj.weight")) else std
-        state[name] = (rng.standard_normal(state[name].shape) * scale).astype(state[name].dtype)
-    model.load_state_dict(tensors.state_dict_from_numpy(state))
+    shapes = {name: array.shape for name, array in state.items()}
+    model.load_state_dict(tensors.state_dict_from_numpy(dict(mmrun_initial_weights(shapes, seed, std, num_layers))))
 
 
-def model_provider(pre_process=True, post_process=True):
-    """Build the model (a GPT-2 style decoder; pre/post_process are for pipeline stages, always True here)."""
+def model_provider(pre_process=True, post_process=True, vp_stage=None):
+    """Build the model: mmrun's GPT-2 style decoder, or with --use-mcore-models megatron-core's GPTModel
+    for this pipeline stage (pre/post_process: it holds the embeddings / the output layer and loss)."""
     args = get_args()
+    if args.use_mcore_models:
+        print_rank_0("building GPT model (megatron-core GPTModel) ...")
+        return core_gpt_model(pre_process, post_process, vp_stage)
     print_rank_0("building GPT model ...")
     config = GPTConfig(
         num_layers=args.num_layers,
@@ -79,14 +81,18 @@ def model_provider(pre_process=True, post_process=True):
     return model
 
 
-def get_batch(data_iterator):
+def get_batch(data_iterator, vp_stage=None):
     """Generate a batch: tokens, labels, loss_mask, attention_mask, position_ids.
 
-    The loader yields numpy arrays [micro_batch, seq_length]; here they become tensors of the chosen
-    framework on this process's device (from pinned memory, without waiting for the copy, on a GPU/NPU).
-    attention_mask is None: the model applies the causal mask itself.
+    Only the first and last pipeline stages read data (the others get activations from their
+    neighbours); with context parallelism each rank keeps its share of the sequence. The loader yields
+    numpy arrays [micro_batch, seq_length]; here they become tensors of the chosen framework on this
+    process's device (from pinned memory, without waiting for the copy, on a GPU/NPU). attention_mask
+    is None: the model applies the causal mask itself.
     """
-    data = next(data_iterator)
+    if not is_first_or_last_pipeline_stage(vp_stage):
+        return None, None, None, None, None
+    data = get_batch_on_this_cp_rank(next(data_iterator))
     tokens = tensors.from_numpy(data["tokens"])
     labels = tensors.from_numpy(data["labels"])
     loss_mask = tensors.from_numpy(data["loss_mask"])
@@ -109,8 +115,11 @@ def loss_func(loss_mask, output_tensor):
 
 def forward_step(data_iterator, model):
     """Forward training step: the model's per-token losses, and the loss function to reduce them."""
-    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
-    output_tensor = model(tokens, position_ids, labels=labels)
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator, model_vp_stage(model))
+    if get_args().use_mcore_models:
+        output_tensor = model(tokens, position_ids, attention_mask, labels=labels)
+    else:
+        output_tensor = model(tokens, position_ids, labels=labels)
     return output_tensor, partial(loss_func, loss_mask)
 
 

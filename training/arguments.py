@@ -241,6 +241,25 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
     g = p.add_argument_group("distributed")
     add(g, "--distributed-backend", default=None,
         help="nccl|gloo|hccl|mccl; replaced by the one that works on this device, with a notice")
+    add(g, "--distributed-timeout-minutes", type=int, default=10,
+        help="how long a collective waits for a missing rank before it fails (PyTorch: the process group's "
+             "timeout; MindSpore: msrun's --cluster_time_out, set by mmrun's launcher); default 10")
+    add(g, "--tensor-model-parallel-size", type=int, default=1,
+        help="split each layer over this many ranks (PyTorch: megatron-core; docs/parallelism.md)")
+    add(g, "--pipeline-model-parallel-size", type=int, default=1,
+        help="split the layers into this many pipeline stages (PyTorch: megatron-core)")
+    add(g, "--virtual-pipeline-model-parallel-size", type=int, default=None,
+        help="virtual stages per pipeline rank: the interleaved 1F1B schedule")
+    add(g, "--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+        help="layers per virtual stage (the other way to ask for virtual stages)")
+    add(g, "--context-parallel-size", type=int, default=1,
+        help="split each sequence over this many ranks (PyTorch: megatron-core)")
+    add(g, "--sequence-parallel", action="store_true",
+        help="split LayerNorm and dropout activations over the tensor-parallel ranks")
+    add(g, "--use-distributed-optimizer", action="store_true",
+        help="shard AdamW state and fp32 gradients over the data-parallel ranks (PyTorch: megatron-core)")
+    add(g, "--use-mcore-models", action="store_true",
+        help="train megatron-core's GPTModel (PyTorch; the same network and initial weights as mmrun's GPT)")
 
     g = p.add_argument_group("validation")
     add(g, "--eval-iters", type=int, default=100, help="validation iterations per evaluation (100)")
@@ -407,7 +426,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
                     "train_iters", "lr"))
     _positive(args, ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                      "global_batch_size", "train_iters", "log_interval", "eval_interval", "save_interval",
-                     "exit_interval", "ffn_hidden_size", "make_vocab_size_divisible_by"))
+                     "exit_interval", "ffn_hidden_size", "make_vocab_size_divisible_by", "distributed_timeout_minutes"))
     _positive(args, ("eval_iters", "lr", "min_lr", "weight_decay", "clip_grad", "lr_warmup_iters",
                      "hidden_dropout", "attention_dropout"), allow_zero=True)
     if args.fp16 and args.bf16:
@@ -420,6 +439,8 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
                              f"{args.hidden_size} and {args.num_attention_heads}")
     if args.max_position_embeddings is None:
         args.max_position_embeddings = args.seq_length
+    if args.ffn_hidden_size is None:
+        args.ffn_hidden_size = 4 * args.hidden_size  # Megatron's default
     if args.seq_length > args.max_position_embeddings:
         raise ArgumentsError(f"--seq-length must not exceed --max-position-embeddings. Received: "
                              f"{args.seq_length} > {args.max_position_embeddings}; raise --max-position-embeddings")
@@ -432,7 +453,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
         raise ArgumentsError(f"the world size must be at least 1. Received: {world_size}")
     args.world_size = world_size
     args.rank = rank
-    args.data_parallel_size = world_size  # tensor, pipeline and context parallel sizes are 1 (feature gate)
+    _validate_parallel_sizes(args, world_size)
     per_step = args.micro_batch_size * args.data_parallel_size
     if args.global_batch_size is None:
         args.global_batch_size = per_step
@@ -443,6 +464,13 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
             f"({args.micro_batch_size} x {args.data_parallel_size} = {per_step}). Received: "
             f"--global-batch-size {args.global_batch_size}; use {lower} or {lower + per_step}")
     args.num_micro_batches = args.global_batch_size // per_step
+    vpp = args.virtual_pipeline_model_parallel_size or 1
+    if vpp > 1 and args.num_micro_batches % args.pipeline_model_parallel_size:
+        raise ArgumentsError(
+            f"the interleaved pipeline schedule needs a multiple of --pipeline-model-parallel-size "
+            f"({args.pipeline_model_parallel_size}) micro-batches per step. Received: {args.num_micro_batches} "
+            f"(--global-batch-size {args.global_batch_size} / (--micro-batch-size {args.micro_batch_size} x "
+            f"data-parallel size {args.data_parallel_size})); raise --global-batch-size")
 
     # Learning-rate schedule (Megatron's rules for the iteration-based schedule).
     if args.lr_decay_iters is None:
@@ -482,6 +510,59 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
     if args.exit_on_missing_checkpoint and not args.load:
         raise ArgumentsError("--exit-on-missing-checkpoint needs --load. Received: no --load")
     return args
+
+
+def _validate_parallel_sizes(args: argparse.Namespace, world_size: int) -> None:
+    """Megatron's rules for tensor, pipeline (virtual), context and data parallel sizes; fills
+    args.data_parallel_size and args.virtual_pipeline_model_parallel_size."""
+    _positive(args, ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                     "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage"))
+    tp, pp, cp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size
+    model_parallel = tp * pp * cp
+    if world_size % model_parallel:
+        raise ArgumentsError(
+            f"the world size ({world_size}) must be a multiple of --tensor-model-parallel-size x "
+            f"--pipeline-model-parallel-size x --context-parallel-size ({tp} x {pp} x {cp} = {model_parallel}). "
+            f"Received: {world_size} processes; start {model_parallel} x N processes or change the sizes")
+    args.data_parallel_size = world_size // model_parallel
+    if args.num_layers % pp:
+        raise ArgumentsError(f"--num-layers ({args.num_layers}) must be divisible by --pipeline-model-parallel-size "
+                             f"({pp}) (megatron-core splits layers evenly over the stages)")
+    if args.num_layers_per_virtual_pipeline_stage is not None:
+        if args.virtual_pipeline_model_parallel_size is not None:
+            raise ArgumentsError("--num-layers-per-virtual-pipeline-stage and --virtual-pipeline-model-parallel-size "
+                                 "cannot both be given. Received: both; keep one")
+        per_stage = args.num_layers // pp
+        if per_stage % args.num_layers_per_virtual_pipeline_stage:
+            raise ArgumentsError(
+                f"the {per_stage} layers of each pipeline stage cannot be split into virtual stages of "
+                f"{args.num_layers_per_virtual_pipeline_stage}. Received: --num-layers-per-virtual-pipeline-stage "
+                f"{args.num_layers_per_virtual_pipeline_stage}; pick a divisor of {per_stage}")
+        args.virtual_pipeline_model_parallel_size = per_stage // args.num_layers_per_virtual_pipeline_stage
+    vpp = args.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp > 1:
+        if pp == 1:
+            raise ArgumentsError(f"virtual pipeline stages need --pipeline-model-parallel-size above 1. Received: "
+                                 f"--pipeline-model-parallel-size 1 with {vpp} virtual stages")
+        if args.num_layers % (pp * vpp):
+            raise ArgumentsError(f"--num-layers ({args.num_layers}) must be divisible by pipeline stages x virtual "
+                                 f"stages ({pp} x {vpp})")
+    elif vpp == 1:
+        args.virtual_pipeline_model_parallel_size = None  # Megatron: one virtual stage is no interleaving
+    for name, value in (("--num-attention-heads", args.num_attention_heads),
+                        ("--ffn-hidden-size", args.ffn_hidden_size)):
+        if value % tp:
+            raise ArgumentsError(f"{name} ({value}) must be divisible by --tensor-model-parallel-size ({tp})")
+    if args.sequence_parallel and tp == 1:
+        args.sequence_parallel = False  # Megatron's validate_args: nothing to split over one tensor-parallel rank
+        _warn("--sequence-parallel is off: it splits activations over tensor-parallel ranks, and "
+              "--tensor-model-parallel-size is 1 (Megatron does the same)")
+    if cp > 1 and args.seq_length % (2 * cp):
+        raise ArgumentsError(f"--seq-length ({args.seq_length}) must be a multiple of 2 x --context-parallel-size "
+                             f"({2 * cp}): context parallelism cuts each sequence into 2 x cp chunks")
+    if args.sequence_parallel and (args.seq_length // cp) % tp:
+        raise ArgumentsError(f"with --sequence-parallel, --seq-length / --context-parallel-size "
+                             f"({args.seq_length // cp}) must be divisible by --tensor-model-parallel-size ({tp})")
 
 
 def ignored_and_refused_markdown() -> str:

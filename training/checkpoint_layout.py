@@ -6,8 +6,8 @@
                                                  mp_rank_<tp:02d>_<pp:03d> with it (Megatron's get_checkpoint_name)
     <root>/release/mp_rank_00/                   a release checkpoint (weights for --finetune)
 
-mmrun saves with tensor and pipeline size 1 today (one `mp_rank_00`); `rank_dir_name` names the others
-for when a parallel save writes one file set per rank.
+mmrun's own engine saves one `mp_rank_00`; the megatron-core engine one file set per (tensor, pipeline)
+rank, named by `rank_dir_name`.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def rank_dir_name(tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1, expert_r
     return name if expert_rank is None else f"{name}_{expert_rank:03d}"
 
 
-RANK_DIR = rank_dir_name()  # data parallelism only: one model shard
+RANK_DIR = rank_dir_name()  # data parallelism (mmrun's engine): one model shard
 
 
 def iteration_dir(root: str | os.PathLike, iteration: int | str) -> Path:

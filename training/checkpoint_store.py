@@ -28,7 +28,7 @@ import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -136,6 +136,25 @@ def _save_error(err: OSError, root: Path, iteration: int | str) -> CheckpointSav
                                f"{err.strerror or err}{where}; {hint}. Nothing half-written is left; {kept}", code)
 
 
+@dataclass
+class RankFiles:
+    """One rank directory's content: numpy model tensors, the optimizer state (None: not saved), meta (JSON)."""
+
+    rank_dir: str
+    model: Mapping[str, np.ndarray]
+    optimizer: Mapping[str, Any] | None
+    meta: Mapping[str, Any]
+
+
+def single_process(value: Any) -> list[Any]:
+    """write_checkpoint_shards' all-gather for one process."""
+    return [value]
+
+
+def _os_error_fields(err: OSError) -> list[Any]:
+    return [err.errno, err.strerror or str(err), str(err.filename) if err.filename else None]
+
+
 def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str, np.ndarray],
                      optimizer: Mapping[str, Any] | None, meta: Mapping[str, Any],
                      log: Callable[[str], None] | None = None) -> Path:
@@ -144,28 +163,66 @@ def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str
     state_dict with numpy tensors (None to leave it out); `meta` is JSON-ready. Returns the iteration
     directory. A file-system error raises CheckpointSaveError (one line) after removing what this save wrote.
     """
+    written = write_checkpoint_shards(root, iteration, [RankFiles(RANK_DIR, model, optimizer, meta)], rank=0,
+                                      gather=single_process, log=log)
+    assert written is not None
+    return written
+
+
+def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Sequence[RankFiles], *, rank: int,
+                            gather: Callable[[Any], list[Any]], log: Callable[[str], None] | None = None) -> Path:
+    """The save sequence of the module docstring with one writer per model shard: every process calls it
+    (`gather` is an all-gather of JSON values over all of them, `rank` this process's global rank); the
+    ones that hold shards pass their `files` (the others none; one process may write several). Rank 0 prepares the temporary iteration directory, every writer
+    fills its own rank directory in it, and only when all of them succeeded does rank 0 swap it into place
+    and then move the tracker. Any failure anywhere leaves the previous checkpoint and the tracker as they
+    were and raises the same CheckpointSaveError on every process."""
     root = Path(root)
     final = iteration_dir(root, iteration)
     step = kill_step(iteration)
-    checksums = {"model": _digest(model)}
-    if optimizer is not None:
-        checksums["optimizer"] = _digest(optimizer["tensors"])
-    full_meta = {**meta, "checksums": checksums}
     tmp: Path | None = None
+    failure: list[Any] | None = None
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            recover_interrupted_saves(root, log)
+            step("begin")
+            tmp = Path(tempfile.mkdtemp(prefix=temporary_name(final), dir=root))
+        except OSError as err:
+            failure = _os_error_fields(err)
+    shared_tmp, failure = gather([str(tmp) if tmp else None, failure])[0]
+    if failure is not None:
+        raise _save_error(OSError(*failure), root, iteration)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        recover_interrupted_saves(root, log)
-        step("begin")
-        tmp = Path(tempfile.mkdtemp(prefix=temporary_name(final), dir=root))
-        checkpoint_io.save_checkpoint(tmp / RANK_DIR, model, optimizer, full_meta, on_step=step)
-        _usual_permissions(tmp)
-        fsync_dir(tmp)
-        step("written")
-        replace_directory(tmp, final)  # afterwards `tmp` is gone (or, briefly, the old copy being removed)
-        tmp = None
-        step("swapped")
-        atomic_write(root / TRACKER_FILE, f"{iteration}\n")
-        step("tracker")
+        own: list[Any] | None = None
+        for one in files:
+            checksums = {"model": _digest(one.model)}
+            if one.optimizer is not None:
+                checksums["optimizer"] = _digest(one.optimizer["tensors"])
+            try:
+                checkpoint_io.save_checkpoint(Path(shared_tmp) / one.rank_dir, one.model, one.optimizer,
+                                              {**one.meta, "checksums": checksums}, on_step=step)
+            except OSError as err:
+                own = _os_error_fields(err)
+                break
+        failures = [f for f in gather(own) if f is not None]
+        if failures:
+            raise OSError(*failures[0])
+        if rank == 0:
+            try:
+                _usual_permissions(Path(shared_tmp))
+                fsync_dir(Path(shared_tmp))
+                step("written")
+                replace_directory(Path(shared_tmp), final)  # afterwards the temporary is gone
+                tmp = None
+                step("swapped")
+                atomic_write(root / TRACKER_FILE, f"{iteration}\n")
+                step("tracker")
+            except OSError as err:
+                failure = _os_error_fields(err)
+        failure = gather(failure)[0]
+        if failure is not None:
+            raise OSError(*failure)
     except BaseException as err:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -232,14 +289,52 @@ def _available(root: Path) -> str:
         "there is no iter_* directory here"
 
 
-def read_checkpoint(root: str | os.PathLike, iteration: int | str) -> LoadedCheckpoint:
-    """Read and verify `<root>/iter_XXXXXXX/mp_rank_00`."""
+def rank_dirs(path: Path) -> list[str]:
+    """The rank directories (`mp_rank_*`) of one iteration directory, sorted."""
+    try:
+        return sorted(p.name for p in path.iterdir() if p.name.startswith("mp_rank_") and p.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def read_checkpoint(root: str | os.PathLike, iteration: int | str, rank_dir: str | None = None) -> LoadedCheckpoint:
+    """Read and verify `<root>/iter_XXXXXXX/<rank_dir>`; without `rank_dir`, the first one there
+    (`mp_rank_00`, or `mp_rank_00_000` with pipeline stages): its meta.json names the layout of all."""
     root = Path(root)
-    path = checkpoint_dir(root, iteration)
+    if rank_dir is None:
+        present = rank_dirs(iteration_dir(root, iteration))
+        rank_dir = RANK_DIR if RANK_DIR in present or not present else present[0]
+    path = checkpoint_dir(root, iteration, rank_dir)
     if not path.is_dir() and not (path / MEGATRON_TORCH_FILE).is_file():
+        if iteration_dir(root, iteration).is_dir():
+            raise CheckpointError(f"checkpoint directory {path} does not exist (iteration {iteration} holds "
+                                  f"{', '.join(rank_dirs(iteration_dir(root, iteration))[:4]) or 'no rank directory'})"
+                                  f". Received: --load {root}; load it with the tensor and pipeline sizes it was "
+                                  "saved with")
         raise CheckpointError(f"checkpoint directory {path} does not exist (iteration {iteration}). Received: "
                               f"--load {root}; {_available(root)}: pick one with --ckpt-step or fix {TRACKER_FILE}")
     return read_checkpoint_dir(path, iteration)
+
+
+def read_sibling(ckpt: LoadedCheckpoint, rank_dir: str) -> LoadedCheckpoint:
+    """Another rank directory of the iteration `ckpt` was read from, read and verified."""
+    if ckpt.path.name == rank_dir:
+        return ckpt
+    path = ckpt.path.parent / rank_dir
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {path} does not exist ({ckpt.path.parent} holds "
+                              f"{', '.join(rank_dirs(ckpt.path.parent)[:4])}); it is incomplete, or it was saved "
+                              "with another layout than its meta.json says")
+    return read_checkpoint_dir(path, ckpt.iteration)
+
+
+def verify_iteration_dir(path: Path, iteration: int | str) -> None:
+    """Read and verify every rank directory of one iteration directory (CheckpointError on the first problem)."""
+    names = rank_dirs(path)
+    if not names:
+        raise CheckpointError(f"{path} holds no mp_rank_* directory")
+    for name in names:
+        read_checkpoint_dir(path / name, iteration)
 
 
 # -------------------------------------------------------------------- finding what to resume from
@@ -274,11 +369,10 @@ def recover_interrupted_saves(root: str | os.PathLike, log: Callable[[str], None
         if not os.path.lexists(final):
             for copy in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True):  # the re-save first
                 try:
-                    read_checkpoint_dir(copy / RANK_DIR, iteration_of(final_name))
+                    verify_iteration_dir(copy, iteration_of(final_name))
                 except CheckpointError:
                     continue
-                os.rename(copy, final)
-                fsync_dir(root)
+                replace_directory(copy, final)  # final is absent: a plain rename, then fsync of root
                 restored.append(final)
                 if log:
                     log(f"WARNING: {final} was missing after an interrupted save; put back the complete copy "

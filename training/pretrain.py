@@ -2,21 +2,25 @@
 
     pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step)
 
-In order (seed 002's sequence diagram): parse and check the arguments, gate the features for this
-framework and device, start communication, build the tokenizer, seed, `model_provider()` -> model,
-AdamW + Megatron's LR schedule, `--load`, `train_valid_test_datasets_provider(num_samples)` -> datasets
-(or ready-made loaders), then per iteration and micro-batch `forward_step(data_iterator, model)`, which
-calls `get_batch` and returns `(output_tensor, partial(loss_func, loss_mask))`; backward, gradient
-all-reduce, clipping and the AdamW update are the portable `TrainStep`'s. Validation every
---eval-interval, checkpoints every --save-interval, and a final validation and test loss.
+In order (the call flow of Megatron-LM's megatron/training/training.py, as MindSpeed-MM's model migration
+guide, MindSpeed MM模型迁移指南 "核心接口调用流程", draws it): parse and check the arguments, gate the features for this
+framework and device, pick the engine (training/engines/: mmrun's own for data parallelism on both
+frameworks, megatron-core on PyTorch for tensor, pipeline, context parallelism and the distributed
+optimizer), start communication and the engine's parallel state, build the tokenizer, seed,
+`model_provider()` -> model (per pipeline stage), the optimizer + Megatron's LR schedule, `--load`,
+`train_valid_test_datasets_provider(num_samples)` -> datasets (or ready-made loaders), then per iteration
+the engine's step over the micro-batches: `forward_step(data_iterator, model)` calls `get_batch` and
+returns `(output_tensor, partial(loss_func, loss_mask))`. Validation every --eval-interval, checkpoints
+every --save-interval, and a final validation and test loss.
 
-How the callbacks meet the framework's autograd: training/forward_plan.py (forward_step is recorded,
-then replayed inside the train step). On MindSpore the step is compiled with mindspore.jit unless
+What the loop owns and what the engine owns: training/engines/base.py. With mmrun's engine the
+callbacks meet the framework's autograd through training/forward_plan.py (forward_step is recorded,
+then replayed inside the train step); on MindSpore the step is compiled with mindspore.jit unless
 --no-ms-jit is given (or forward_step returns a closure: then PyNative, with one notice).
 
-Placement: the model is moved to this process's device (`backend.device.to_device`) right after
-model_provider(), before its optimizer exists, so parameters, gradients and optimizer state all live on
-the NPU/GPU; batches arrive there through `tensors.from_numpy` (pinned memory, non-blocking copies).
+Placement: the model is moved to this process's device right after model_provider(), before its
+optimizer exists, so parameters, gradients and optimizer state all live on the NPU/GPU; batches arrive
+there through `tensors.from_numpy` (pinned memory, non-blocking copies).
 """
 from __future__ import annotations
 
@@ -28,10 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from mmrun.training import checkpointing, global_vars
+from mmrun.training import checkpointing, engines, global_vars, parallel
 from mmrun.training.arguments import ArgumentsError, parse_args
+from mmrun.training.engines.base import Engine, ParallelLayout
 from mmrun.training.errors import TrainingError
-from mmrun.training.forward_plan import ForwardPlan, scalar_loss
 from mmrun.training.training_log import IntervalStats, MetricsFile, iteration_line, stamp, validation_block
 
 
@@ -56,53 +60,6 @@ class TrainingResult:
     peak_device_memory_mb: float | None = None  # peak tensor memory on the GPU/NPU; None on CPU
 
 
-# ----------------------------------------------------------------------------------- evaluation
-
-def _report_pairs(result: Any) -> dict[str, tuple[float, float]]:
-    """loss_func's report dict -> {key: (numerator, denominator)} as floats."""
-    from mmrun.backend import tensors
-
-    has_report = isinstance(result, tuple) and isinstance(result[-1], dict)
-    report = result[-1] if has_report else {"lm loss": scalar_loss(result)}
-    pairs = {}
-    for key, value in report.items():
-        if isinstance(value, (tuple, list)) and len(value) == 2:
-            pairs[key] = (float(tensors.to_numpy(value[0])), float(tensors.to_numpy(value[1])))
-        else:
-            pairs[key] = (float(tensors.to_numpy(value)), 1.0)
-    return pairs
-
-
-def evaluate(forward_step_func: Callable, data_iterator: Iterator, model: Any, eval_iters: int,
-             num_micro_batches: int) -> dict[str, float]:
-    """Megatron's evaluate: sums of (loss, tokens) over eval_iters x micro-batches and all ranks, divided."""
-    import numpy as np
-
-    from mmrun import backend
-    from mmrun.backend import autograd, tensors
-
-    model.eval()
-    totals: dict[str, list[float]] = {}
-    try:
-        with autograd.no_grad():
-            for _ in range(eval_iters):
-                for _ in range(num_micro_batches):
-                    output, loss_callable = forward_step_func(data_iterator, model)
-                    for key, (num, den) in _report_pairs(loss_callable(output)).items():
-                        acc = totals.setdefault(key, [0.0, 0.0])
-                        acc[0] += num
-                        acc[1] += den
-    except StopIteration:
-        raise TrainingError("the validation/test data ran out during evaluation; use more data, a larger "
-                            "valid/test --split weight, or fewer --eval-iters") from None
-    finally:
-        model.train()
-    keys = sorted(totals)
-    flat = np.array([v for k in keys for v in totals[k]], dtype=np.float64)
-    reduced = tensors.to_numpy(backend.distributed.all_reduce(tensors.from_numpy(flat.astype(np.float32)), op="sum"))
-    return {k: float(reduced[2 * i] / reduced[2 * i + 1]) for i, k in enumerate(keys)}
-
-
 # ------------------------------------------------------------------------------------ the loop
 
 def _usage_exit(message: str, rank: int, code: int = 2) -> None:
@@ -113,7 +70,7 @@ def _usage_exit(message: str, rank: int, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, dp_rank: int) -> Any:
+def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, layout: ParallelLayout) -> Any:
     """A Megatron dataset -> the sequential data-parallel loader; a ready-made loader/iterable is kept."""
     if dataset is None:
         return None
@@ -123,8 +80,22 @@ def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, dp_rank
         if consumed >= len(dataset):
             return None  # a run resumed at its end: nothing of this split is left to read
 
-        return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, dp_rank, args.data_parallel_size)
-    return dataset  # seed 002 style: the provider returned data loaders
+        return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, layout.dp_rank, layout.dp)
+    return dataset  # MindSpeed-MM style (its migration guide's providers): the provider returned data loaders
+
+
+def _iterators(loader: Any, layout: ParallelLayout) -> list[Iterator] | None:
+    """One iterator per model chunk (virtual pipeline stage), each over the same samples, as Megatron builds them."""
+    if loader is None:
+        return None
+    if layout.model_chunks == 1:
+        return [iter(loader)]
+    iterators = [iter(loader) for _ in range(layout.model_chunks)]
+    if iterators[0] is iterators[1]:
+        raise TrainingError("virtual pipeline stages read each split once per model chunk, so "
+                            "train_valid_test_datasets_provider must return datasets or re-iterable loaders. "
+                            f"Received: {type(loader).__name__}, an iterator")
+    return iterators
 
 
 def _peak_rss_mb() -> float:
@@ -132,19 +103,6 @@ def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
-def _where(model: Any) -> str:
-    """The device the model's parameters are on, as the framework names it (cuda:0, npu:0, cpu, Ascend...)."""
-    from mmrun import backend
-
-    first = next(iter(model.parameters()), None)
-    device = getattr(first, "device", None)
-    return str(device) if device is not None and not callable(device) else str(backend.device.default_device())
-
-
-def _count_parameters(model: Any) -> int:
-    return int(sum(math.prod(int(d) for d in p.shape) for p in model.parameters()))
 
 
 def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Callable,
@@ -215,10 +173,9 @@ class _Job:
     args: argparse.Namespace
     framework: str
     rank: int
-    model: Any = None
-    optimizer: Any = None
+    engine: Engine
+    layout: ParallelLayout = field(default_factory=ParallelLayout)
     scheduler: Any = None
-    grad_scaler: Any = None
     progress: checkpointing.TrainingProgress = field(default_factory=checkpointing.TrainingProgress)
     metrics: MetricsFile | None = None
     result: TrainingResult | None = None
@@ -226,6 +183,15 @@ class _Job:
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(message, flush=True)
+
+    @property
+    def model(self) -> Any:
+        """mmrun's engine: the model; megatron-core's: its wrapped model chunks."""
+        return getattr(self.engine, "model", None) or getattr(self.engine, "chunks", None)
+
+    @property
+    def optimizer(self) -> Any:
+        return self.engine.optimizer
 
 
 def _pretrain(args: argparse.Namespace, datasets_provider: Callable, model_provider: Callable,
@@ -244,58 +210,50 @@ def _pretrain(args: argparse.Namespace, datasets_provider: Callable, model_provi
 
 
 def initialize(args: argparse.Namespace) -> _Job:
-    """Megatron's initialize_megatron: feature gate, communication, tokenizer, seeds."""
+    """Megatron's initialize_megatron: feature gate, engine, communication and parallel state, tokenizer, seeds."""
     from mmrun import backend
     from mmrun.data.tokenizers import build_tokenizer, padded_vocab_size
 
     framework, device = _gate(args)
+    rank = backend.rank_env.read_rank_info().rank
+    say = (lambda message: print(message, flush=True)) if rank == 0 else (lambda message: None)
+    engine = engines.create(args, framework, say)
+    if framework == "pytorch":
+        from mmrun.backend.torch import process_group
+
+        # Megatron's initialize_megatron hands --distributed-timeout-minutes to init_process_group; torch only.
+        process_group.start(args.distributed_backend, timeout_minutes=args.distributed_timeout_minutes)
     info = backend.init_distributed(args.distributed_backend)
     if info.world_size != args.world_size:
         raise TrainingError(f"the launcher reports {info.world_size} processes but the arguments were checked for "
                             f"{args.world_size}; start the job through mmrun, torchrun or msrun")
     args.rank = info.rank
-    job = _Job(args=args, framework=framework, rank=info.rank)
+    job = _Job(args=args, framework=framework, rank=info.rank, engine=engine)
+    job.log(f"> setting random seeds to {args.seed} ...")
+    backend.seeding.seed_everything(args.seed)
+    job.layout = engine.initialize(args)  # after the common seeds: an engine may derive its own from them
+    parallel.set_layout(job.layout)
     tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.vocab_size,
                                 args.tokenizer_model)
-    args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by)
+    # A multiple of --make-vocab-size-divisible-by that the tensor-parallel ranks split evenly. Megatron pads to
+    # divisible-by x TP instead, which changes the network with the TP size; this keeps one network for all.
+    args.padded_vocab_size = padded_vocab_size(
+        tokenizer.vocab_size, math.lcm(args.make_vocab_size_divisible_by, args.tensor_model_parallel_size))
     global_vars.set_global_variables(args, tokenizer)
     job.log(f"> mmrun pretrain: {framework} {backend.load().version()} on {device}, world size {info.world_size} "
-            f"(data-parallel {args.data_parallel_size}), {args.num_micro_batches} micro-batch(es) of "
+            f"({job.layout.describe()}), engine {engine.name}, {args.num_micro_batches} micro-batch(es) of "
             f"{args.micro_batch_size} per step, global batch size {args.global_batch_size}")
     job.log(f" > padded vocab (size: {tokenizer.vocab_size}) with {args.padded_vocab_size - tokenizer.vocab_size} "
             f"dummy tokens (new size: {args.padded_vocab_size})")
-    job.log(f"> setting random seeds to {args.seed} ...")
-    backend.seeding.seed_everything(args.seed)
     return job
 
 
 def setup_model_and_optimizer(job: _Job, model_provider: Callable) -> None:
-    """model_provider(), cast to --fp16/--bf16, AdamW with Megatron's no-decay rule (fp32 main params
-    for a half-precision model), Megatron's LR schedule and loss scaler, then --load."""
-    from mmrun import backend
-    from mmrun.backend.grad_scaler import grad_scaler_for
+    """Megatron's LR schedule, then the engine builds model_provider()'s model (cast to --fp16/--bf16) and
+    its optimizer (AdamW with Megatron's no-decay rule, fp32 main params, the loss scaler), then --load."""
     from mmrun.backend.lr_schedule import LRSchedule
 
     args = job.args
-    # On the device before anything else refers to the parameters (the optimizer keeps them).
-    job.model = backend.device.to_device(model_provider(pre_process=True, post_process=True))
-    job.log(f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
-            f"{_count_parameters(job.model)}, on {_where(job.model)}")
-    precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
-    if precision != "fp32":
-        # Megatron's Float16Module: the model computes in half precision; the optimizer (built next,
-        # from the cast parameters) keeps the fp32 main params.
-        job.model.to(backend.tensors.dtype(precision))
-    job.grad_scaler = grad_scaler_for(precision, args.loss_scale, args.initial_loss_scale, args.min_loss_scale,
-                                      args.loss_scale_window, args.hysteresis)
-    if precision != "fp32":
-        scaling = ("no loss scaling" if job.grad_scaler is None else
-                   f"dynamic loss scale from {job.grad_scaler.scale:g}" if hasattr(job.grad_scaler, "hysteresis")
-                   else f"constant loss scale {job.grad_scaler.scale:g}")
-        job.log(f"> {precision} model with fp32 main params in the optimizer, {scaling}")
-    optim = backend.optim
-    job.optimizer = optim.AdamW(job.model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
-                                eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
     try:
         job.scheduler = LRSchedule.from_iterations(
             args.lr, args.train_iters, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
@@ -305,15 +263,19 @@ def setup_model_and_optimizer(job: _Job, model_provider: Callable) -> None:
     except ValueError as err:
         raise ArgumentsError(f"{err}. Received: --lr-warmup-iters {args.lr_warmup_iters}, --lr-warmup-fraction "
                              f"{args.lr_warmup_fraction}, --lr-decay-iters {args.lr_decay_iters}") from None
+    job.engine.build(model_provider, job.scheduler)
+    layout = job.layout
+    job.log(f" > number of parameters on (tensor, pipeline) model parallel rank ({layout.tp_rank}, "
+            f"{layout.pp_rank}): {job.engine.parameter_count()}, on {job.engine.device()}")
     if args.load:
-        job.progress = checkpointing.load_checkpoint(args, job.model, job.optimizer, job.scheduler, log=job.log,
-                                                     grad_scaler=job.grad_scaler)
+        job.progress = checkpointing.load_checkpoint(args, job.engine, job.scheduler, log=job.log)
     job.log(f"[after model, optimizer, and learning rate scheduler are built] datetime: {stamp()}")
 
 
 def build_train_valid_test_data_iterators(job: _Job, datasets_provider: Callable) -> tuple:
     """The datasets from the provider, wrapped in data-parallel loaders that start at the consumed
-    samples; returns (train iterator, valid iterator, test loader), None where a split is empty."""
+    samples; returns (train iterators, valid iterators, test loader), None where a split is empty (one
+    iterator per model chunk: more than one with virtual pipeline stages)."""
     from mmrun.data.gpt_dataset import train_valid_test_num_samples
 
     args, progress = job.args, job.progress
@@ -323,22 +285,25 @@ def build_train_valid_test_data_iterators(job: _Job, datasets_provider: Callable
     job.log(" > datasets target sizes (minimum size):\n"
             f"    train:      {num_samples[0]}\n    validation: {num_samples[1]}\n    test:       {num_samples[2]}")
     train_ds, valid_ds, test_ds = datasets_provider(num_samples)
-    dp_rank = job.rank  # data-parallel rank = global rank (tensor and pipeline sizes are 1)
-    train_loader = _build_loader(train_ds, progress.consumed_train_samples, args, dp_rank)
-    valid_loader = _build_loader(valid_ds, progress.consumed_valid_samples, args, dp_rank)
-    test_loader = _build_loader(test_ds, 0, args, dp_rank)
+    layout = job.layout
+    train_loader = _build_loader(train_ds, progress.consumed_train_samples, args, layout)
+    valid_loader = _build_loader(valid_ds, progress.consumed_valid_samples, args, layout)
+    test_loader = _build_loader(test_ds, 0, args, layout)
     if train_loader is None and progress.iteration < args.train_iters:
         raise TrainingError("train_valid_test_datasets_provider returned no training dataset; give the train "
                             "split a weight in --split")
     job.log(f"[after dataloaders are built] datetime: {stamp()}")
-    return (iter(train_loader) if train_loader is not None else None,
-            iter(valid_loader) if valid_loader is not None else None, test_loader)
+    return _iterators(train_loader, layout), _iterators(valid_loader, layout), test_loader
 
 
-def _evaluate_and_print(job: _Job, forward_step_func: Callable, prefix: str, iterator: Iterator,
+def _evaluate_and_print(job: _Job, forward_step_func: Callable, prefix: str, iterators: Sequence[Iterator],
                         kind: str) -> float | None:
     args = job.args
-    losses = evaluate(forward_step_func, iterator, job.model, args.eval_iters, args.num_micro_batches)
+    try:
+        losses = job.engine.evaluate(forward_step_func, iterators, args.eval_iters)
+    except StopIteration:
+        raise TrainingError("the validation/test data ran out during evaluation; use more data, a larger "
+                            "valid/test --split weight, or fewer --eval-iters") from None
     if kind == "valid":
         job.progress.consumed_valid_samples += args.eval_iters * args.global_batch_size
     job.log(validation_block(prefix, losses))
@@ -351,50 +316,48 @@ def _evaluate_and_print(job: _Job, forward_step_func: Callable, prefix: str, ite
     return loss
 
 
-def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, valid_iter: Iterator | None,
-          test_loader: Any) -> None:
+def _heartbeat_function() -> Callable[[], None]:
+    """The launcher's per-iteration sign of life (mmrun.launchers.heartbeat; a no-op outside an mmrun job).
+    A launcher without it (an older mmrun) leaves nothing to tell."""
+    try:
+        from mmrun.launchers.heartbeat import heartbeat
+    except ImportError:
+        return lambda: None
+    return heartbeat
+
+
+_heartbeat = _heartbeat_function()
+
+
+def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator] | None,
+          valid_iters: Sequence[Iterator] | None, test_loader: Any) -> None:
     """Megatron's train(): steps, logs, evaluations, saves, exits; then the final validation and test."""
     from mmrun import backend
 
     args, progress, result = job.args, job.progress, job.result
-    # MindSpore: compiled by default (same losses as PyNative, several times faster); --ms-jit insists.
-    jit = job.framework == "mindspore" and not getattr(args, "no_ms_jit", False)
-    plan = ForwardPlan(forward_step_func, job.model, jit=jit, jit_required=bool(getattr(args, "ms_jit", False)),
-                       notice=job.log)
-    step = None  # built after the first capture, when the plan knows whether the loss can be compiled
-    do_valid = valid_iter is not None and args.eval_iters > 0
+    do_valid = valid_iters is not None and args.eval_iters > 0
     last_saved = progress.iteration if args.load else None
 
     def save() -> None:
         nonlocal last_saved
         if last_saved != progress.iteration:
-            checkpointing.save_checkpoint(args, progress, job.model, job.optimizer, job.scheduler, log=job.log,
-                                          grad_scaler=job.grad_scaler)
+            checkpointing.save_checkpoint(args, progress, job.engine, job.scheduler, log=job.log)
             last_saved = progress.iteration
 
     job.log("training ...")
     job.log(f"[before the start of training step] datetime: {stamp()}")
-    job.model.train()
     stats = IntervalStats()
     wall_start = time.time()
     exited_early = False
     while progress.iteration < args.train_iters:
         start = time.perf_counter()
         try:
-            micro_batches = [plan.capture(train_iter) for _ in range(args.num_micro_batches)]
+            out = job.engine.train_step(forward_step_func, train_iters)
         except StopIteration:
             raise TrainingError(f"the training data ran out at iteration {progress.iteration + 1}; use more data "
                                 "or fewer --train-iters") from None
-        if step is None:
-            step = backend.train_step.TrainStep(job.model, job.optimizer, loss_fn=plan.loss,
-                                                lr_scheduler=job.scheduler, clip_grad=args.clip_grad,
-                                                increment=args.global_batch_size,
-                                                jit=plan.jit if job.framework == "mindspore" else None,
-                                                grad_scaler=job.grad_scaler)
-            if job.framework == "mindspore":
-                job.log(f"> MindSpore train step: {'mindspore.jit (graph)' if plan.jit else 'PyNative'}")
-        out = step(micro_batches)
         elapsed = time.perf_counter() - start
+        _heartbeat()  # tells `mmrun --watchdog-seconds N` that this rank lives, also between log lines
         progress.iteration += 1
         progress.consumed_train_samples += args.global_batch_size
         it = result.iteration = progress.iteration
@@ -412,7 +375,7 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
                                    out.loss_scale))
             stats = IntervalStats()
         if do_valid and args.eval_interval and it % args.eval_interval == 0:
-            _evaluate_and_print(job, forward_step_func, f"iteration {it}", valid_iter, "valid")
+            _evaluate_and_print(job, forward_step_func, f"iteration {it}", valid_iters, "valid")
         if args.save and args.save_interval and it % args.save_interval == 0:
             save()
         over_time = (args.exit_duration_in_mins is not None
@@ -435,9 +398,11 @@ def train(job: _Job, forward_step_func: Callable, train_iter: Iterator | None, v
         if args.save and it != 0:
             save()
         if do_valid:
-            _evaluate_and_print(job, forward_step_func, f"iteration {it} on validation set", valid_iter, "valid")
+            _evaluate_and_print(job, forward_step_func, f"iteration {it} on validation set", valid_iters, "valid")
         if test_loader is not None and args.eval_iters > 0:
-            _evaluate_and_print(job, forward_step_func, f"iteration {it} on test set", iter(test_loader), "test")
+            _evaluate_and_print(job, forward_step_func, f"iteration {it} on test set",
+                                _iterators(test_loader, job.layout), "test")
     job.metrics.write({"kind": "summary", "framework": job.framework, "iteration": progress.iteration,
                        "peak_rss_mb": result.peak_rss_mb, "peak_device_memory_mb": result.peak_device_memory_mb,
-                       "device": _where(job.model), "world_size": args.world_size})
+                       "device": job.engine.device(), "world_size": args.world_size,
+                       "engine": job.engine.name, "parallel": job.layout.to_json()})

@@ -6,8 +6,6 @@ launcher.
 """
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import numpy as np
@@ -16,13 +14,7 @@ import torch.distributed as dist
 
 from mmrun.backend import checks, object_codec, rank_env
 from mmrun.backend.errors import DistributedNotInitializedError
-from mmrun.backend.torch import device
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from mmrun.backend.torch import device, process_group
 
 
 def init_distributed(backend: str | None = None, *, single_process_group: bool = False) -> None:
@@ -30,22 +22,10 @@ def init_distributed(backend: str | None = None, *, single_process_group: bool =
 
     `single_process_group=True` also creates a one-rank group when there is no launcher, for
     libraries that insist on torch.distributed being initialised (megatron-core's parallel_state).
+    torch's default wait bound; the trainer sets Megatron's --distributed-timeout-minutes through
+    process_group.start() (torch only) before this runs.
     """
-    if dist.is_initialized():
-        return
-    info = rank_env.read_rank_info()
-    if info.world_size <= 1 and not single_process_group:
-        return
-    name = checks.dist_backend("pytorch", device.detect().kind, backend)
-    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        # env:// under torchrun reuses the agent's TCP store at MASTER_ADDR:MASTER_PORT; a tcp:// URL
-        # to the same port would try to open a second store there.
-        init_method = "env://"
-    elif info.world_size <= 1:
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-    else:
-        init_method = f"tcp://{info.master_addr}:{info.master_port}"
-    dist.init_process_group(name, init_method=init_method, rank=info.rank, world_size=info.world_size)
+    process_group.start(backend, single_process_group=single_process_group)
 
 
 def destroy_distributed() -> None:

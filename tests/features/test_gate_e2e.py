@@ -30,6 +30,16 @@ EXTRA_SCRIPT_ARGS = {
 }
 TWO_PROCESSES = {"backend-gloo", "backend-mccl"}  # a communication backend only acts with world size > 1
 EXCLUSIVE = [{"fp16", "bf16"}]  # the arguments refuse these together
+# Model and optimizer parallelism (megatron-core on PyTorch): each trigger trains alone, on the processes and
+# with the arguments that make it mean something (a layout the tiny GPT splits evenly).
+PARALLEL = {
+    "tensor-parallel": (2, []),
+    "pipeline-parallel": (2, []),
+    "virtual-pipeline": (2, ["--pipeline-model-parallel-size", "2", "--num-layers", "8", "--global-batch-size", "4"]),
+    "context-parallel": (2, []),
+    "sequence-parallel": (2, ["--tensor-model-parallel-size", "2"]),
+    "distributed-optimizer": (2, ["--global-batch-size", "4"]),
+}
 
 
 def needs_entry() -> None:
@@ -104,6 +114,8 @@ def supported_runs(framework: str) -> list[list[tuple[ft.Feature, ft.Trigger]]]:
     (--ckpt-format torch_dcp vs safetensors) cannot, nor can exclusive entries (--fp16 and --bf16).
     """
     def fits(run: list[tuple[ft.Feature, ft.Trigger]], entry: ft.Feature, trig: ft.Trigger) -> bool:
+        if entry.name in PARALLEL or any(e.name in PARALLEL for e, _ in run):
+            return False
         return all(t.flag != trig.flag and {e.name, entry.name} not in EXCLUSIVE for e, t in run)
 
     trainer = ft.load_tables().layer("trainer")
@@ -140,7 +152,11 @@ def test_every_supported_cpu_entry_trains(framework, run, tmp_path):
     args = [tok for entry, trig in run for tok in trig.example_tokens()]
     for name in names:
         args += EXTRA_SCRIPT_ARGS.get(name, lambda tmp: [])(tmp_path)
-    if names & TWO_PROCESSES:
+    parallel = [PARALLEL[name] for name in names if name in PARALLEL]
+    if parallel:
+        nproc, extra = parallel[0]
+        code, out, _ = mmrun(framework, args + extra, tmp_path, nproc=nproc, timeout=300)
+    elif names & TWO_PROCESSES:
         code, out, _ = mmrun(framework, args, tmp_path, nproc=2, timeout=300)
     else:
         code, out = direct(framework, args)

@@ -106,3 +106,48 @@ def tk():
         def data_args(data: dict) -> list[str]:
             return ["--data-path", data["data_path"], "--vocab-file", data["vocab"], "--merge-file", data["merges"]]
     return Toolkit
+
+
+# The GPT the megatron-core parity and checkpoint tests train: the tiny GPT with 4 layers (2 pipeline stages x
+# 2 virtual stages), 8 iterations, a validation at 4 and 8, synthetic tokens.
+MCORE_GPT = [*TINY_GPT, "--num-layers", "4", "--train-iters", "8", "--eval-interval", "4", "--log-interval", "1",
+             "--mock-data"]
+# name -> (processes, extra arguments). "mmrun-gpt" is mmrun's own GPT on its own engine; the others train
+# megatron-core's GPTModel; tp2pp2 and dp2-distopt also save at iteration 4 (and 8).
+MCORE_RUNS = {
+    "mmrun-gpt": (1, []),
+    "mcore": (1, ["--use-mcore-models"]),
+    "tp2": (2, ["--use-mcore-models", "--tensor-model-parallel-size", "2"]),
+    "pp2": (2, ["--use-mcore-models", "--pipeline-model-parallel-size", "2"]),
+    "tp2pp2": (4, ["--use-mcore-models", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                   "--save-interval", "4"]),
+    "dp2-distopt": (2, ["--use-mcore-models", "--use-distributed-optimizer", "--save-interval", "4"]),
+    "pp2-vpp2": (2, ["--use-mcore-models", "--pipeline-model-parallel-size", "2",
+                     "--virtual-pipeline-model-parallel-size", "2"]),
+    "tp2-sp": (2, ["--use-mcore-models", "--tensor-model-parallel-size", "2", "--sequence-parallel"]),
+    "cp2": (2, ["--use-mcore-models", "--context-parallel-size", "2"]),
+}
+
+
+@pytest.fixture(scope="session")
+def mcore_runs(tmp_path_factory):
+    """mcore_runs(name) -> Run: each of MCORE_RUNS trained once per session through `mmrun` (torchrun);
+    `mcore_runs.ckpt(name)` is its --save directory."""
+    base = tmp_path_factory.mktemp("mcore_runs")
+    done: dict[str, Run] = {}
+
+    class Runs:
+        args = tuple(MCORE_GPT)
+
+        def __call__(self, name: str) -> Run:
+            if name not in done:
+                nproc, extra = MCORE_RUNS[name]
+                done[name] = run_training(base / name, [*MCORE_GPT, *extra, "--save", str(self.ckpt(name))],
+                                          nproc=nproc, timeout=400)
+                assert done[name].returncode == 0, done[name].output[-4000:]
+            return done[name]
+
+        @staticmethod
+        def ckpt(name: str) -> Path:
+            return base / name / "ckpt"
+    return Runs()

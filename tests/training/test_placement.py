@@ -43,7 +43,8 @@ def stepped():
     args = parse_args(TINY + ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"])
     job = pretrain.initialize(args)
     pretrain.setup_model_and_optimizer(job, pretrain_gpt.model_provider)
-    train_iter, _, _ = pretrain.build_train_valid_test_data_iterators(job, pretrain_gpt.train_valid_test_datasets_provider)
+    train_iters, _, _ = pretrain.build_train_valid_test_data_iterators(job, pretrain_gpt.train_valid_test_datasets_provider)
+    train_iter = train_iters[0]  # one per model chunk; mmrun's engine has one
     plan = ForwardPlan(pretrain_gpt.forward_step, job.model, jit=False)
     step = backend.train_step.TrainStep(job.model, job.optimizer, loss_fn=plan.loss, lr_scheduler=job.scheduler,
                                         clip_grad=1.0, increment=args.global_batch_size)

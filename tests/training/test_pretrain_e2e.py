@@ -256,7 +256,7 @@ def test_corrupt_checkpoint_file_is_refused(runs, demo_data, tmp_path, tk):
 
 
 @pytest.mark.parametrize("extra, expected", [
-    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size 2 (tensor parallelism) is not supported"),
+    (["--tensor-model-parallel-size", "2"], "the world size (1) must be a multiple of --tensor-model-parallel-size"),
     (["--fp16", "--bf16"], "--fp16 and --bf16 cannot both be given"),
     (["--hidden_sise", "64"], "unrecognized argument '--hidden_sise'"),
 ])

@@ -1,0 +1,94 @@
+"""megatron-core made ready for this process's device, once: imported quietly, shimmed only on CPU.
+
+- CPU: cpu_shims.install() (every substitution megatron-core needs there, each with its reason).
+- Ascend NPU: torch_npu's `transfer_to_npu` maps megatron-core's CUDA calls to the NPU (MindSpeed's way);
+  nothing of mmrun's is patched. Not run here (no NPU).
+- CUDA: megatron-core as it is. Not run here (no GPU).
+
+megatron-core warns at import that Transformer Engine and Apex are missing (once per module, on every
+rank); `prepare()` says it once, on rank 0, in its own words instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from typing import Any
+
+from mmrun.backend.errors import BackendError
+
+_prepared: str | None = None
+
+
+class MegatronCoreMissingError(BackendError):
+    """megatron-core (or Transformer Engine when asked for) is not installed: one line, exit 2."""
+
+    exit_code = 2
+
+
+def device_kind() -> str:
+    from mmrun.backend.torch import device
+
+    return device.detect().kind
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("megatron-core")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def prepare() -> str:
+    """Import megatron-core for this device (installing the CPU shims on CPU); returns the device kind."""
+    global _prepared
+    if _prepared is not None:
+        return _prepared
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        raise MegatronCoreMissingError(
+            "megatron-core is not installed, and the megatron-core engine needs it (--use-mcore-models, or a "
+            "tensor/pipeline/context-parallel size above 1, or --use-distributed-optimizer). Received: no "
+            "module megatron.core; pip install megatron-core (0.16 is tested)")
+    kind = device_kind()
+    if kind == "npu":
+        import torch_npu.contrib.transfer_to_npu  # noqa: F401  (megatron-core's CUDA calls go to the NPU)
+    with warnings.catch_warnings():
+        # "Transformer Engine and Apex are not installed. Falling back to ...": said by module, every rank.
+        warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex|apex).*")
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core.*")
+        import megatron.core.distributed  # noqa: F401
+        import megatron.core.models.gpt  # noqa: F401
+        import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+        import megatron.core.optimizer  # noqa: F401
+        import megatron.core.pipeline_parallel  # noqa: F401
+    if kind == "cpu":
+        from mmrun.backend.torch.megatron_core import cpu_shims
+
+        cpu_shims.install()
+        # A CUDA stream tuning hint, said by every rank at its first tensor-parallel backward; no CUDA here.
+        warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+    _prepared = kind
+    return kind
+
+
+def require_parallel_state() -> None:
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        raise RuntimeError("megatron-core's parallel state is not initialised: build the GPTModel from the entry's "
+                           "model_provider while mmrun's pretrain() runs with the megatron-core engine")
+
+
+def require_transformer_engine() -> None:
+    if device_kind() != "cuda" or importlib.util.find_spec("transformer_engine") is None:
+        raise MegatronCoreMissingError(
+            f"--transformer-impl transformer_engine needs Transformer Engine on an NVIDIA GPU. Received: device "
+            f"{device_kind()}, transformer_engine {'installed' if importlib.util.find_spec('transformer_engine') else 'not installed'}; "
+            "use --transformer-impl local (megatron-core's local layer spec)")
+
+
+def installed_kernels() -> dict[str, Any]:
+    """What megatron-core found at import (for the start-up log line)."""
+    return {"transformer_engine": importlib.util.find_spec("transformer_engine") is not None,
+            "apex": importlib.util.find_spec("apex") is not None}

@@ -1,0 +1,94 @@
+"""Training engines: what runs the model for mmrun's training loop (the seam is base.py's `Engine`).
+
+    engine = engines.create(args, framework, log)    # picks by ENGINES, below
+    layout = engine.initialize(args)                  # ... see base.py for the whole sequence
+
+ENGINES lists them, first match wins; adding an engine (the MindSpore tensor/pipeline-parallel one next)
+is one row here and a class implementing base.Engine:
+
+| engine | framework | chosen when | module |
+|---|---|---|---|
+| megatron-core | pytorch | --use-mcore-models, or any of: --tensor-/--pipeline-/--context-parallel-size > 1, virtual pipeline stages, --use-distributed-optimizer, --transformer-impl transformer_engine | backend/torch/megatron_core/engine.py |
+| mmrun | pytorch, mindspore | otherwise (data parallelism) | training/engines/portable.py |
+
+On PyTorch a parallel flag without --use-mcore-models turns it on, with one notice: mmrun's GPT does not
+split layers, and megatron-core's GPTModel built from the same arguments starts from the same weights
+(models/convert_gpt.py), so the run trains the same network. Megatron-LM itself builds mcore models
+unless --use-legacy-models is given.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mmrun.training.engines.base import MODEL_NAMES, Engine, ParallelLayout, ShardState  # noqa: F401
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    name: str
+    frameworks: tuple[str, ...]
+    wants_parallelism: bool  # chosen for model/optimizer parallelism and --use-mcore-models
+    factory: str  # "module:Class", imported only when chosen
+
+
+ENGINES: tuple[EngineRow, ...] = (
+    EngineRow("megatron-core", ("pytorch",), True, "mmrun.backend.torch.megatron_core.engine:MegatronCoreEngine"),
+    EngineRow("mmrun", ("pytorch", "mindspore"), False, "mmrun.training.engines.portable:PortableEngine"),
+)
+
+
+def parallel_flags(args: argparse.Namespace) -> list[str]:
+    """The flags of this run that only the megatron-core engine implements (model parallelism, the
+    distributed optimizer, Transformer Engine layers), as given."""
+    given = []
+    for flag, dest in (("--tensor-model-parallel-size", "tensor_model_parallel_size"),
+                       ("--pipeline-model-parallel-size", "pipeline_model_parallel_size"),
+                       ("--context-parallel-size", "context_parallel_size")):
+        if (getattr(args, dest, 1) or 1) > 1:
+            given.append(f"{flag} {getattr(args, dest)}")
+    if (getattr(args, "virtual_pipeline_model_parallel_size", None) or 1) > 1:
+        given.append(f"--virtual-pipeline-model-parallel-size {args.virtual_pipeline_model_parallel_size}")
+    if getattr(args, "use_distributed_optimizer", False):
+        given.append("--use-distributed-optimizer")
+    if getattr(args, "transformer_impl", "local") == "transformer_engine":
+        given.append("--transformer-impl transformer_engine")
+    return given
+
+
+def choose(args: argparse.Namespace, framework: str) -> EngineRow:
+    """The engine for this run (first row of ENGINES that fits)."""
+    wants = bool(getattr(args, "use_mcore_models", False)) or bool(parallel_flags(args))
+    for row in ENGINES:
+        if framework in row.frameworks and (wants or not row.wants_parallelism):
+            return row
+    raise LookupError(f"no training engine runs {'parallel ' if wants else ''}training on {framework}")
+
+
+def create(args: argparse.Namespace, framework: str, log: Callable[[str], None]) -> Engine:
+    """Pick the engine (ENGINES), say why when a flag chose it, and build it (not yet initialised)."""
+    row = choose(args, framework)
+    if row.name == "megatron-core" and not getattr(args, "use_mcore_models", False):
+        flags = ", ".join(parallel_flags(args))
+        log(f"notice: {flags}: mmrun's GPT implements none of this, so this run trains megatron-core's GPTModel "
+            "(the same network and initial weights; checkpoint tensors get megatron-core's names); pass "
+            "--use-mcore-models to say so")
+        args.use_mcore_models = True
+    module, _, cls = row.factory.partition(":")
+    return getattr(importlib.import_module(module), cls)(args, framework, log)
+
+
+def core_gpt_model(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> Any:
+    """megatron-core's GPTModel for this stage from the run's arguments, starting from mmrun's GPT weights
+    (backend/torch/megatron_core/gpt.py). For an entry's model_provider under --use-mcore-models."""
+    from mmrun.training.global_vars import get_args
+
+    args = get_args()
+    if args.ai_framework != "pytorch":
+        raise RuntimeError(f"megatron-core's GPTModel is a PyTorch model. Received: --ai-framework {args.ai_framework}; "
+                           "drop --use-mcore-models on MindSpore")
+    from mmrun.backend.torch.megatron_core.gpt import gpt_model
+
+    return gpt_model(args, pre_process, post_process, vp_stage)
