@@ -169,11 +169,12 @@ def worker_mcore(s: dict, precision: str, iters: int, warmup: int) -> dict:
     if dev == "cuda":
         tensor_parallel.model_parallel_cuda_manual_seed(0)
     else:
-        # megatron-core allocates its attention buffer on torch.cuda.current_device(); on CPU that device is
-        # "cpu" (the workaround measured in shared/notes/torch-npu-megatron.md).
-        torch.cuda.current_device = lambda: "cpu"
+        # megatron-core assumes CUDA; on CPU the row runs with the same shims mmrun's megatron-core engine uses
+        from mmrun.backend.torch.megatron_core import cpu_shims
+
+        cpu_shims.install()
         torch.manual_seed(0)
-        tensor_parallel.model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)  # no CUDA RNG to seed
+        tensor_parallel.model_parallel_cuda_manual_seed(0)
     bf16 = precision == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
     cfg = TransformerConfig(num_layers=s["layers"], hidden_size=s["hidden"], num_attention_heads=s["heads"],
