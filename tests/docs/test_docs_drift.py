@@ -67,13 +67,16 @@ def _check(example: docs_examples.Example, produced: str | docs_examples.Example
                                f"{_diff(shown, produced, example.page)}")
 
 
+def _produce(example: docs_examples.Example) -> str | docs_examples.ExampleError:
+    try:
+        return docs_examples.produce(example)
+    except docs_examples.ExampleError as err:
+        return err
+
+
 @pytest.mark.parametrize("example", [pytest.param(e, id=e.key) for e in FAST])
 def test_example_output_is_what_its_commands_print_now(example: docs_examples.Example):
-    try:
-        produced: str | docs_examples.ExampleError = docs_examples.produce(example)
-    except docs_examples.ExampleError as err:
-        produced = err
-    _check(example, produced)
+    _check(example, _produce(example))
 
 
 @pytest.fixture(scope="module")
@@ -87,4 +90,11 @@ def slow_outputs(request) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("example", [pytest.param(e, id=e.key) for e in SLOW])
 def test_slow_example_output_is_what_its_commands_print_now(example: docs_examples.Example, slow_outputs: dict):
-    _check(example, slow_outputs[example.key])
+    produced = slow_outputs[example.key]
+    shown = docs_pages.example_blocks((REPO / example.page).read_text(encoding="utf-8")).get(example.name)
+    if produced != shown:
+        # Ranks of one job write at the same moment; on a loaded machine a launcher's log relay can
+        # interleave them (seen under a load average of 6 to 10). Drift shows again on a second run,
+        # an interleaving does not.
+        produced = _produce(example)
+    _check(example, produced)
