@@ -36,6 +36,8 @@ class EngineRow:
 
 ENGINES: tuple[EngineRow, ...] = (
     EngineRow("megatron-core", ("pytorch",), True, "mmrun.backend.torch.megatron_core.engine:MegatronCoreEngine"),
+    EngineRow("mindspore-parallel", ("mindspore",), True,
+              "mmrun.backend.mindspore.parallel.trainer_engine:MindSporeParallelEngine"),
     EngineRow("mmrun", ("pytorch", "mindspore"), False, "mmrun.training.engines.portable:PortableEngine"),
 )
 
