@@ -91,20 +91,13 @@ class MindSporeParallelEngine:
         return self.layout
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
-        from mmrun.models.convert_gpt import GPTShape, Layout, initial_shard
         from mmrun.models.megatron_gpt import build_engine
 
         args = self.args
         self.log("building GPT model (megatron-core's GPTModel on MindSpore: models/megatron_gpt.py; the entry's "
                  "model_provider is not called) ...")
+        # Its initial weights are the PyTorch megatron-core engine's for this rank (convert_gpt.initial_shard).
         self.step = build_engine(args, jit=not args.no_ms_jit)
-        # The PyTorch megatron-core engine's initial weights (backend/torch/megatron_core/gpt.py) for this rank.
-        self.step.model.load_rank_state_dict(initial_shard(
-            GPTShape(args.num_layers, args.hidden_size, args.num_attention_heads,
-                     not args.untie_embeddings_and_output_weights),
-            Layout(self.layout.tp, self.layout.pp), self.layout.tp_rank, self.layout.pp_rank,
-            vocab_size=args.padded_vocab_size, max_position_embeddings=args.max_position_embeddings,
-            ffn_hidden_size=args.ffn_hidden_size, seed=args.seed, std=args.init_method_std))
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
         self.log(f"> MindSpore parallel train step: {'mindspore.jit (graph)' if self.step.jit else 'PyNative'}")
