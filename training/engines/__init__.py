@@ -98,7 +98,7 @@ def core_gpt_model(pre_process: bool = True, post_process: bool = True, vp_stage
     args = get_args()
     if args.ai_framework != "pytorch":
         raise RuntimeError(f"megatron-core's GPTModel is a PyTorch model. Received: --ai-framework {args.ai_framework}; "
-                           "drop --use-mcore-models on MindSpore")
+                           "on MindSpore the mindspore-parallel engine builds it (models/megatron_gpt.py) without calling model_provider")
     from mmrun.backend.torch.megatron_core.gpt import gpt_model
 
     return gpt_model(args, pre_process, post_process, vp_stage)
