@@ -226,6 +226,11 @@ def _tp_dim(base: str) -> int | None:
     return _TP_DIM.get(m.group(1) if m else base)
 
 
+def tp_partition_dim(name: str) -> int | None:
+    """The dim tensor parallelism splits a megatron-core tensor (or its optimizer state) on; None: whole on every rank."""
+    return _tp_dim(_split_suffix(name)[0])
+
+
 def _tp_slice(a: np.ndarray, dim: int | None, tp: int, rank: int) -> np.ndarray:
     if dim is None or tp == 1:
         return a

@@ -21,17 +21,19 @@ gives each rank whole heads, as megatron-core's ColumnParallelLinear does. Pipel
 stage are local; `global_layer_name` maps back). The `_extra_state` entries megatron-core also puts in its
 state dict are None for this spec and are not parameters: they are left out.
 
-Used by the MindSpore tensor/pipeline-parallel engine to shard the same initial weights as megatron-core gets,
-and by its parity tests on both frameworks. numpy only.
+Used by the MindSpore tensor/pipeline-parallel engine to build its layers and by its parity tests on both
+frameworks. Shards, joins and initial weights are models/convert_gpt.py's (the checkpoint converter's), so the
+MindSpore engine starts from the weights the PyTorch megatron-core engine starts from. numpy only.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 import numpy as np
+
+from mmrun.models import convert_gpt as cg
 
 WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
 POSITION_EMBEDDINGS = "embedding.position_embeddings.weight"
@@ -39,24 +41,22 @@ OUTPUT_LAYER = "output_layer.weight"
 FINAL_LAYERNORM = "decoder.final_layernorm"
 LAYER_PREFIX = "decoder.layers."
 
-# Per-layer parameters in megatron-core's state_dict order: suffix -> (shape in terms of hidden h and ffn f,
-# TP partition dim or None).
-_LAYER_PARAMS: dict[str, tuple[str, int | None]] = {
-    "input_layernorm.weight": ("h", None),
-    "input_layernorm.bias": ("h", None),
-    "self_attention.linear_proj.weight": ("h,h", 1),
-    "self_attention.linear_proj.bias": ("h", None),
-    "self_attention.linear_qkv.weight": ("3h,h", 0),
-    "self_attention.linear_qkv.bias": ("3h", 0),
-    "pre_mlp_layernorm.weight": ("h", None),
-    "pre_mlp_layernorm.bias": ("h", None),
-    "mlp.linear_fc1.weight": ("f,h", 0),
-    "mlp.linear_fc1.bias": ("f", 0),
-    "mlp.linear_fc2.weight": ("h,f", 1),
-    "mlp.linear_fc2.bias": ("h", None),
+# Per-layer parameters in megatron-core's state_dict order: suffix -> shape in terms of hidden h and ffn f (the
+# dim tensor parallelism splits is convert_gpt's table).
+_LAYER_PARAMS: dict[str, str] = {
+    "input_layernorm.weight": "h",
+    "input_layernorm.bias": "h",
+    "self_attention.linear_proj.weight": "h,h",
+    "self_attention.linear_proj.bias": "h",
+    "self_attention.linear_qkv.weight": "3h,h",
+    "self_attention.linear_qkv.bias": "3h",
+    "pre_mlp_layernorm.weight": "h",
+    "pre_mlp_layernorm.bias": "h",
+    "mlp.linear_fc1.weight": "f,h",
+    "mlp.linear_fc1.bias": "f",
+    "mlp.linear_fc2.weight": "h,f",
+    "mlp.linear_fc2.bias": "h",
 }
-# Megatron's scaled init (std / sqrt(2 * num_layers)) is for the two projections back into the residual stream.
-_SCALED_INIT = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
 _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 
@@ -89,7 +89,7 @@ class GPTLayout:
         shapes = {WORD_EMBEDDINGS: (self.vocab_size, self.hidden_size),
                   POSITION_EMBEDDINGS: (self.max_position_embeddings, self.hidden_size)}
         for layer in range(self.num_layers):
-            for suffix, (shape, _) in _LAYER_PARAMS.items():
+            for suffix, shape in _LAYER_PARAMS.items():
                 shapes[f"{LAYER_PREFIX}{layer}.{suffix}"] = tuple(dims[d] for d in shape.split(","))
         shapes[f"{FINAL_LAYERNORM}.weight"] = (self.hidden_size,)
         shapes[f"{FINAL_LAYERNORM}.bias"] = (self.hidden_size,)
@@ -102,10 +102,7 @@ class GPTLayout:
     @staticmethod
     def partition_dim(name: str) -> int | None:
         """The dim megatron-core splits `name` on over tensor-parallel ranks; None when every rank holds it whole."""
-        if name in (WORD_EMBEDDINGS, OUTPUT_LAYER):
-            return 0
-        match = _LAYER_NAME.match(name)
-        return _LAYER_PARAMS[match.group(2)][1] if match and match.group(2) in _LAYER_PARAMS else None
+        return cg.tp_partition_dim(name)
 
     @staticmethod
     def is_sequence_parallel(name: str) -> bool:
@@ -174,31 +171,33 @@ class GPTLayout:
             shapes[name] = tuple(shape)
         return shapes
 
+    # Shards, joins and initial weights are models/convert_gpt.py's (the checkpoint converter's): one copy.
+
+    def _shape(self) -> "cg.GPTShape":
+        return cg.GPTShape(self.num_layers, self.hidden_size, self.num_attention_heads,
+                           not self.untie_embeddings_and_output_weights)
+
+    def _in_rank_order(self, state: Mapping[str, np.ndarray], pp: int, pp_rank: int) -> dict[str, np.ndarray]:
+        return {name: state[name] for name, _ in self._rank_sources(pp, pp_rank)}
+
     def shard(self, full: Mapping[str, np.ndarray], tp: int, pp: int, tp_rank: int,
               pp_rank: int) -> dict[str, np.ndarray]:
-        """This rank's parameters cut from the whole model's state (copies, not views)."""
+        """This rank's parameters cut from the whole model's state (convert_gpt.shard, in state_dict order)."""
         self.check_parallel_sizes(tp, pp)
         self._check_full(full)
-        return {name: _split(full[source], self.partition_dim(name), tp, tp_rank)
-                for name, source in self._rank_sources(pp, pp_rank)}
+        cut = cg.shard(full, self._shape(), cg.Layout(tp, pp), tp_rank, pp_rank)
+        return {name: np.array(value) for name, value in self._in_rank_order(cut, pp, pp_rank).items()}
 
     def join(self, shards: Mapping[tuple[int, int], Mapping[str, np.ndarray]], tp: int,
              pp: int) -> dict[str, np.ndarray]:
-        """The whole model's state from every rank's shard, keyed by (tp_rank, pp_rank); the inverse of `shard`.
-        The last stage's tied copy of the word embeddings is not part of the whole model and is dropped."""
+        """The whole model's state from every rank's shard, keyed by (tp_rank, pp_rank); the inverse of `shard`
+        (convert_gpt.join). The last stage's tied copy of the word embeddings is not part of the whole model."""
         self.check_parallel_sizes(tp, pp)
         missing = sorted({(t, p) for t in range(tp) for p in range(pp)} - set(shards))
         if missing:
             raise LayoutError(f"join needs the shard of every (tp_rank, pp_rank); missing {missing}")
-        full: dict[str, np.ndarray] = {}
-        for pp_rank in range(pp):
-            for name, source in self._rank_sources(pp, pp_rank):
-                if name == OUTPUT_LAYER and not self.untie_embeddings_and_output_weights:
-                    continue
-                pieces = [np.asarray(shards[(t, pp_rank)][name]) for t in range(tp)]
-                dim = self.partition_dim(name)
-                full[source] = pieces[0].copy() if dim is None else np.concatenate(pieces, axis=dim)
-        return {name: full[name] for name in self.full_shapes()}
+        full = cg.join(shards, self._shape(), cg.Layout(tp, pp))
+        return {name: np.asarray(full[name]) for name in self.full_shapes()}
 
     def _check_full(self, full: Mapping[str, np.ndarray]) -> None:
         expected = self.full_shapes()
@@ -211,43 +210,21 @@ class GPTLayout:
 
     # ---------------------------------------------------------------- initial weights
 
-    def init_value(self, name: str, rng: np.random.Generator, init_method_std: float,
-                   dtype: np.dtype = np.float32) -> np.ndarray:
-        """Megatron's init of one whole parameter of the full model: N(0, std) weights, N(0, std/sqrt(2L)) for
-        linear_proj and linear_fc2, zero biases, LayerNorm weight 1 and bias 0."""
-        shape = self.full_shapes()[name]
-        if "layernorm" in name:
-            return (np.ones if name.endswith("weight") else np.zeros)(shape, dtype=dtype)
-        if name.endswith("bias"):
-            return np.zeros(shape, dtype=dtype)
-        std = init_method_std / math.sqrt(2.0 * self.num_layers) if name.endswith(_SCALED_INIT) else init_method_std
-        return (rng.standard_normal(shape) * std).astype(dtype)
-
     def init_full(self, seed: int, init_method_std: float = 0.02) -> dict[str, np.ndarray]:
-        """The whole model's initial state from one seed, drawn in sorted-name order."""
-        rng = np.random.default_rng(seed)
-        values = {name: self.init_value(name, rng, init_method_std) for name in sorted(self.full_shapes())}
-        return {name: values[name] for name in self.full_shapes()}
+        """The whole model's initial state from one seed: mmrun's GPT init (convert_gpt.mmrun_initial_weights:
+        Megatron's N(0, std), N(0, std / sqrt(2L)) for linear_proj and linear_fc2, zero biases, LayerNorm 1 and 0,
+        drawn with numpy in mmrun's name order), in megatron-core's names and QKV layout."""
+        shape = self._shape()
+        shapes = cg.mmrun_parameter_shapes(shape, self.vocab_size, self.max_position_embeddings, self.ffn_hidden_size)
+        full = cg.mmrun_to_mcore(dict(cg.mmrun_initial_weights(shapes, seed, init_method_std, self.num_layers)), shape)
+        return {name: full[name] for name in self.full_shapes()}
 
     def init_rank(self, seed: int, init_method_std: float, tp: int, pp: int, tp_rank: int,
                   pp_rank: int) -> dict[str, np.ndarray]:
-        """This rank's shard of `init_full(seed)`, equal to `shard(init_full(seed), ...)`, holding only one whole
-        parameter at a time (as Megatron's CPU initialisation draws the master weight and keeps its slice)."""
+        """This rank's shard of `init_full(seed)` (convert_gpt.initial_shard: one whole parameter in memory at a
+        time), the weights the PyTorch megatron-core engine starts from (backend/torch/megatron_core/gpt.py)."""
         self.check_parallel_sizes(tp, pp)
-        wanted: dict[str, list[str]] = {}
-        for name, source in self._rank_sources(pp, pp_rank):
-            wanted.setdefault(source, []).append(name)
-        rng = np.random.default_rng(seed)
-        out: dict[str, np.ndarray] = {}
-        for source in sorted(self.full_shapes()):
-            value = self.init_value(source, rng, init_method_std)  # drawn on every rank: the stream stays aligned
-            for name in wanted.get(source, ()):
-                out[name] = _split(value, self.partition_dim(name), tp, tp_rank)
-        return {name: out[name] for name, _ in self._rank_sources(pp, pp_rank)}
-
-
-def _split(value: np.ndarray, dim: int | None, parts: int, index: int) -> np.ndarray:
-    value = np.asarray(value)
-    if dim is None or parts == 1:
-        return value.copy()
-    return np.split(value, parts, axis=dim)[index].copy()
+        drawn = cg.initial_shard(self._shape(), cg.Layout(tp, pp), tp_rank, pp_rank, vocab_size=self.vocab_size,
+                                 max_position_embeddings=self.max_position_embeddings,
+                                 ffn_hidden_size=self.ffn_hidden_size, seed=seed, std=init_method_std)
+        return self._in_rank_order(drawn, pp, pp_rank)

@@ -21,7 +21,9 @@ sizes; this entry fills in a tiny CPU-sized GPT for whatever is not given (CPU_D
 
 With --use-mcore-models (PyTorch) the model is megatron-core's GPTModel, the same network starting from
 the same weights, and the tensor/pipeline/context-parallel flags split it (docs/parallelism.md); get_batch
-then reads data only on the first and last pipeline stages, as Megatron's does.
+then reads data only on the first and last pipeline stages, as Megatron's does. On MindSpore the same flags
+train megatron-core's GPTModel rebuilt on MindSpore (docs/parallelism-mindspore.md); that engine reads the
+micro-batches itself and calls none of these callbacks.
 """
 from functools import partial
 

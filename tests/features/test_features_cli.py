@@ -34,9 +34,11 @@ def test_table_shows_both_layers_with_every_entry_they_list(capsys):
         assert set(rows) == {name for name in TABLES.layer(layer).cells}
     stack, trainer = matrix_rows(out, "[stack]"), matrix_rows(out, "[mmrun trainer]")
     # last columns are mindspore npu, cuda, cpu: bf16 stops on the CPU (no kernels) in both layers; the stack runs tensor
-    # parallelism on MindSpore + Ascend and does not know about the CPU, mmrun's trainer refuses it everywhere
+    # and context parallelism on MindSpore + Ascend and does not know about the CPU; mmrun's trainer runs tensor
+    # parallelism on MindSpore's CPU (its MindSpore parallel engine) and refuses context parallelism everywhere
     assert (stack["bf16"][-1], trainer["bf16"][-1]) == ("NO", "NO")
-    assert (stack["tensor-parallel"][-3:], trainer["tensor-parallel"][-1]) == (["yes", "?", "?"], "NO")
+    assert (stack["tensor-parallel"][-3:], trainer["tensor-parallel"][-1]) == (["yes", "?", "?"], "yes")
+    assert (stack["context-parallel"][-3:], trainer["context-parallel"][-3:]) == (["yes", "?", "?"], ["NO"] * 3)
     assert trainer["backend-nccl"][-1] == "->mccl"
     assert "? = unknown" in out
 
@@ -116,7 +118,7 @@ def test_check_judges_a_users_script_by_the_stack(capsys):
 
 def test_check_with_mmruns_trainer_as_entry_adds_the_trainer_layer(capsys):
     code, out, _ = run(capsys, "--ai-framework", "mindspore", "--device", "cpu", "--entry", "models/pretrain_gpt.py",
-                       "--check", "--transformer-impl local --bf16 --tensor-model-parallel-size 2 --ckpt-format torch")
+                       "--check", "--transformer-impl local --bf16 --context-parallel-size 2 --ckpt-format torch")
     assert code == 2
     assert [line.split(": [")[0] + " " + line.split("] ")[0].split("[")[1] for line in out.splitlines()] == [
         "ok mmrun trainer", "error stack", "error mmrun trainer", "unknown stack", "error mmrun trainer",

@@ -96,12 +96,14 @@ def test_check_flags_follows_the_layer(layer, feature, trig, fw, dev):
     (["--fp16"], "pytorch", "cuda", "trainer", "supported"),
     (["--use-flash-attn"], "mindspore", "cpu", "trainer", "fallback"),
     (["--tensor-model-parallel-size", "2"], "pytorch", "cuda", "trainer", "supported"),  # megatron-core's engine
-    (["--tensor-model-parallel-size", "2"], "mindspore", "cpu", "trainer", "unsupported"),
-    (["--pipeline-model-parallel-size", "4"], "mindspore", "npu", "trainer", "unsupported"),
+    (["--tensor-model-parallel-size", "2"], "mindspore", "cpu", "trainer", "supported"),  # MindSpore parallel engine
+    (["--pipeline-model-parallel-size", "4"], "mindspore", "npu", "trainer", "supported"),
+    (["--sequence-parallel"], "mindspore", "cpu", "trainer", "supported"),
+    (["--virtual-pipeline-model-parallel-size", "2"], "mindspore", "cpu", "trainer", "unsupported"),
     (["--context-parallel-size", "2"], "pytorch", "cpu", "trainer", "supported"),  # measured: losses within 1e-5
     (["--context-parallel-size", "2"], "mindspore", "cpu", "trainer", "unsupported"),
     (["--use-distributed-optimizer"], "pytorch", "cpu", "trainer", "supported"),
-    (["--use-mcore-models"], "mindspore", "cpu", "trainer", "fallback"),
+    (["--use-mcore-models"], "mindspore", "cpu", "trainer", "supported"),  # its architecture rebuilt on MindSpore
     (["--expert-model-parallel-size", "8"], "mindspore", "cpu", "trainer", "unsupported"),
     (["--lora-target-modules", "linear_qkv"], "pytorch", "npu", "trainer", "unsupported"),
     (["--recompute-granularity", "full"], "mindspore", "cpu", "trainer", "fallback"),
@@ -127,7 +129,6 @@ def test_known_facts(tokens, fw, dev, layer, status):
     (["--ckpt-format", "torch"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
     (["--ckpt-format", "torch_dcp"], "pytorch", "cuda", "trainer", ["--ckpt-format", "safetensors"]),
     (["--ms-jit"], "pytorch", "cpu", "trainer", []),
-    (["--sequence-parallel"], "mindspore", "npu", "trainer", []),
 ])
 def test_substitutions_carry_their_replacement(tokens, fw, dev, layer, replacement):
     (decision,) = ft.check_flags(tokens, fw, dev, layers=(layer,))
@@ -141,15 +142,15 @@ def test_a_choice_among_values_falls_back_to_the_working_value():
 
 
 def test_error_policy_lists_every_stopping_flag_and_layer_with_reason_hint_and_source():
-    args = {"use_flash_attn": True, "tensor_model_parallel_size": 2, "transformer_impl": "local", "distributed_backend": "nccl"}
+    args = {"use_flash_attn": True, "context_parallel_size": 2, "transformer_impl": "local", "distributed_backend": "nccl"}
     with pytest.raises(ft.FeatureGateError) as info:
         ft.gate(args, "mindspore", "CPU", stream=io.StringIO())
     err = info.value
     assert err.exit_code == 2
-    # flash attention: both layers fall back; tensor parallelism: the trainer refuses (the stack does not know, so says
+    # flash attention: both layers fall back; context parallelism: the trainer refuses (the stack does not know, so says
     # nothing); local layers are supported and nccl is substituted: neither stops the job
     assert [(d.layer, d.feature) for d in err.decisions] == [
-        ("stack", "flash-attention"), ("trainer", "flash-attention"), ("trainer", "tensor-parallel")]
+        ("stack", "flash-attention"), ("trainer", "flash-attention"), ("trainer", "context-parallel")]
     stack_flash = TABLES.layer("stack").cell("flash-attention", "mindspore", "cpu")
     source = stack_flash.sources[0]
     assert err.lines[0] == (
@@ -159,10 +160,10 @@ def test_error_policy_lists_every_stopping_flag_and_layer_with_reason_hint_and_s
     assert err.lines[1] == (
         f"[mmrun trainer] --use-flash-attn (flash attention) is not supported with the mindspore backend on cpu: {flash.reason}. "
         f"Hint: {flash.hint}. To run with it off, pass --on-unsupported warn.")
-    tp = TABLES.layer("trainer").cell("tensor-parallel", "mindspore", "cpu")
+    cp = TABLES.layer("trainer").cell("context-parallel", "mindspore", "cpu")
     assert err.lines[2] == (
-        f"[mmrun trainer] --tensor-model-parallel-size 2 (tensor parallelism) is not supported with the mindspore backend "
-        f"on cpu: {tp.reason}. Hint: {tp.hint}.")
+        f"[mmrun trainer] --context-parallel-size 2 (context parallelism) is not supported with the mindspore backend "
+        f"on cpu: {cp.reason}. Hint: {cp.hint}.")
     assert str(err) == "\n".join(err.lines)
 
 
@@ -170,7 +171,7 @@ def test_warn_runs_fallbacks_off_prints_each_line_once_and_still_stops_on_unsupp
     parser = argparse.ArgumentParser()
     parser.add_argument("--use-flash-attn", action="store_true")
     parser.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
-    parser.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    parser.add_argument("--context-parallel-size", type=int, default=1)
     parser.add_argument("--distributed-backend", default=None)
     ft.add_gate_arguments(parser)
     args = parser.parse_args(["--use-flash-attn", "--recompute-granularity", "full", "--distributed-backend", "nccl",
@@ -190,8 +191,8 @@ def test_warn_runs_fallbacks_off_prints_each_line_once_and_still_stops_on_unsupp
     assert "is not supported with the pytorch backend on cpu; running with it off" in printed[4]
     result.apply(args)
     assert (args.use_flash_attn, args.recompute_granularity, args.distributed_backend) == (False, None, "gloo")
-    args.tensor_model_parallel_size = 2  # megatron-core runs it on PyTorch; mmrun's MindSpore engine cannot
-    with pytest.raises(ft.FeatureGateError, match="--tensor-model-parallel-size 2"):
+    args.context_parallel_size = 2  # megatron-core runs it on PyTorch; mmrun's MindSpore engines cannot
+    with pytest.raises(ft.FeatureGateError, match="--context-parallel-size 2"):
         ft.gate(args, "mindspore", "cpu", "warn", stream=stream)
 
 

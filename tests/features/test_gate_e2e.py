@@ -30,7 +30,7 @@ EXTRA_SCRIPT_ARGS = {
 }
 TWO_PROCESSES = {"backend-gloo", "backend-mccl"}  # a communication backend only acts with world size > 1
 EXCLUSIVE = [{"fp16", "bf16"}]  # the arguments refuse these together
-# Model and optimizer parallelism (megatron-core on PyTorch): each trigger trains alone, on the processes and
+# Model and optimizer parallelism (megatron-core on PyTorch, mindspore-parallel on MindSpore): each trigger trains alone, on the processes and
 # with the arguments that make it mean something (a layout the tiny GPT splits evenly).
 PARALLEL = {
     "tensor-parallel": (2, []),
@@ -39,6 +39,9 @@ PARALLEL = {
     "context-parallel": (2, []),
     "sequence-parallel": (2, ["--tensor-model-parallel-size", "2"]),
     "distributed-optimizer": (2, ["--global-batch-size", "4"]),
+    # On MindSpore --use-mcore-models picks the fp32-only mindspore-parallel engine: it trains alone, not packed
+    # with --fp16 and the other supported flags.
+    "mcore-models": (1, []),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mmrun.launchers.supervisor import processes_with
+from mmrun.training.checkpoint_layout import TRACKER_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "models" / "pretrain_gpt.py"
@@ -101,6 +103,16 @@ def tk():
         run_training = staticmethod(run_training)
         tiny_gpt = tuple(TINY_GPT)
         tiny_iters = 20
+
+        @staticmethod
+        def resume_copy(ckpt: Path, copy: Path, iteration: int) -> Path:
+            """A copy of a --save directory that resumes at `iteration` (later iterations removed)."""
+            shutil.copytree(ckpt, copy)
+            for later in copy.glob("iter_*"):
+                if int(later.name[5:]) > iteration:
+                    shutil.rmtree(later)
+            (copy / TRACKER_FILE).write_text(f"{iteration}\n")
+            return copy
 
         @staticmethod
         def data_args(data: dict) -> list[str]:

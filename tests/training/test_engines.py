@@ -26,7 +26,10 @@ def args_of(*extra: str, world_size: int = 1):
     (["--context-parallel-size", "2"], "pytorch", "megatron-core"),
     (["--use-distributed-optimizer"], "pytorch", "megatron-core"),
     (["--transformer-impl", "transformer_engine"], "pytorch", "megatron-core"),
-    (["--use-mcore-models"], "mindspore", "mmrun"),  # the gate switches it off there first
+    (["--use-mcore-models"], "mindspore", "mindspore-parallel"),
+    (["--tensor-model-parallel-size", "2"], "mindspore", "mindspore-parallel"),
+    (["--pipeline-model-parallel-size", "2"], "mindspore", "mindspore-parallel"),
+    (["--context-parallel-size", "2"], "mindspore", "mindspore-parallel"),  # which refuses it (test below)
 ])
 def test_the_engine_a_run_gets(extra, framework, engine):
     assert engines.choose(args_of(*extra, world_size=2), framework).name == engine
@@ -42,6 +45,37 @@ def test_a_parallel_flag_without_use_mcore_models_says_what_happens():
     assert len(said) == 1 and said[0].startswith(
         "notice: --tensor-model-parallel-size 2: mmrun's GPT implements none of this, so this run trains "
         "megatron-core's GPTModel")
+
+
+def test_on_mindspore_the_notice_names_the_mindspore_model():
+    args = args_of("--pipeline-model-parallel-size", "2", world_size=2)
+    said: list[str] = []
+    engine = engines.create(args, "mindspore", said.append)
+    assert engine.name == "mindspore-parallel" and args.use_mcore_models
+    assert len(said) == 1 and "megatron-core's GPTModel rebuilt on MindSpore (models/megatron_gpt.py)" in said[0]
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--tensor-model-parallel-size", "2", "--fp16"], "--fp16"),
+    (["--pipeline-model-parallel-size", "2", "--bf16"], "--bf16"),
+    (["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2", "--global-batch-size",
+      "4"], "--virtual-pipeline-model-parallel-size 2"),
+    (["--context-parallel-size", "2"], "--context-parallel-size 2"),
+    (["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"], "--use-distributed-optimizer"),
+    (["--use-mcore-models", "--transformer-impl", "transformer_engine"], "--transformer-impl transformer_engine"),
+])
+def test_the_mindspore_parallel_engine_refuses_in_one_line(extra, flag):
+    """Refused in initialize() before any group is made (the end-to-end refusals: test_mindspore_parallel_e2e.py)."""
+    pytest.importorskip("mindspore")
+    from mmrun.backend.errors import UsageError
+
+    args = args_of(*extra, world_size=2)
+    engine = engines.create(args, "mindspore", lambda line: None)
+    with pytest.raises(UsageError) as info:
+        engine.initialize(args)
+    message = str(info.value)
+    assert message.startswith(f"the MindSpore tensor/pipeline-parallel engine cannot run {flag}: ")
+    assert f"Received: {flag} with --ai-framework mindspore" in message and "\n" not in message
 
 
 def test_both_engines_implement_the_seam():

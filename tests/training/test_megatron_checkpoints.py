@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +23,10 @@ RANK_DIRS = ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_0
 SHAPE = cg.GPTShape(num_layers=4, hidden_size=64, num_attention_heads=4)
 
 
-def _resume_copy(runs, name: str, tmp_path: Path, iteration: int = 4) -> Path:
+def _resume_copy(runs, name: str, tmp_path: Path, tk, iteration: int = 4) -> Path:
     """A copy of a run's checkpoints that resumes at `iteration` (later ones removed)."""
     runs(name)  # trained (once per session)
-    copy = tmp_path / f"{name}-ckpt"
-    shutil.copytree(runs.ckpt(name), copy)
-    for later in copy.glob("iter_*"):
-        if int(later.name[5:]) > iteration:
-            shutil.rmtree(later)
-    (copy / TRACKER_FILE).write_text(f"{iteration}\n")
-    return copy
+    return tk.resume_copy(runs.ckpt(name), tmp_path / f"{name}-ckpt", iteration)
 
 
 @pytest.fixture
@@ -86,8 +79,8 @@ def test_each_rank_writes_megatron_cores_names_and_shard_shapes(mcore_runs):
 
 
 @pytest.mark.slow
-def test_a_tp2_x_pp2_run_resumes_bit_exact(mcore_runs, tmp_path, train):
-    copy = _resume_copy(mcore_runs, "tp2pp2", tmp_path)
+def test_a_tp2_x_pp2_run_resumes_bit_exact(mcore_runs, tmp_path, train, tk):
+    copy = _resume_copy(mcore_runs, "tp2pp2", tmp_path, tk)
     nproc, extra = 4, ["--use-mcore-models", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
     run = train([*extra, "--load", str(copy)], nproc, sub="resume")
     assert run.returncode == 0, run.output[-3000:]
@@ -96,8 +89,8 @@ def test_a_tp2_x_pp2_run_resumes_bit_exact(mcore_runs, tmp_path, train):
 
 
 @pytest.mark.slow
-def test_the_distributed_optimizer_resumes_bit_exact_and_without_itself(mcore_runs, tmp_path, train):
-    copy = _resume_copy(mcore_runs, "dp2-distopt", tmp_path)
+def test_the_distributed_optimizer_resumes_bit_exact_and_without_itself(mcore_runs, tmp_path, train, tk):
+    copy = _resume_copy(mcore_runs, "dp2-distopt", tmp_path, tk)
     same = train(["--use-mcore-models", "--use-distributed-optimizer", "--load", str(copy)], 2, sub="same")
     assert same.returncode == 0, same.output[-3000:]
     _later_iterations_equal(same, mcore_runs("dp2-distopt"), exact=True)
@@ -112,8 +105,8 @@ def test_the_distributed_optimizer_resumes_bit_exact_and_without_itself(mcore_ru
     (1, []),  # mmrun's own GPT (its names)
     (2, ["--use-mcore-models", "--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"]),
 ])
-def test_a_checkpoint_moves_to_another_layout_or_engine(mcore_runs, tmp_path, train, nproc, extra):
-    copy = _resume_copy(mcore_runs, "tp2pp2", tmp_path)
+def test_a_checkpoint_moves_to_another_layout_or_engine(mcore_runs, tmp_path, train, nproc, extra, tk):
+    copy = _resume_copy(mcore_runs, "tp2pp2", tmp_path, tk)
     run = train([*extra, "--load", str(copy)], nproc, sub="moved")
     assert run.returncode == 0, run.output[-3000:]
     assert "differs from this run's" in run.output and "joining its shards and splitting them again" in run.output
@@ -164,8 +157,8 @@ def test_a_save_killed_in_a_writer_leaves_the_previous_checkpoint(tmp_path, trai
 
 
 @pytest.mark.slow
-def test_a_corrupt_shard_stops_every_rank_with_one_line(mcore_runs, tmp_path, train):
-    copy = _resume_copy(mcore_runs, "tp2pp2", tmp_path)
+def test_a_corrupt_shard_stops_every_rank_with_one_line(mcore_runs, tmp_path, train, tk):
+    copy = _resume_copy(mcore_runs, "tp2pp2", tmp_path, tk)
     broken = copy / "iter_0000004" / "mp_rank_01_001" / "model.safetensors"
     broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])
     run = train(["--use-mcore-models", "--tensor-model-parallel-size", "2", "--load", str(copy)], 2,

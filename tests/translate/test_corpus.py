@@ -116,19 +116,21 @@ def test_round_trip_is_byte_exact(path: Path, policy: str) -> None:
 
 
 def test_mmruns_own_trainer_as_the_entry_adds_the_trainer_layer() -> None:
-    """The same flags launched into models/pretrain_gpt.py are mmrun's trainer's business: it has no TP, RMSNorm, ..."""
+    """The same flags launched into models/pretrain_gpt.py are mmrun's trainer's business: it has no CP, RMSNorm, ..."""
     source = (CORPUS_DIR / "llm_pretrain_llama2_7b.sh").read_text(encoding="utf-8")
     source = source.replace("torchrun $DISTRIBUTED_ARGS pretrain_gpt.py", "torchrun $DISTRIBUTED_ARGS models/pretrain_gpt.py")
+    source = source.replace("--sequence-parallel \\\n", "--sequence-parallel \\\n    --context-parallel-size ${CP} \\\n")
+    assert "--context-parallel-size ${CP}" in source
     warned = translate_script(source.encode(), Options(), "mmrun_entry.sh").report.warnings
     assert warned and all(w.message.startswith("[mmrun trainer] ") for w in warned)
-    assert any(w.message.startswith("[mmrun trainer] --tensor-model-parallel-size ${TP}") and "not checked here" in w.message
+    assert any(w.message.startswith("[mmrun trainer] --context-parallel-size ${CP}") and "not checked here" in w.message
                for w in warned)  # a shell variable: judged when the job starts
     assert any(w.message.startswith("[mmrun trainer] --use-fused-rmsnorm") for w in warned)
     assert not any("--use-flash-attn" in w.message for w in warned)  # the trainer runs the fused kernel on NPUs
     with pytest.raises(TranslationRefused) as info:
-        translate_script(source.replace("--tensor-model-parallel-size ${TP}", "--tensor-model-parallel-size 8").encode(),
+        translate_script(source.replace("--context-parallel-size ${CP}", "--context-parallel-size 8").encode(),
                          Options(), "mmrun_entry.sh")
-    assert [r.message.split(" (")[0] for r in info.value.report.refusals] == ["[mmrun trainer] --tensor-model-parallel-size 8"]
+    assert [r.message.split(" (")[0] for r in info.value.report.refusals] == ["[mmrun trainer] --context-parallel-size 8"]
     removed = translate_script(source.encode(), Options(on_unsupported="remove"), "mmrun_entry.sh")
     assert any(c.why.startswith("[mmrun trainer] --use-fused-rmsnorm") for c in removed.report.changes)
 

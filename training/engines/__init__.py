@@ -3,18 +3,19 @@
     engine = engines.create(args, framework, log)    # picks by ENGINES, below
     layout = engine.initialize(args)                  # ... see base.py for the whole sequence
 
-ENGINES lists them, first match wins; adding an engine (the MindSpore tensor/pipeline-parallel one next)
-is one row here and a class implementing base.Engine:
+ENGINES lists them, first match wins; adding an engine is one row here and a class implementing base.Engine:
 
 | engine | framework | chosen when | module |
 |---|---|---|---|
 | megatron-core | pytorch | --use-mcore-models, or any of: --tensor-/--pipeline-/--context-parallel-size > 1, virtual pipeline stages, --use-distributed-optimizer, --transformer-impl transformer_engine | backend/torch/megatron_core/engine.py |
+| mindspore-parallel | mindspore | --use-mcore-models, --tensor-/--pipeline-model-parallel-size > 1 (with or without --sequence-parallel); refuses --fp16/--bf16, virtual pipeline stages, --context-parallel-size > 1, --use-distributed-optimizer, Transformer Engine | backend/mindspore/parallel/trainer_engine.py |
 | mmrun | pytorch, mindspore | otherwise (data parallelism) | training/engines/portable.py |
 
-On PyTorch a parallel flag without --use-mcore-models turns it on, with one notice: mmrun's GPT does not
-split layers, and megatron-core's GPTModel built from the same arguments starts from the same weights
-(models/convert_gpt.py), so the run trains the same network. Megatron-LM itself builds mcore models
-unless --use-legacy-models is given.
+A parallel flag without --use-mcore-models turns it on, with one notice: mmrun's GPT does not split layers,
+and megatron-core's GPTModel (on MindSpore: the same architecture and names rebuilt in models/megatron_gpt.py)
+built from the same arguments starts from the same weights (models/convert_gpt.py), so the run trains the
+same network on either framework (docs/parallelism.md, docs/parallelism-mindspore.md). Megatron-LM itself
+builds mcore models unless --use-legacy-models is given.
 """
 from __future__ import annotations
 
@@ -36,8 +37,17 @@ class EngineRow:
 
 ENGINES: tuple[EngineRow, ...] = (
     EngineRow("megatron-core", ("pytorch",), True, "mmrun.backend.torch.megatron_core.engine:MegatronCoreEngine"),
+    EngineRow("mindspore-parallel", ("mindspore",), True,
+              "mmrun.backend.mindspore.parallel.trainer_engine:MindSporeParallelEngine"),
     EngineRow("mmrun", ("pytorch", "mindspore"), False, "mmrun.training.engines.portable:PortableEngine"),
 )
+
+
+# What each parallel engine trains, for the notice in create().
+GPT_MODEL_OF = {
+    "megatron-core": "megatron-core's GPTModel",
+    "mindspore-parallel": "megatron-core's GPTModel rebuilt on MindSpore (models/megatron_gpt.py)",
+}
 
 
 def parallel_flags(args: argparse.Namespace) -> list[str]:
@@ -70,11 +80,11 @@ def choose(args: argparse.Namespace, framework: str) -> EngineRow:
 def create(args: argparse.Namespace, framework: str, log: Callable[[str], None]) -> Engine:
     """Pick the engine (ENGINES), say why when a flag chose it, and build it (not yet initialised)."""
     row = choose(args, framework)
-    if row.name == "megatron-core" and not getattr(args, "use_mcore_models", False):
+    if row.wants_parallelism and not getattr(args, "use_mcore_models", False):
         flags = ", ".join(parallel_flags(args))
-        log(f"notice: {flags}: mmrun's GPT implements none of this, so this run trains megatron-core's GPTModel "
-            "(the same network and initial weights; checkpoint tensors get megatron-core's names); pass "
-            "--use-mcore-models to say so")
+        model = GPT_MODEL_OF.get(row.name, "megatron-core's GPTModel")
+        log(f"notice: {flags}: mmrun's GPT implements none of this, so this run trains {model} (the same network "
+            "and initial weights; checkpoint tensors get megatron-core's names); pass --use-mcore-models to say so")
         args.use_mcore_models = True
     module, _, cls = row.factory.partition(":")
     return getattr(importlib.import_module(module), cls)(args, framework, log)
@@ -88,7 +98,7 @@ def core_gpt_model(pre_process: bool = True, post_process: bool = True, vp_stage
     args = get_args()
     if args.ai_framework != "pytorch":
         raise RuntimeError(f"megatron-core's GPTModel is a PyTorch model. Received: --ai-framework {args.ai_framework}; "
-                           "drop --use-mcore-models on MindSpore")
+                           "on MindSpore the mindspore-parallel engine builds it (models/megatron_gpt.py) without calling model_provider")
     from mmrun.backend.torch.megatron_core.gpt import gpt_model
 
     return gpt_model(args, pre_process, post_process, vp_stage)

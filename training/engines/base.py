@@ -91,7 +91,8 @@ class ShardState:
 @runtime_checkable
 class Engine(Protocol):
     """What the training loop drives. Implementations: training/engines/portable.py (mmrun's own, both
-    frameworks, data parallelism) and backend/torch/megatron_core/engine.py (megatron-core, PyTorch)."""
+    frameworks, data parallelism), backend/torch/megatron_core/engine.py (megatron-core, PyTorch) and
+    backend/mindspore/parallel/trainer_engine.py (tensor/pipeline parallelism, MindSpore)."""
 
     name: str  # shown in the log: "mmrun", "megatron-core"
     model_names: str  # one of MODEL_NAMES: how checkpoint tensors are named
