@@ -81,10 +81,12 @@ class PretrainingDataLoader:
     def __init__(self, dataset, sampler: MegatronPretrainingSampler) -> None:
         self.dataset = dataset
         self.batch_sampler = sampler
+        # A dataset whose samples differ in shape (images, variable lengths) brings its own `collate`.
+        self.collate = getattr(dataset, "collate", collate)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for indices in self.batch_sampler:
-            yield collate([self.dataset[i] for i in indices])
+            yield self.collate([self.dataset[i] for i in indices])
 
     def __len__(self) -> int:
         s = self.batch_sampler

@@ -35,6 +35,9 @@ from mmrun.data.tokenizers import TOKENIZER_BUILDERS
 PROG = "pretrain_gpt.py"
 FLAGS_TABLE = Path(__file__).with_name("megatron_flags.yaml")
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+# What mmrun's GPT builds is the first of each; the rest are accepted where a model file (ModelSource) gives the model.
+POSITION_EMBEDDINGS = ("learned_absolute", "rope", "mrope")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 CKPT_FORMATS = ("safetensors", "torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor")
 DEFAULT_SPLIT = "969, 30, 1"  # Megatron's default when --split is not given
 MOCK_VOCAB_SIZE = 512  # NullTokenizer size for --mock-data when no --vocab-size is given
@@ -105,6 +108,33 @@ class ForeignFlag:
     action: str  # "ignored" | "refused"
     reason: str
     hint: str | None
+    model_structure: bool = False  # ignored, not refused, where the model comes from a file (ModelSource)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """An entry whose model is described by a file, not by the network-size flags (MindSpeed-MM's
+    pretrain_vlm.py: `--mm-model model.json`). As in MindSpeed-MM, the file wins: `sizes` (dest -> value,
+    read from the file) replace the launch script's network-size flags, and the model-structure flags of
+    megatron_flags.yaml are ignored with a warning instead of refused. `data_flag` names the option
+    that gives the data (so --data-path is not required)."""
+
+    flag: str  # e.g. "--mm-model"
+    sizes: Mapping[str, Any]
+    data_flag: str | None = None
+    data_parallel_only: bool = True  # the model trains on mmrun's data-parallel engine (no TP/PP/CP split yet)
+    # Inputs whose shapes change from batch to batch (images of any size) would rebuild a compiled
+    # MindSpore graph for every new shape: such a model's step runs in PyNative unless this is True.
+    ms_jit: bool = False
+
+
+# Flags a data-parallel-only model (ModelSource) turns off, and why that changes no number of the run.
+DATA_PARALLEL_ONLY_OFF = {
+    "use_mcore_models": ("--use-mcore-models", "the model file gives the model; it trains on mmrun's data-parallel "
+                         "engine (the same network on PyTorch and MindSpore)"),
+    "use_distributed_optimizer": ("--use-distributed-optimizer", "each data-parallel rank keeps the whole optimizer "
+                                  "state (the same updates, more memory per rank)"),
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -114,11 +144,13 @@ def foreign_flags() -> tuple[ForeignFlag, ...]:
     found: list[ForeignFlag] = []
     for action in ("ignored", "refused"):
         for i, group in enumerate(raw[action]):
-            check_keys(f"{FLAGS_TABLE}: {action}[{i}]", group, required=("flags", "reason"), optional=("hint",))
+            check_keys(f"{FLAGS_TABLE}: {action}[{i}]", group, required=("flags", "reason"),
+                       optional=("hint", "model_structure"))
             for flag, takes in group["flags"].items():
                 if takes not in (0, 1, "+"):
                     raise ValueError(f"{FLAGS_TABLE}: {flag} takes must be 0, 1 or '+'. Received: {takes!r}")
-                found.append(ForeignFlag(flag, takes, action, group["reason"], group.get("hint")))
+                found.append(ForeignFlag(flag, takes, action, group["reason"], group.get("hint"),
+                                         bool(group.get("model_structure", False))))
     return tuple(found)
 
 
@@ -164,11 +196,12 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
     add(g, "--num-attention-heads", type=int, default=None, help="attention heads")
     add(g, "--max-position-embeddings", type=int, default=None,
         help="position embedding rows (default --seq-length)")
-    add(g, "--position-embedding-type", choices=["learned_absolute"], default="learned_absolute",
-        help="position embeddings (mmrun's GPT: learned_absolute)")
+    add(g, "--position-embedding-type", choices=list(POSITION_EMBEDDINGS), default="learned_absolute",
+        help="position embeddings (mmrun's GPT: learned_absolute; the others come from a model file)")
     add(g, "--make-vocab-size-divisible-by", type=int, default=128,
         help="pad the vocabulary to a multiple of this (default 128)")
-    add(g, "--normalization", choices=["LayerNorm"], default="LayerNorm", help="normalization layer (LayerNorm)")
+    add(g, "--normalization", choices=list(NORMALIZATIONS), default="LayerNorm",
+        help="normalization layer (mmrun's GPT: LayerNorm; RMSNorm comes from a model file)")
     add(g, "--norm-epsilon", "--layernorm-epsilon", type=float, default=1e-5, help="LayerNorm epsilon (1e-5)")
     add(g, "--untie-embeddings-and-output-weights", action="store_true",
         help="a separate output layer instead of the word embeddings")
@@ -362,12 +395,13 @@ def _unknown_error(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> A
 
 def parse_args(argv: Sequence[str] | None = None, *, args_defaults: Mapping[str, Any] | None = None,
                extra_args_provider: Callable | None = None, world_size: int | None = None,
-               prog: str = PROG) -> argparse.Namespace:
+               prog: str = PROG, model_source: ModelSource | None = None) -> argparse.Namespace:
     """Parse and validate Megatron-style training arguments (sys.argv[1:] by default).
 
     `args_defaults` fills arguments left at None (Megatron's mechanism: an entry script supplies
     defaults such as a tokenizer or model size). `world_size` defaults to the launcher's
-    (WORLD_SIZE / RANK_SIZE, 1 without a launcher). Raises ArgumentsError on any usage error.
+    (WORLD_SIZE / RANK_SIZE, 1 without a launcher). `model_source`: the entry's model comes from a file
+    (see ModelSource). Raises ArgumentsError on any usage error.
     """
     parser = build_parser(extra_args_provider, prog=prog)
     tokens = _drop_stray_backslashes(list(sys.argv[1:] if argv is None else argv))
@@ -377,9 +411,14 @@ def parse_args(argv: Sequence[str] | None = None, *, args_defaults: Mapping[str,
     for key, value in (args_defaults or {}).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    _check_foreign(args)
+    _check_foreign(args, model_source)
+    if model_source is None:
+        _check_gpt_structure(args)
+    else:
+        _apply_model_source(args, parser, model_source)
     info = rank_env.read_rank_info()
-    return validate_args(args, info.world_size if world_size is None else world_size, rank=info.rank)
+    return validate_args(args, info.world_size if world_size is None else world_size, rank=info.rank,
+                         data_flag=None if model_source is None else model_source.data_flag)
 
 
 def _given_foreign(args: argparse.Namespace) -> list[ForeignFlag]:
@@ -391,8 +430,12 @@ def _given_foreign(args: argparse.Namespace) -> list[ForeignFlag]:
     return given
 
 
-def _check_foreign(args: argparse.Namespace) -> None:
+def _check_foreign(args: argparse.Namespace, model_source: ModelSource | None = None) -> None:
     given = _given_foreign(args)
+    if model_source is not None:
+        reason = (f"the model's structure comes from {model_source.flag} (MindSpeed-MM's rule: the model file wins "
+                  "over the launch script's model flags)")
+        given = [ForeignFlag(f.flag, f.takes, "ignored", reason, None) if f.model_structure else f for f in given]
     refused = [f for f in given if f.action == "refused"]
     if refused:
         f = refused[0]
@@ -403,6 +446,48 @@ def _check_foreign(args: argparse.Namespace) -> None:
         by_reason.setdefault(f.reason, []).append(f.flag)
     for reason, flags in by_reason.items():
         _warn(f"ignoring {', '.join(flags)}: {reason}")
+
+
+def _check_gpt_structure(args: argparse.Namespace) -> None:
+    """mmrun's GPT builds only the first choice of --normalization and --position-embedding-type."""
+    for flag, value, built in (("--normalization", args.normalization, NORMALIZATIONS[0]),
+                               ("--position-embedding-type", args.position_embedding_type, POSITION_EMBEDDINGS[0])):
+        if value != built:
+            raise ArgumentsError(f"{flag} {value} is not supported by mmrun's GPT, which uses {built}. Hint: drop "
+                                 f"the flag; models with other blocks need their own model_provider "
+                                 "(models/pretrain_vlm.py builds Qwen2-VL from --mm-model)")
+
+
+def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParser, source: ModelSource) -> None:
+    """The model file's sizes replace the network-size flags; flags given with other values are named once."""
+    overridden = []
+    for dest, value in source.sizes.items():
+        given = getattr(args, dest, None)
+        if given is not None and given != parser.get_default(dest) and given != value:
+            overridden.append(f"--{dest.replace('_', '-')} {given}")
+        setattr(args, dest, value)
+    if overridden:
+        _warn(f"ignoring {', '.join(overridden)}: the model's structure comes from {source.flag} "
+              "(MindSpeed-MM's rule: the model file wins over the launch script's model flags)")
+    if not source.ms_jit:
+        if getattr(args, "ms_jit", False):
+            raise ArgumentsError(f"--ms-jit cannot compile this entry's model (its input shapes change from batch "
+                                 f"to batch, so a compiled graph would be rebuilt for each). Received: --ms-jit; "
+                                 "drop it (the step runs in PyNative)")
+        args.no_ms_jit = True
+    if not source.data_parallel_only:
+        return
+    split = [f"--{dest.replace('_', '-')} {getattr(args, dest)}" for dest in
+             ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+             if (getattr(args, dest) or 1) > 1]
+    if split:
+        raise ArgumentsError(f"this entry's model trains with data parallelism only (tensor, pipeline and context "
+                             f"splits of it are not built yet). Received: {', '.join(split)}; set them to 1 and "
+                             "use the processes for data parallelism")
+    for dest, (flag, reason) in DATA_PARALLEL_ONLY_OFF.items():
+        if getattr(args, dest, False):
+            setattr(args, dest, False)
+            _warn(f"ignoring {flag}: {reason}")
 
 
 def _require(args: argparse.Namespace, names: Iterable[str]) -> None:
@@ -420,7 +505,8 @@ def _positive(args: argparse.Namespace, names: Iterable[str], allow_zero: bool =
             raise ArgumentsError(f"--{n.replace('_', '-')} must be {floor}. Received: {value}")
 
 
-def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) -> argparse.Namespace:
+def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0,
+                  data_flag: str | None = None) -> argparse.Namespace:
     """Megatron's validate_args for what mmrun implements: fill derived values, refuse contradictions."""
     _require(args, ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                     "train_iters", "lr"))
@@ -490,7 +576,13 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
     # Data and tokenizer.
     if args.split is None:
         args.split = DEFAULT_SPLIT
-    if not args.mock_data and not args.data_path:
+    if data_flag is not None and not getattr(args, data_flag[2:].replace("-", "_"), None):
+        raise ArgumentsError(f"{data_flag} is required by this entry. Received: none; pass the data.json that "
+                             "describes the dataset (docs/multimodal.md)")
+    if data_flag is not None:
+        if args.tokenizer_type is None:
+            args.tokenizer_type = "NullTokenizer"  # the tokenizer comes with the data file; as MindSpeed-MM's scripts
+    elif not args.mock_data and not args.data_path:
         raise ArgumentsError("--data-path is required unless --mock-data is given. Received: neither; "
                              "preprocess a corpus with `mmrun preprocess-data` or pass --mock-data")
     if args.tokenizer_type is None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from mmrun.training import checkpointing, engines, global_vars, parallel
-from mmrun.training.arguments import ArgumentsError, parse_args
+from mmrun.training.arguments import ArgumentsError, ModelSource, parse_args
 from mmrun.training.engines.base import Engine, ParallelLayout
 from mmrun.training.errors import TrainingError
 from mmrun.training.training_log import IntervalStats, MetricsFile, iteration_line, stamp, validation_block
@@ -108,8 +108,11 @@ def _peak_rss_mb() -> float:
 def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Callable,
              model_type: ModelType | None = None, forward_step_func: Callable | None = None, *,
              args_defaults: dict[str, Any] | None = None, extra_args_provider: Callable | None = None,
-             argv: Sequence[str] | None = None) -> TrainingResult:
+             argv: Sequence[str] | None = None, model_source: ModelSource | None = None) -> TrainingResult:
     """Megatron's pretrain(): build everything from the arguments (sys.argv by default) and train.
+
+    `model_source`: the entry builds its model from a file (MindSpeed-MM's --mm-model), whose sizes replace
+    the network-size flags (training/arguments.py, ModelSource).
 
     Usage errors (bad arguments, unsupported features, a checkpoint that does not fit) print one line on
     rank 0 and raise SystemExit(2).
@@ -123,7 +126,8 @@ def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Calla
         raise TypeError("pretrain() needs forward_step_func (Megatron's 4th argument)")
     rank = 0
     try:
-        args = parse_args(argv, args_defaults=args_defaults, extra_args_provider=extra_args_provider)
+        args = parse_args(argv, args_defaults=args_defaults, extra_args_provider=extra_args_provider,
+                          model_source=model_source)
         rank = args.rank
         return _pretrain(args, train_valid_test_datasets_provider, model_provider, forward_step_func)
     except (ArgumentsError, checkpointing.CheckpointError, DatasetConfigError, IndexedDatasetError,

@@ -1,0 +1,145 @@
+"""`mmrun convert`: MindSpeed-MM's `mm-convert` command lines, as the guides write them.
+
+    mmrun convert Qwen2VLConverter hf_to_mm \\
+      --cfg.mm_dir ckpt/mm_path/Qwen2-VL-2B-Instruct \\
+      --cfg.hf_config.hf_dir ckpt/hf_path/Qwen2-VL-2B-Instruct \\
+      --cfg.parallel_config.llm_pp_layers [[28]] --cfg.parallel_config.vit_pp_layers [[32]] \\
+      --cfg.parallel_config.tp_size 1
+    mmrun convert Qwen2VLConverter mm_to_hf \\
+      --cfg.save_hf_dir ckpt/mm_to_hf/Qwen2-VL-2B-Instruct --cfg.mm_dir save_dir \\
+      --cfg.hf_config.hf_dir ckpt/hf_path/Qwen2-VL-2B-Instruct \\
+      --cfg.parallel_config.llm_pp_layers [28] --cfg.parallel_config.vit_pp_layers [32] \\
+      --cfg.parallel_config.tp_size 1
+
+Options are mm-convert's (jsonargparse): `--cfg.a.b VALUE` or `--cfg.a.b=VALUE`, values read as JSON where
+they parse (lists, numbers, true/false/null) and as text otherwise; `--config FILE.yaml` gives the same
+keys as a YAML file (command-line options win). The converters live with their model family
+(CONVERTERS below); each takes the nested `cfg` dict.
+
+exit status: 0 done, 2 usage error (bad option or input directory), 1 anything else.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Any, Callable
+
+from mmrun.backend.errors import UsageError
+from mmrun.common.yaml_tables import TableError
+
+PROG = "mmrun convert"
+# MindSpeed-MM converter name -> the module whose SUBCOMMANDS implement it.
+CONVERTERS: dict[str, str] = {
+    "Qwen2VLConverter": "mmrun.models.qwen2_vl.convert",
+    "Qwen2_5_VLConverter": "mmrun.models.qwen2_vl.convert",
+}
+
+USAGE = f"""usage: {PROG} CONVERTER SUBCOMMAND [--cfg.KEY VALUE ...] [--config FILE.yaml]
+
+converters: {', '.join(CONVERTERS)}
+subcommands: hf_to_mm (Hugging Face directory -> mmrun checkpoint), mm_to_hf (mmrun checkpoint -> Hugging Face
+directory), resplit (change the tensor/pipeline split)
+
+examples:
+  {PROG} Qwen2VLConverter hf_to_mm --cfg.mm_dir ckpt/mm --cfg.hf_config.hf_dir ckpt/hf \\
+      --cfg.parallel_config.llm_pp_layers [[28]] --cfg.parallel_config.vit_pp_layers [[32]] \\
+      --cfg.parallel_config.tp_size 1
+  {PROG} Qwen2VLConverter mm_to_hf --cfg.save_hf_dir ckpt/out --cfg.mm_dir save_dir --cfg.hf_config.hf_dir ckpt/hf
+
+Docs: docs/multimodal.md ("Weights").
+exit status: 0 done, 2 usage error, 1 anything else.
+"""
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _set(cfg: dict[str, Any], dotted: str, value: Any) -> None:
+    node = cfg
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UsageError(f"--cfg.{dotted}: {part} was already given a value ({child!r}); it cannot also hold keys")
+        node = child
+    node[leaf] = value
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def parse_options(tokens: list[str]) -> dict[str, Any]:
+    """`--cfg.a.b VALUE` / `--cfg.a.b=VALUE` / `--config FILE` -> the nested cfg dict."""
+    from mmrun.common.yaml_tables import load_yaml
+
+    cfg: dict[str, Any] = {}
+    from_file: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, inline = token.partition("=")
+        if name == "--config":
+            if not eq:
+                i += 1
+                if i >= len(tokens):
+                    raise UsageError("--config needs a YAML file. Received: nothing after it")
+                inline = tokens[i]
+            loaded = load_yaml(inline)
+            if not isinstance(loaded, dict):
+                raise UsageError(f"--config {inline}: must hold a mapping of options. Received: {type(loaded).__name__}")
+            _merge(from_file, loaded.get("cfg", loaded))
+        elif name.startswith("--cfg."):
+            if not eq:
+                i += 1
+                if i >= len(tokens):
+                    raise UsageError(f"{name} needs a value. Received: nothing after it")
+                inline = tokens[i]
+            _set(cfg, name[len("--cfg."):], _value(inline))
+        else:
+            raise UsageError(f"unrecognized option {token!r}; options are --cfg.KEY VALUE (mm-convert's) or --config "
+                             "FILE.yaml (see mmrun convert --help)")
+        i += 1
+    return _merge(from_file, cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    if not tokens or tokens[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
+    if len(tokens) < 2 or tokens[1] in ("-h", "--help"):
+        if tokens[0] in CONVERTERS:
+            print(USAGE, end="")
+            return 0 if len(tokens) > 1 else 2
+    name = tokens[0]
+    try:
+        if name not in CONVERTERS:
+            raise UsageError(f"unknown converter {name!r}; mmrun converts {', '.join(CONVERTERS)}")
+        subcommands: dict[str, Callable[[str, dict[str, Any]], None]] = importlib.import_module(
+            CONVERTERS[name]).SUBCOMMANDS
+        sub = tokens[1]
+        if sub not in subcommands:
+            raise UsageError(f"unknown subcommand {sub!r} of {name}; choose one of {', '.join(subcommands)}")
+        subcommands[sub](name, parse_options(tokens[2:]))
+    except (UsageError, TableError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"{PROG}: error: {err}; no output written", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Fine-tune a vision-language model (Qwen2-VL, Qwen2.5-VL), MindSpeed-MM style, on PyTorch or MindSpore.
+
+    mmrun --ai-framework pytorch   --nproc-per-node 2 models/pretrain_vlm.py $GPT_ARGS --mm-model model.json --mm-data data.json
+    mmrun --ai-framework mindspore --nproc-per-node 2 models/pretrain_vlm.py $GPT_ARGS --mm-model model.json --mm-data data.json
+    bash scripts/finetune_qwen2vl.sh          # the offline demo (AI_FRAMEWORK=mindspore for MindSpore)
+
+This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run by mmrun's shared loop
+(`mmrun.training.pretrain`), with MindSpeed-MM's files as they are:
+
+    --mm-model model.json   the model (image_encoder.vision_encoder / vision_projector, text_decoder); it wins
+                            over the launch script's model flags, as in MindSpeed-MM (models/qwen2_vl/model_json.py)
+    --mm-data data.json     the data (dataset_param.preprocess_parameters / basic_parameters / attr,
+                            dataloader_param): mllm_format JSON + images, tokenizer and image processor from
+                            preprocess_parameters.model_name_or_path (mmrun.data.multimodal)
+    --mm-tool tools.json    accepted (MindSpeed-MM's profiling/memory tools); checked to be JSON, not used
+    --load DIR              a Hugging Face Qwen2-VL / Qwen2.5-VL directory as downloaded (config.json +
+                            safetensors; detected, no conversion), or mmrun's own checkpoint to resume
+
+    model_provider                       builds Qwen2VLForConditionalGeneration, freezes as model.json says
+    train_valid_test_datasets_provider   the mllm_format dataset, epoch after epoch in the seed's order
+    get_batch                            the collated numpy batch -> tensors on this process's device
+    forward_step                         model(**batch) -> {"loss_dict", "logits"}, and the loss function
+    loss_func                            the micro-batch loss (mean over its label tokens, or Megatron's
+                                         per-token mean over the global batch: --calculate-per-token-loss)
+
+The model trains with mmrun's data-parallel engine on both frameworks (the same weights, batches and
+losses); its inputs change shape with the images, so MindSpore runs the step in PyNative.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator
+
+from mmrun.backend.errors import UsageError
+from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
+
+# Model sizes come from model.json; these fill only what a MindSpeed-MM script never sets on its own.
+CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
+_MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once before the arguments are parsed
+
+
+def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """MindSpeed-MM's extra arguments (mm_extra_args_provider) and the VLM's own."""
+    g = parser.add_argument_group("multimodal (MindSpeed-MM's pretrain_vlm.py)")
+    g.add_argument("--mm-model", "--mm_model", dest="mm_model", default=None, help="MindSpeed-MM's model.json")
+    g.add_argument("--mm-data", "--mm_data", dest="mm_data", default=None, help="MindSpeed-MM's data.json")
+    g.add_argument("--mm-tool", "--mm_tool", dest="mm_tool", default=None,
+                   help="MindSpeed-MM's tools.json (accepted and checked to be JSON; mmrun's tools take flags)")
+    g.add_argument("--calculate-per-token-loss", "--calculate_per_token_loss", dest="calculate_per_token_loss",
+                   action="store_true", help="the loss of a step is the mean over every label token of the global "
+                   "batch (MindSpeed-MM's option); default: the mean of the micro-batches' own token means")
+    g.add_argument("--skip-bad-samples", "--skip_bad_samples", dest="skip_bad_samples", action="store_true",
+                   help="skip samples whose images are missing or corrupt (counted and reported) instead of stopping")
+    g.add_argument("--variable-seq-lengths", "--variable_seq_lengths", dest="variable_seq_lengths",
+                   action="store_true", help="accepted: batches are always padded to their longest sample (x8)")
+    return parser
+
+
+def _model_source(argv: list[str]) -> ModelSource:
+    """Read --mm-model before the training arguments are parsed: its sizes replace the network flags."""
+    global _MODEL_JSON
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--mm-model", "--mm_model", dest="mm_model")
+    known, _ = pre.parse_known_args(argv)
+    if known.mm_model is None:
+        raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
+                         "scripts/finetune_qwen2vl.sh)")
+    _MODEL_JSON = read_model_json(known.mm_model, warn=_warn_rank0)
+    return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data")
+
+
+def _warn_rank0(message: str) -> None:
+    from mmrun.backend import rank_env
+
+    if rank_env.read_rank_info().rank == 0:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _read_json(path: str, flag: str) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{flag} {path}: no such file; pass the path of MindSpeed-MM's {flag[5:]}.json")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{flag} {path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                         "fix the file") from None
+
+
+def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: Any = None) -> Any:
+    """Build Qwen2-VL / Qwen2.5-VL from model.json, start from --load's Hugging Face weights when it is an
+    HF directory (else from the seed's weights, the same on both frameworks), and freeze as model.json says."""
+    from mmrun.backend import tensors
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
+
+    args = get_args()
+    config = Qwen2VLConfig.from_hf_config(_MODEL_JSON.hf_config)
+    print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} ...")
+    model = Qwen2VLForConditionalGeneration(config)
+    init_weights(model, args.seed, args.init_method_std)
+    if args.load and hf_checkpoint.is_hf_directory(args.load):
+        _, arrays = hf_checkpoint.load_hf_directory(args.load)
+        model.load_state_dict(tensors.state_dict_from_numpy(arrays))
+        print_rank_0(f" > loaded Hugging Face weights from {args.load} ({len(arrays)} tensors); training starts "
+                     "at iteration 0")
+        args.load = None  # nothing of the loop's own checkpoint layout to resume from
+    freeze = _MODEL_JSON.freeze
+    model.freeze(vision_encoder=freeze["vision_encoder"], vision_projector=freeze["vision_projector"],
+                 text_decoder=freeze["text_decoder"])
+    frozen = [name for name, on in freeze.items() if on]
+    print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
+    return model
+
+
+def get_batch(data_iterator: Iterator) -> dict[str, Any]:
+    """The next collated micro-batch as tensors on this process's device: integer arrays as they are,
+    floating ones (pixel values) in the model's compute dtype, as MindSpeed-MM's move_to_device does."""
+    return _to_tensors(next(data_iterator))
+
+
+def _to_tensors(batch: dict[str, Any]) -> dict[str, Any]:
+    from mmrun.backend import tensors
+
+    args = get_args()
+    compute = "fp16" if args.fp16 else "bf16" if args.bf16 else None
+    return {key: tensors.from_numpy(value, dtype=compute if value.dtype.kind == "f" and compute else None)
+            for key, value in batch.items()}
+
+
+def loss_func(output_tensor: dict[str, Any], token_weight: Any = None) -> tuple[Any, ...]:
+    """The micro-batch loss: by default the model's mean over its label tokens (MindSpeed-MM's default);
+    with --calculate-per-token-loss the sum of its token losses times `token_weight` (see forward_step),
+    so that the step's loss is the mean over every label token of the global batch."""
+    loss_dict = output_tensor["loss_dict"]
+    if token_weight is None:
+        return loss_dict["loss"], {"lm loss": loss_dict["loss"]}
+    return loss_dict["loss"] * token_weight, {"lm loss": (loss_dict["loss"], loss_dict["num_tokens"])}
+
+
+class _GlobalTokenCount:
+    """--calculate-per-token-loss: Megatron divides the summed token losses of a step by the number of label
+    tokens of the whole global batch (every micro-batch, every data-parallel rank). mmrun's train step
+    averages micro-batch losses over micro-batches and ranks, so each micro-batch loss is its token-loss sum
+    times num_micro x dp / tokens_in_global_batch: the average is then exactly Megatron's per-token mean,
+    for the gradients and for the logged loss. The count needs every micro-batch of the step, so the first
+    forward_step of a step reads them all ahead (its own iterator's; evaluation has its own) and all-reduces
+    the count once."""
+
+    def __init__(self) -> None:
+        self._ahead: dict[int, list[tuple[dict[str, Any], Any]]] = {}
+
+    def next(self, data_iterator: Iterator) -> tuple[dict[str, Any], Any]:
+        import numpy as np
+
+        from mmrun import backend
+        from mmrun.backend import tensors
+
+        queue = self._ahead.setdefault(id(data_iterator), [])
+        if not queue:
+            args = get_args()
+            batches = [next(data_iterator) for _ in range(args.num_micro_batches)]
+            local = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+            total = float(tensors.to_numpy(backend.distributed.all_reduce(
+                tensors.from_numpy(np.array([local], dtype=np.float32)), op="sum"))[0])
+            weight = args.num_micro_batches * args.data_parallel_size / max(total, 1.0)
+            queue.extend((batch, tensors.from_numpy(np.float32(weight))) for batch in batches)
+        return queue.pop(0)
+
+
+IGNORE_INDEX = -100  # label of tokens that carry no loss (prompt, padding, vision tokens)
+_TOKEN_COUNT = _GlobalTokenCount()
+
+
+def forward_step(data_iterator: Iterator, model: Any) -> tuple[Any, Any]:
+    """model(**batch) -> {"loss_dict", "logits"}, and the loss function to reduce it."""
+    if not get_args().calculate_per_token_loss:
+        return model(**get_batch(data_iterator)), loss_func
+    batch, weight = _TOKEN_COUNT.next(data_iterator)
+    output = model(**_to_tensors(batch), calculate_per_token_loss=True)
+    return output, partial(loss_func, token_weight=weight)
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, int, int]) -> tuple[Any, None, None]:
+    """The mllm_format dataset of data.json, repeated over epochs in the seed's order (shuffle as
+    dataloader_param says); collated with right padding and Qwen2-VL's multimodal position ids."""
+    from mmrun.data.epochs import EpochView
+    from mmrun.data.multimodal import mllm_dataset
+
+    args = get_args()
+    if args.mm_tool:
+        _read_json(args.mm_tool, "--mm-tool")
+    data = _read_json(args.mm_data, "--mm-data")
+    if not isinstance(data, dict) or not isinstance(data.get("dataset_param"), dict):
+        raise UsageError(f"--mm-data {args.mm_data}: needs a dataset_param object (MindSpeed-MM's data.json). "
+                         f"Received keys: {', '.join(sorted(data)) if isinstance(data, dict) else type(data).__name__}")
+    unknown = sorted(set(data) - {"dataset_param", "dataloader_param"})
+    if unknown:
+        _warn_rank0(f"{args.mm_data}: unknown top-level key(s) {', '.join(unknown)} (mmrun does not read them)")
+    loader = data.get("dataloader_param") or {}
+    print_rank_0("> building the multimodal dataset ...")
+    dataset = mllm_dataset.MultimodalDataset(data["dataset_param"], seq_length=args.seq_length,
+                                             skip_bad_samples=args.skip_bad_samples)
+    config = _MODEL_JSON.hf_config
+    collate = partial(mllm_dataset.collate, pad_token_id=dataset.pad_token_id,
+                      rope_config=mllm_dataset.RopeConfig.from_hf_config(config))
+    train = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed,
+                      shuffle=bool(loader.get("shuffle", True)), collate=collate)
+    print_rank_0(f" > {len(dataset)} samples, {train.num_samples} to read "
+                 f"({'shuffled' if train.shuffle else 'in file order'} each epoch, seed {args.seed})")
+    return train, None, None
+
+
+def main(argv: list[str] | None = None) -> Any:
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    try:
+        source = _model_source(tokens)
+    except UsageError as err:
+        _warn_rank0_error(str(err))
+        raise SystemExit(2) from None
+    return pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
+                    args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args_provider, argv=tokens,
+                    model_source=source)
+
+
+def _warn_rank0_error(message: str) -> None:
+    from mmrun.backend import rank_env
+
+    if rank_env.read_rank_info().rank == 0:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
