@@ -32,7 +32,7 @@ from mmrun.data.multimodal.data_config import MultimodalDataConfig, parse_datase
 from mmrun.data.multimodal.image_processing import (ImageProcessorConfig, preprocess_images, preprocess_video,
                                                      regularize_image)
 from mmrun.data.multimodal.rope_index import RopeConfig
-from mmrun.data.multimodal.templates import (ASSISTANT, FUNCTION, IMAGE_PLACEHOLDER, OBSERVATION, SYSTEM,
+from mmrun.data.multimodal.templates import (ASSISTANT, FUNCTION, IMAGE_PLACEHOLDER, OBSERVATION,
                                              TEMPLATES, USER, VIDEO_PLACEHOLDER, ChatTemplate,
                                              encode_conversation, expand_placeholders)
 from mmrun.data.tokenizers import HuggingFaceTokenizer

@@ -20,7 +20,7 @@ IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
 
 # Conversation roles (MindSpeed-MM's `Role` values) after the data.json tags are mapped onto them.
-USER, ASSISTANT, OBSERVATION, FUNCTION, SYSTEM = "user", "assistant", "observation", "function", "system"
+USER, ASSISTANT, OBSERVATION, FUNCTION = "user", "assistant", "observation", "function"
 
 
 @dataclass(frozen=True)

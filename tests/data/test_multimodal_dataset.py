@@ -203,3 +203,35 @@ def test_truncated_image_is_an_error(demo):
     with pytest.raises(SampleError, match=r"demo.json: sample 0: the cut-off --seq-length 30 truncated the image "
                                           r"tokens \(\d+ of \d+ kept\); raise --seq-length"):
         dataset[0]
+
+
+def test_video_sample_with_qwen2_5_rope(demo, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(demo["model_dir"], model)
+    ids = special_token_ids_for_model_config(str(model))
+    config = {"model_type": "qwen2_5_vl", "vision_config": {"spatial_merge_size": 2, "tokens_per_second": 2}, **ids}
+    (model / "config.json").write_text(json.dumps(config))
+    for i in range(3):
+        Image.new("RGB", (84, 56), (80 * i, 0, 0)).save(tmp_path / f"f{i}.png")
+    rows = [{"messages": [{"role": "user", "content": "<video>what happens"}, {"role": "assistant", "content": "red"}],
+             "videos": [["f0.png", "f1.png", "f2.png"]]}]
+    (tmp_path / "video.json").write_text(json.dumps(rows))
+    param = _param(demo, tmp_path / "video.json", dataset_dir=str(tmp_path))
+    param["preprocess_parameters"].update(model_name_or_path=str(model), video_max_pixels=10 ** 6, video_min_pixels=0)
+    param["attr"]["videos"] = "videos"
+    dataset = MultimodalDataset(param, seq_length=128)
+    assert dataset.rope_config.tokens_per_second == 2
+    sample = dataset[0]
+    assert sample["video_grid_thw"].tolist() == [[2, 4, 6]]  # 3 frames + the last repeated = 2 temporal patches
+    assert sample["pixel_values_videos"].shape == (48, 1176) and sample["second_per_grid_ts"].tolist() == [1.0]
+    assert int((sample["input_ids"] == ids["video_token_id"]).sum()) == 12
+    batch = dataset.collate_fn([sample])
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "position_ids", "pixel_values_videos",
+                          "video_grid_thw", "second_per_grid_ts"}
+    start = int(np.flatnonzero(batch["input_ids"][0] == ids["video_token_id"])[0])
+    assert batch["position_ids"][0, 0, start:start + 12].tolist() == [start] * 6 + [start + 2] * 6  # 1 s * 2 tokens/s
+    (model / "config.json").write_text(json.dumps({**config, "image_token_id": 99}))
+    with pytest.raises(DatasetConfigError, match="config.json's image/video/vision_start token ids"):
+        MultimodalDataset(param, seq_length=128)
