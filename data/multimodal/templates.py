@@ -1,0 +1,134 @@
+"""Chat templates as data, and encoding a conversation into input_ids and labels as MindSpeed-MM does.
+
+MindSpeed-MM (after LLaMA-Factory) formats each message with its role's slot, the first one preceded by the
+system slot, tokenizes each formatted message as one string (special tokens such as `<|im_end|>` are
+recognised as such), and pairs them (user, assistant). Labels are the assistant ids; prompt ids are -100
+unless `train_on_prompt`; with `mask_history` only the last pair is trained on and pairs are filled from the
+last one backwards, so that the cut-off drops the oldest turns first. Truncation to the cut-off (mmrun:
+`--seq-length`) shares the room between prompt and answer with LLaMA-Factory's `infer_seqlen`.
+
+`<image>` / `<video>` placeholders become `<|vision_start|>` + one pad token per merged patch + `<|vision_end|>`,
+as MindSpeed-MM's `Qwen2VLPlugin.process_messages` does, before tokenization.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+IGNORE_INDEX = -100
+IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
+
+# Conversation roles (MindSpeed-MM's `Role` values) after the data.json tags are mapped onto them.
+USER, ASSISTANT, OBSERVATION, FUNCTION = "user", "assistant", "observation", "function"
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """One template: a format string per role (`{content}` is the message) and the vision token strings."""
+
+    name: str
+    slots: dict[str, str]
+    system_slot: str
+    default_system: str
+    vision_start: str
+    vision_end: str
+    image_pad: str
+    video_pad: str
+    end_of_turn: str
+    pad: str  # the padding token the collator uses (Qwen: <|endoftext|>)
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """Name -> token string, for every token this template needs from the tokenizer."""
+        return {"vision_start": self.vision_start, "vision_end": self.vision_end, "image_pad": self.image_pad,
+                "video_pad": self.video_pad, "end_of_turn": self.end_of_turn, "pad": self.pad}
+
+
+QWEN2VL = ChatTemplate(
+    name="qwen2vl",
+    slots={
+        USER: "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n",
+        ASSISTANT: "{content}<|im_end|>\n",
+        OBSERVATION: "<|im_start|>tool\n{content}<|im_end|>\n<|im_start|>assistant\n",
+    },
+    system_slot="<|im_start|>system\n{content}<|im_end|>\n",
+    default_system="You are a helpful assistant.",
+    vision_start="<|vision_start|>",
+    vision_end="<|vision_end|>",
+    image_pad="<|image_pad|>",
+    video_pad="<|video_pad|>",
+    end_of_turn="<|im_end|>",
+    pad="<|endoftext|>",
+)
+
+# MindSpeed-MM's `basic_parameters.template` names. Qwen2.5-VL's examples use "qwen2vl" too.
+TEMPLATES: dict[str, ChatTemplate] = {QWEN2VL.name: QWEN2VL}
+
+
+class TextTokenizer(Protocol):
+    def tokenize(self, text: str) -> list[int]: ...
+
+
+def expand_placeholders(messages: Sequence[dict], template: ChatTemplate, image_tokens: Sequence[int],
+                        video_tokens: Sequence[int]) -> list[dict]:
+    """Copies of `messages` with the i-th `<image>` (`<video>`) replaced by its vision block of
+    `image_tokens[i]` (`video_tokens[i]`) pad tokens; counts are grid_t*grid_h*grid_w // merge_size**2."""
+    images, videos = iter(image_tokens), iter(video_tokens)
+    out = []
+    for message in messages:
+        content = message["content"]
+        for placeholder, pad, counts in ((IMAGE_PLACEHOLDER, template.image_pad, images),
+                                         (VIDEO_PLACEHOLDER, template.video_pad, videos)):
+            pieces = content.split(placeholder)
+            content = pieces[0] + "".join(
+                f"{template.vision_start}{pad * next(counts)}{template.vision_end}{piece}" for piece in pieces[1:])
+        out.append({**message, "content": content})
+    return out
+
+
+def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int, int]:
+    """LLaMA-Factory's split of `cutoff_len` between a prompt (source) and its answer (target)."""
+    if target_len * 2 < cutoff_len:  # the answer fits in half: cut the prompt
+        max_target_len = cutoff_len
+    elif source_len * 2 < cutoff_len:  # the prompt fits in half: cut the answer
+        max_target_len = cutoff_len - source_len
+    else:  # both long: share in proportion
+        max_target_len = int(cutoff_len * (target_len / (source_len + target_len)))
+    new_target_len = min(max_target_len, target_len)
+    new_source_len = min(max(cutoff_len - new_target_len, 0), source_len)
+    return new_source_len, new_target_len
+
+
+def encode_conversation(tokenizer: TextTokenizer, messages: Sequence[dict], template: ChatTemplate,
+                        cutoff_len: int, system: str | None = None, train_on_prompt: bool = False,
+                        mask_history: bool = False) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) of a conversation of alternating prompt/answer messages (roles already mapped, an
+    even count, placeholders already expanded); `system` None or "" means the template's default."""
+    system = system or template.default_system
+    encoded = []
+    for index, message in enumerate(messages):
+        text = template.system_slot.format(content=system) if index == 0 and system else ""
+        text += template.slots[message["role"]].format(content=message["content"])
+        encoded.append(tokenizer.tokenize(text))
+    pairs = [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
+    if mask_history:
+        pairs = pairs[::-1]  # the last turn first: it is the one trained on, and it must survive the cut-off
+    input_ids: list[int] = []
+    labels: list[int] = []
+    total = 0
+    for turn, (source, target) in enumerate(pairs):
+        if total >= cutoff_len:
+            break
+        source_len, target_len = infer_seqlen(len(source), len(target), cutoff_len - total)
+        source, target = source[:source_len], target[:target_len]
+        total += source_len + target_len
+        source_labels = list(source) if train_on_prompt else [IGNORE_INDEX] * source_len
+        target_labels = [IGNORE_INDEX] * target_len if mask_history and turn != 0 else list(target)
+        if mask_history:
+            input_ids = source + target + input_ids
+            labels = source_labels + target_labels + labels
+        else:
+            input_ids += source + target
+            labels += source_labels + target_labels
+    return input_ids, labels
