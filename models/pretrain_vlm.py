@@ -193,6 +193,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     dataloader_param says); collated with right padding and Qwen2-VL's multimodal position ids."""
     from mmrun.data.epochs import EpochView
     from mmrun.data.multimodal import mllm_dataset
+    from mmrun.data.multimodal.collate import collate as collate_batch
 
     args = get_args()
     if args.mm_tool:
@@ -208,14 +209,35 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     print_rank_0("> building the multimodal dataset ...")
     dataset = mllm_dataset.MultimodalDataset(data["dataset_param"], seq_length=args.seq_length,
                                              skip_bad_samples=args.skip_bad_samples)
-    config = _MODEL_JSON.hf_config
-    collate = partial(mllm_dataset.collate, pad_token_id=dataset.pad_token_id,
-                      rope_config=mllm_dataset.RopeConfig.from_hf_config(config))
+    collate = partial(collate_batch, pad_token_id=dataset.token_ids["pad"], rope_config=_rope_config(dataset),
+                      max_length=args.seq_length)
     train = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed,
                       shuffle=bool(loader.get("shuffle", True)), collate=collate)
     print_rank_0(f" > {len(dataset)} samples, {train.num_samples} to read "
                  f"({'shuffled' if train.shuffle else 'in file order'} each epoch, seed {args.seed})")
     return train, None, None
+
+
+def _rope_config(dataset: Any) -> Any:
+    """Multimodal RoPE as model.json's model computes it (Qwen2.5-VL's time scale included), after checking that
+    model.json's vision token ids are the tokenizer's: a mismatch would put image features on text tokens."""
+    from mmrun.data.multimodal.rope_index import RopeConfig
+
+    config = _MODEL_JSON.hf_config
+    rope = RopeConfig.from_model_config(config)
+    ids = dataset.token_ids
+    pairs = (("img_context_token_id", rope.image_token_id, "<|image_pad|>", ids["image_pad"]),
+             ("video_token_id", rope.video_token_id, "<|video_pad|>", ids["video_pad"]),
+             ("vision_start_token_id", rope.vision_start_token_id, "<|vision_start|>", ids["vision_start"]))
+    for key, ours, token, theirs in pairs:
+        if ours != theirs:
+            raise UsageError(f"{_MODEL_JSON.path}: {key} is {ours} but the tokenizer of --mm-data gives {token} the "
+                             f"id {theirs}; set {key} to {theirs} (model.json and tokenizer.json must agree)")
+    vocab = dataset.tokenizer.vocab_size
+    if vocab > config["vocab_size"]:
+        raise UsageError(f"{_MODEL_JSON.path}: text_decoder.vocab_size {config['vocab_size']} is smaller than the "
+                         f"tokenizer's {vocab} tokens; raise it to at least {vocab}")
+    return rope
 
 
 def main(argv: list[str] | None = None) -> Any:

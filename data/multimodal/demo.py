@@ -12,9 +12,11 @@ from `special_token_ids_for_model_config`. Everything is a function of `seed`: t
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
+import sys
 from typing import Any
 
 from PIL import Image, ImageDraw
@@ -167,3 +169,20 @@ def make_demo(out_dir: str, num_samples: int = 64, seed: int = 1234) -> dict[str
     data_json_path = os.path.join(out_dir, "data.json")
     atomic_write(data_json_path, json.dumps(data_json(dataset_file, data_dir, model_dir), indent=2) + "\n")
     return {"data_json": data_json_path, "dataset": dataset_file, "model_dir": model_dir}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mmrun.data.multimodal.demo",
+                                     description="Write the offline multimodal demo (data, tokenizer, data.json).")
+    parser.add_argument("out_dir", help="directory to write into (created)")
+    parser.add_argument("--num-samples", "--num_samples", type=int, default=64, help="samples (64)")
+    parser.add_argument("--seed", type=int, default=1234, help="random seed (1234)")
+    args = parser.parse_args(argv)
+    paths = make_demo(args.out_dir, args.num_samples, args.seed)
+    print(f"demo written: {paths['data_json']} ({args.num_samples} samples in {paths['dataset']}, tokenizer and "
+          f"image processor in {paths['model_dir']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
