@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from mmrun.backend.errors import UsageError
 from mmrun.common.yaml_tables import TableError
+from mmrun.training.checkpoint_layout import CheckpointError
 
 PROG = "mmrun convert"
 # MindSpeed-MM converter name -> the module whose SUBCOMMANDS implement it.
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if sub not in subcommands:
             raise UsageError(f"unknown subcommand {sub!r} of {name}; choose one of {', '.join(subcommands)}")
         subcommands[sub](name, parse_options(tokens[2:]))
-    except (UsageError, TableError) as err:
+    except (UsageError, TableError, CheckpointError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:

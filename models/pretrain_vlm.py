@@ -107,8 +107,12 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     model = Qwen2VLForConditionalGeneration(config)
     init_weights(model, args.seed, args.init_method_std)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
-        _, arrays = hf_checkpoint.load_hf_directory(args.load)
-        model.load_state_dict(tensors.state_dict_from_numpy(arrays))
+        loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
+        if loaded.to_hf_config() != config.to_hf_config():
+            raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path} "
+                             f"({_config_difference(loaded.to_hf_config(), config.to_hf_config())}); make model.json "
+                             "match the checkpoint")
+        model.load_state_dict(tensors.state_dict_from_numpy(hf_checkpoint.to_float_arrays(arrays)))
         print_rank_0(f" > loaded Hugging Face weights from {args.load} ({len(arrays)} tensors); training starts "
                      "at iteration 0")
         args.load = None  # nothing of the loop's own checkpoint layout to resume from
@@ -118,6 +122,19 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     frozen = [name for name, on in freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     return model
+
+
+def _config_difference(theirs: dict[str, Any], ours: dict[str, Any], prefix: str = "") -> str:
+    """The first few keys where two HF config dicts differ, as `key: checkpoint X, model.json Y`."""
+    found = []
+    for key in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(key), ours.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            inner = _config_difference(a, b, f"{prefix}{key}.")
+            found.extend([inner] if inner else [])
+        elif a != b:
+            found.append(f"{prefix}{key}: checkpoint {a!r}, model.json {b!r}")
+    return "; ".join(found[:3])
 
 
 def get_batch(data_iterator: Iterator) -> dict[str, Any]:
