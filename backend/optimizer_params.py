@@ -20,8 +20,12 @@ def megatron_no_decay(name: str, param: Any) -> bool:
 
 
 def named_params(params: Iterable[Any]) -> list[tuple[str, Any]]:
-    """(name, param) pairs from `named_parameters()`, or from plain parameters (then named `param.<i>`)."""
-    return [item if isinstance(item, tuple) else (f"param.{i}", item) for i, item in enumerate(params)]
+    """(name, param) pairs from `named_parameters()`, or from plain parameters (then named `param.<i>`, i
+    counting every parameter given). Frozen parameters (requires_grad False: nn.freeze, torch's
+    requires_grad_(False), MindSpore's `requires_grad = False`) are left out: the optimizer keeps no state
+    for them and the train steps, which take gradients of `optimizer.params` only, never differentiate them."""
+    pairs = [item if isinstance(item, tuple) else (f"param.{i}", item) for i, item in enumerate(params)]
+    return [(name, param) for name, param in pairs if getattr(param, "requires_grad", True)]
 
 
 def check_optimizer_state(state: Mapping[str, Any], names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> None:

@@ -122,6 +122,19 @@ class LayerNorm(Module):
         return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
+class RMSNorm(Module):
+    """Qwen2/Llama RMSNorm over the last dimension through ops.rms_norm (Hugging Face's rounding); `weight`
+    ones. Not MindSpore's ops.rms_norm: no CPU kernel in 2.10, and it rounds differently."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = Parameter(_init((hidden_size,), One()))
+
+    def forward(self, x):
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
 class Dropout(Module):
     """Dropout through ops.dropout: `impl` "hash" draws torch's hash masks for the same seed, "native" is
     MindSpore's own dropout, "auto" picks per device (backend/dropout_hash.py)."""
@@ -160,6 +173,30 @@ class Conv2d(Module):
 
     def forward(self, x):
         return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding)
+
+
+def _parameters(module_or_params: Any) -> list[ms.Parameter]:
+    if isinstance(module_or_params, ms.nn.Cell):
+        return list(module_or_params.get_parameters())
+    return [p[1] if isinstance(p, tuple) else p for p in module_or_params]
+
+
+def freeze(module_or_params: Any) -> int:
+    """Stop training these parameters (a module's, or parameters / (name, parameter) pairs):
+    requires_grad False (MindSpore's attribute; torch calls requires_grad_), so optim.AdamW leaves them
+    out and the train step takes no gradient for them. Returns how many."""
+    params = _parameters(module_or_params)
+    for param in params:
+        param.requires_grad = False
+    return len(params)
+
+
+def unfreeze(module_or_params: Any) -> int:
+    """Train these parameters again (requires_grad True). Returns how many."""
+    params = _parameters(module_or_params)
+    for param in params:
+        param.requires_grad = True
+    return len(params)
 
 
 # Initialisers: in place on a parameter, from MindSpore's seeded RNG (seeding.seed_everything).

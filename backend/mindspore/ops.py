@@ -18,7 +18,7 @@ import numpy as np
 from mindspore import mint
 from mindspore import ops as _ops
 
-from mmrun.backend import dropout_hash
+from mmrun.backend import dropout_hash, varlen
 from mmrun.backend.mindspore import device as _device
 from mmrun.backend.mindspore import kernels, seeding
 
@@ -176,9 +176,15 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
 
     On Ascend with fp16/bf16 inputs `flash_attention_score` computes it (kernels.fused_attention) unless
     the hash dropout must draw the mask; elsewhere (CPU, GPU, fp32) the explicit matmul/softmax/dropout/
-    matmul, whose masks torch's hash dropout draws too."""
+    matmul, whose masks torch's hash dropout draws too.
+
+    Grouped-query attention: k and v may have fewer heads than q (heads divisible by kv heads); each kv
+    head serves heads // kv_heads consecutive query heads, as torch's `enable_gqa=True`. The kv heads are
+    repeated first (repeat_kv) on every path."""
     dropout_hash.check_probability(dropout_p)
+    check_gqa_heads(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k, v = repeat_kv(k, q.shape[-3] // k.shape[-3]), repeat_kv(v, q.shape[-3] // v.shape[-3])
     if dropout_p == 0.0 or dropout_impl in _NATIVE_DROPOUT:
         fused = kernels.fused_attention(q, k, v, causal, dropout_p, scale)
         if fused is not None:
@@ -194,6 +200,25 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p
         att = masked_fill(att, causal_mask(q.shape[-2], like=q), float("-inf"))
     att = dropout(softmax(att, dim=-1), dropout_p, True, dropout_impl)
     return matmul(att, v)
+
+
+def check_gqa_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """One clear error unless k and v have the same head count and it divides q's (dim -3)."""
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != kv_heads or kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"attention heads: q has {heads}, k {kv_heads}, v {v.shape[-3]}; k and v need the same "
+                         "count, one that divides q's (grouped-query attention)")
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(batch, kv_heads, seq, d) -> (batch, kv_heads * groups, seq, d), each head repeated `groups` times in
+    place (head h serves query heads h*groups ... h*groups+groups-1), as torch's enable_gqa."""
+    if groups == 1:
+        return x
+    b, h, s, d = x.shape
+    # mint.repeat_interleave has no CPU kernel (RepeatInterleaveInt); broadcast_to + reshape is the same copy.
+    return mint.reshape(mint.broadcast_to(mint.reshape(x, (b, h, 1, s, d)), (b, h, groups, s, d)),
+                        (b, h * groups, s, d))
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
@@ -282,3 +307,57 @@ def sqrt(x: Tensor) -> Tensor:
 
 def tanh(x: Tensor) -> Tensor:
     return mint.tanh(x)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """Qwen2/Llama RMSNorm: weight * (x * rsqrt(mean(x^2, -1) + eps)), normalised in fp32 and rounded to
+    x's dtype before the weight multiplies (Hugging Face's Qwen2RMSNorm, op for op)."""
+    # Not ops.rms_norm: no CPU kernel in 2.10 (and it rounds differently); mint.mean/rsqrt have kernels.
+    x32 = x if x.dtype == ms.float32 else _ops.cast(x, ms.float32)
+    normed = x32 * mint.rsqrt(mint.mean(x32 * x32, -1, keepdim=True) + eps)
+    return weight * (normed if x.dtype == ms.float32 else _ops.cast(normed, x.dtype))
+
+
+def silu(x: Tensor) -> Tensor:
+    return _ops.silu(x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return mint.sigmoid(x)
+
+
+def cos(x: Tensor) -> Tensor:
+    return mint.cos(x)
+
+
+def sin(x: Tensor) -> Tensor:
+    return mint.sin(x)
+
+
+def cumsum(x: Tensor, dim: int) -> Tensor:
+    # mint.cumsum has no CPU kernel (CumsumExt) in 2.10; ops.cumsum does.
+    return _ops.cumsum(x, dim)
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens, scale: float | None = None) -> Tensor:
+    """Bidirectional attention inside each segment of a packed sequence, never across segments (the
+    images and frames of a ViT batch). q (total, heads, head_dim), k/v (total, kv_heads, head_dim);
+    `cu_seqlens` are the host-side segment boundaries [0, l0, l0+l1, ..., total]. Returns (total, heads, head_dim).
+
+    No (total x total) mask is built: each run of equal-length consecutive segments is one batched
+    scaled_dot_product_attention (varlen.equal_length_runs), the results concatenated."""
+    bounds = varlen.check_cu_seqlens(cu_seqlens, q.shape[0])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    runs = varlen.equal_length_runs(bounds)
+    sizes = [length * count for length, count in runs]
+    if len(sizes) == 1:
+        pieces = [(q, k, v)]
+    else:
+        pieces = list(zip(*(split(t, sizes, 0) for t in (q, k, v))))
+    out = []
+    for (length, count), (qs, ks, vs) in zip(runs, pieces):
+        # (count * length, heads, d) -> (count, heads, length, d): the segments of a run are a batch.
+        qs, ks, vs = (transpose(mint.reshape(t, (count, length, t.shape[1], t.shape[2])), 1, 2) for t in (qs, ks, vs))
+        o = scaled_dot_product_attention(qs, ks, vs, causal=False, scale=scale)
+        out.append(mint.reshape(transpose(o, 1, 2), (count * length, o.shape[1], o.shape[3])))
+    return out[0] if len(out) == 1 else cat(out, 0)

@@ -7,6 +7,8 @@ an optimisation with an exact or tested-equal fallback, never a requirement.
 - `fused_attention`: torch_npu's `npu_fusion_attention` on an Ascend NPU, else
   `F.scaled_dot_product_attention` (flash / memory-efficient kernels on CUDA, a fused CPU kernel or the
   math path on CPU). Its dropout draws the framework's RNG (see backend/dropout_hash.py for the choice).
+- `varlen_attention`: torch's `torch.nn.attention.varlen.varlen_attn` (flash / cuDNN) on CUDA for
+  fp16/bf16 packed segments (the ViT's images and frames); None elsewhere.
 - `hash_dropout`: the cross-framework hash dropout (backend/dropout_hash.py) as ONE Triton kernel on
   CUDA: the mask is recomputed from (multiplier, offset) in the backward pass instead of being saved, so
   it costs one read and one write per element each way, as `F.dropout` does. The eager path in `ops`
@@ -20,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -43,8 +46,13 @@ def _npu_fusion_attention() -> Any:
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, dropout_p: float,
                     scale: float) -> torch.Tensor | None:
     """softmax(q k^T * scale [causal]) v with dropout_p on the probabilities, q/k/v (B, heads, T, head_dim);
-    None where no fused kernel applies (the caller computes it explicitly)."""
+    None where no fused kernel applies (the caller computes it explicitly). k/v may have fewer heads
+    than q (grouped-query attention, see ops.scaled_dot_product_attention)."""
+    gqa = k.shape[1] != q.shape[1]
     if q.device.type == "npu":
+        if gqa:  # repeated here rather than trusting every torch_npu release's N1 != N2 support
+            from mmrun.backend.torch.ops import repeat_kv
+            k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
         fusion = _npu_fusion_attention()
         if fusion is None or q.dtype not in _HALF:
             return None  # fp32 and older torch_npu: the explicit path
@@ -53,7 +61,33 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         mask = torch.ones(seq_q, seq_k, dtype=torch.bool, device=q.device).triu_(1) if causal else None
         out = fusion(q, k, v, q.shape[1], "BNSD", atten_mask=mask, scale=scale, keep_prob=1.0 - dropout_p)
         return out[0]
+    if gqa:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale,
+                                              enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_varlen_attn() -> Any:
+    """torch.nn.attention.varlen.varlen_attn (torch >= 2.9, CUDA flash/cuDNN kernels), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: np.ndarray,
+                     scale: float) -> torch.Tensor | None:
+    """torch's own varlen flash attention over packed segments, q/k/v (total, heads, head_dim): on CUDA with
+    fp16/bf16 and equal head counts only; None elsewhere (the caller runs one fused attention per run of
+    equal-length segments)."""
+    kernel = _torch_varlen_attn()
+    if kernel is None or q.device.type != "cuda" or q.dtype not in _HALF or k.shape[1] != q.shape[1]:
+        return None
+    bounds = torch.as_tensor(cu_seqlens, dtype=torch.int32).to(q.device, non_blocking=True)
+    longest = int(np.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0
+    return kernel(q, k, v, bounds, bounds, longest, longest, scale=scale)
 
 
 # --------------------------------------------------------------------------------- hash dropout

@@ -7,7 +7,7 @@ parameter names are torch's (`weight`, `bias`).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -40,6 +40,19 @@ class LayerNorm(torch.nn.LayerNorm):
         super().__init__(normalized_shape, eps=eps, bias=bias)
 
 
+class RMSNorm(torch.nn.Module):
+    """Qwen2/Llama RMSNorm over the last dimension through ops.rms_norm (Hugging Face's rounding, not
+    torch.nn.RMSNorm's); `weight` ones."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
 class Dropout(torch.nn.Dropout):
     """torch.nn.Dropout through ops.dropout: `impl` "hash" draws MindSpore's masks for the same seed,
     "native" is F.dropout, "auto" picks per device (backend/dropout_hash.py)."""
@@ -66,6 +79,29 @@ class Conv2d(torch.nn.Conv2d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
                  padding: int = 0, bias: bool = True) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
+
+
+def _parameters(module_or_params: torch.nn.Module | Iterable[Any]) -> list[torch.Tensor]:
+    if isinstance(module_or_params, torch.nn.Module):
+        return list(module_or_params.parameters())
+    return [p[1] if isinstance(p, tuple) else p for p in module_or_params]
+
+
+def freeze(module_or_params: torch.nn.Module | Iterable[Any]) -> int:
+    """Stop training these parameters (a module's, or parameters / (name, parameter) pairs):
+    requires_grad False, so autograd skips them and optim.AdamW leaves them out. Returns how many."""
+    params = _parameters(module_or_params)
+    for param in params:
+        param.requires_grad_(False)
+    return len(params)
+
+
+def unfreeze(module_or_params: torch.nn.Module | Iterable[Any]) -> int:
+    """Train these parameters again (requires_grad True). Returns how many."""
+    params = _parameters(module_or_params)
+    for param in params:
+        param.requires_grad_(True)
+    return len(params)
 
 
 # Initialisers: in place on a parameter, from the framework's seeded RNG (seeding.seed_everything).

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mmrun.backend import dropout_hash
+from mmrun.backend import dropout_hash, varlen
 from mmrun.backend.torch import device as _device
 from mmrun.backend.torch import kernels, seeding
 
@@ -136,8 +136,13 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
     A fused kernel computes it (kernels.fused_attention: F.scaled_dot_product_attention, or
     npu_fusion_attention on an NPU) unless the hash dropout must draw the mask: "hash" dropout (explicit,
     or "auto" on CPU) with dropout_p > 0 runs the explicit matmul/softmax/dropout/matmul, whose masks
-    MindSpore draws too. fp16/bf16 probabilities are computed in fp32 on the explicit path."""
+    MindSpore draws too. fp16/bf16 probabilities are computed in fp32 on the explicit path.
+
+    Grouped-query attention: k and v may have fewer heads than q (heads divisible by kv heads); each kv
+    head serves heads // kv_heads consecutive query heads, as torch's `enable_gqa=True` and Hugging
+    Face's repeat_kv."""
     dropout_hash.check_probability(dropout_p)
+    check_gqa_heads(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if dropout_p == 0.0 or dropout_hash.resolve_impl(dropout_impl, q.device.type) == "native":
         fused = kernels.fused_attention(q, k, v, causal, dropout_p, scale)
@@ -149,11 +154,29 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
 def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, scale: float,
                         dropout_impl: str) -> Tensor:
     """The composite path (and the reference the fused kernels are tested against)."""
+    k, v = repeat_kv(k, q.shape[-3] // k.shape[-3]), repeat_kv(v, q.shape[-3] // v.shape[-3])
     att = matmul(q, transpose(k, -2, -1)) * scale
     if causal:
         att = masked_fill(att, causal_mask(q.shape[-2], like=q), float("-inf"))
     att = dropout(softmax(att, dim=-1), dropout_p, True, dropout_impl)
     return matmul(att, v)
+
+
+def check_gqa_heads(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """One clear error unless k and v have the same head count and it divides q's (dim -3)."""
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != kv_heads or kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"attention heads: q has {heads}, k {kv_heads}, v {v.shape[-3]}; k and v need the same "
+                         "count, one that divides q's (grouped-query attention)")
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(batch, kv_heads, seq, d) -> (batch, kv_heads * groups, seq, d), each head repeated `groups` times in
+    place (head h serves query heads h*groups ... h*groups+groups-1), as torch's enable_gqa."""
+    if groups == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, groups, s, d).reshape(b, h * groups, s, d)
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
@@ -223,3 +246,58 @@ def sqrt(x: Tensor) -> Tensor:
 
 def tanh(x: Tensor) -> Tensor:
     return torch.tanh(x)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """Qwen2/Llama RMSNorm: weight * (x * rsqrt(mean(x^2, -1) + eps)), normalised in fp32 and rounded to
+    x's dtype before the weight multiplies (Hugging Face's Qwen2RMSNorm, op for op; torch.nn.RMSNorm
+    rounds elsewhere)."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def silu(x: Tensor) -> Tensor:
+    return F.silu(x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return torch.sigmoid(x)
+
+
+def cos(x: Tensor) -> Tensor:
+    return torch.cos(x)
+
+
+def sin(x: Tensor) -> Tensor:
+    return torch.sin(x)
+
+
+def cumsum(x: Tensor, dim: int) -> Tensor:
+    return torch.cumsum(x, dim=dim)
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Sequence[int] | np.ndarray,
+                     scale: float | None = None) -> Tensor:
+    """Bidirectional attention inside each segment of a packed sequence, never across segments (the
+    images and frames of a ViT batch). q (total, heads, head_dim), k/v (total, kv_heads, head_dim);
+    `cu_seqlens` are the host-side segment boundaries [0, l0, l0+l1, ..., total]. Returns (total, heads, head_dim).
+
+    No (total x total) mask is built: on CUDA with fp16/bf16 torch's own varlen flash kernel runs
+    (kernels.varlen_attention); elsewhere each run of equal-length consecutive segments is one batched
+    fused attention call (varlen.equal_length_runs), the results concatenated."""
+    bounds = varlen.check_cu_seqlens(cu_seqlens, q.shape[0])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    fused = kernels.varlen_attention(q, k, v, bounds, scale)
+    if fused is not None:
+        return fused
+    runs = varlen.equal_length_runs(bounds)
+    sizes = [length * count for length, count in runs]
+    pieces = zip(*(torch.split(t, sizes, dim=0) for t in (q, k, v)))
+    out = []
+    for (length, count), (qs, ks, vs) in zip(runs, pieces):
+        # (count * length, heads, d) -> (count, heads, length, d): the segments of a run are a batch.
+        qs, ks, vs = (t.reshape(count, length, t.shape[1], t.shape[2]).transpose(1, 2) for t in (qs, ks, vs))
+        o = scaled_dot_product_attention(qs, ks, vs, causal=False, scale=scale)
+        out.append(o.transpose(1, 2).reshape(count * length, o.shape[1], o.shape[3]))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=0)

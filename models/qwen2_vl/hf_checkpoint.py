@@ -1,0 +1,298 @@
+"""Hugging Face Qwen2-VL / Qwen2.5-VL directories: read them into mmrun's names, write them back.
+
+A directory holds config.json and model.safetensors, or shards model-0000i-of-0000n.safetensors listed by
+model.safetensors.index.json. Keys may be in the hub layout (`visual.*`, `model.layers.*`, `lm_head.weight`;
+what every published checkpoint and transformers' save_pretrained write) or in transformers 5.x's
+in-memory layout (`model.visual.*`, `model.language_model.*`); both read into the hub names, which are
+mmrun's parameter names. Tied models (tie_word_embeddings) have no lm_head.weight.
+
+Arrays are numpy in mmrun's layout: the same as the checkpoint except `visual.patch_embed.proj.weight`,
+whose Conv3d kernel (D, 3, 2, 14, 14) is flattened to the Linear's (D, 1176) (same bytes, same order).
+**bf16**: numpy has no bfloat16, so a BF16 tensor is read as its raw bits in an np.uint16 array of the
+same shape (no Qwen2-VL checkpoint holds integer uint16 tensors), and a uint16 array is written back as
+BF16: a checkpoint read and written again is byte-identical per tensor. `bf16_bits_to_float32` widens
+bits exactly; `float32_to_bf16_bits` rounds to nearest even, as torch does; `to_float_arrays` gives the
+arrays a model loads. safetensors files are read and written here (the format is a JSON header and raw
+little-endian data), so no framework and no safetensors release's numpy quirks are involved.
+Writes go to a temporary directory that replaces the target in one step (common/atomic_write.py):
+a reader never sees a half-written checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
+from mmrun.models.qwen2_vl.configuration import MODEL_TYPES, Qwen2VLConfig
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+PATCH_EMBED = "visual.patch_embed.proj.weight"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024 ** 3  # transformers' default max_shard_size ("5GB")
+# safetensors dtype name <-> numpy dtype; BF16 travels as uint16 bits (see the module docstring).
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+_TORCH_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# transformers 5.x in-memory prefixes -> hub prefixes (its _checkpoint_conversion_mapping, reversed).
+_IN_MEMORY_PREFIXES = (("model.visual.", "visual."), ("model.language_model.", "model."))
+
+
+class NotAnHFDirectoryError(ValueError):
+    """The path is not a Hugging Face Qwen2-VL / Qwen2.5-VL directory mmrun can read."""
+
+
+# ------------------------------------------------------------------------------------------ bf16
+
+def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32, exactly (bf16 is the top half of a float32)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays a quiet NaN (torch's rule)."""
+    u = np.asarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(np.asarray(values, np.float32)), np.uint16(0x7FC0), rounded)
+
+
+def to_float_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays with bf16 bits (uint16) widened to float32, the rest as they are: ready for load_state_dict."""
+    return {name: bf16_bits_to_float32(a) if a.dtype == np.uint16 else a for name, a in arrays.items()}
+
+
+# ------------------------------------------------------------------------------------------ safetensors
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """name -> numpy array of one .safetensors file (BF16 as uint16 bits)."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    arrays = {}
+    for name, spec in header.items():
+        if spec["dtype"] not in _DTYPES:
+            raise ValueError(f"{path}: tensor {name} has dtype {spec['dtype']}, which mmrun does not read; "
+                             f"supported: {sorted(_DTYPES)}")
+        begin, end = spec["data_offsets"]
+        dtype = np.dtype(_DTYPES[spec["dtype"]]).newbyteorder("<")
+        count = (end - begin) // dtype.itemsize
+        data = np.fromfile(path, dtype=dtype, count=count, offset=8 + length + begin)
+        arrays[name] = data.astype(dtype.newbyteorder("="), copy=False).reshape(spec["shape"])
+    return arrays
+
+
+def write_safetensors(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
+                      metadata: Mapping[str, str] | None = None) -> None:
+    """One .safetensors file: JSON header (padded to 8 bytes) then each tensor's little-endian bytes."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
+    offset, order = 0, sorted(arrays)
+    for name in order:
+        a = arrays[name]
+        if a.dtype not in _NAMES:
+            raise ValueError(f"tensor {name} has numpy dtype {a.dtype}, which safetensors cannot hold here; "
+                             f"use one of {sorted(str(np.dtype(d)) for d in _DTYPES.values())}")
+        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for name in order:
+            f.write(np.ascontiguousarray(arrays[name]).astype(arrays[name].dtype.newbyteorder("<"), copy=False).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ------------------------------------------------------------------------------------------ names
+
+def hf_parameter_names(config: Qwen2VLConfig) -> list[str]:
+    """Every parameter name of the model (= hub checkpoint keys), without building it."""
+    v, t = config.vision, config.text
+    norm = ("weight",) if config.is_qwen2_5 else ("weight", "bias")
+    mlp = (("gate_proj", "up_proj", "down_proj") if config.is_qwen2_5 else ("fc1", "fc2"))
+    names = [PATCH_EMBED]
+    for i in range(v.depth):
+        block = f"visual.blocks.{i}."
+        names += [block + f"{n}.{p}" for n in ("norm1", "norm2") for p in norm]
+        names += [block + f"attn.{n}.{p}" for n in ("qkv", "proj") for p in ("weight", "bias")]
+        names += [block + f"mlp.{n}.{p}" for n in mlp for p in ("weight", "bias")]
+    names += [f"visual.merger.ln_q.{p}" for p in norm]
+    names += [f"visual.merger.mlp.{i}.{p}" for i in (0, 2) for p in ("weight", "bias")]
+    names.append("model.embed_tokens.weight")
+    for i in range(t.num_hidden_layers):
+        layer = f"model.layers.{i}."
+        names += [layer + f"self_attn.{n}.{p}" for n in ("q_proj", "k_proj", "v_proj") for p in ("weight", "bias")]
+        names += [layer + "self_attn.o_proj.weight", layer + "input_layernorm.weight",
+                  layer + "post_attention_layernorm.weight"]
+        names += [layer + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
+    names.append("model.norm.weight")
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def _hub_name(name: str) -> str:
+    for memory, hub in _IN_MEMORY_PREFIXES:
+        if name.startswith(memory):
+            return hub + name[len(memory):]
+    return name
+
+
+def _check_names(where: str, config: Qwen2VLConfig, names: set[str]) -> None:
+    expected = set(hf_parameter_names(config))
+    missing, unexpected = sorted(expected - names), sorted(names - expected)
+    if missing or unexpected:
+        shown = "; ".join(f"{label} {len(keys)}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
+                          for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+        raise ValueError(f"{where} does not hold the tensors of its {config.model_type} config ({shown}); "
+                         "pass the weights saved with this config")
+
+
+# ------------------------------------------------------------------------------------------ read
+
+def is_hf_directory(path: str | os.PathLike) -> bool:
+    """True when `path` is a directory with a Qwen2-VL / Qwen2.5-VL config.json and safetensors weights."""
+    path = Path(path)
+    try:
+        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+
+
+def load_hf_config(path: str | os.PathLike) -> Qwen2VLConfig:
+    """The Qwen2VLConfig of a Hugging Face directory's config.json (one-line errors otherwise)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NotAnHFDirectoryError(f"{path} is not a directory; pass a Hugging Face Qwen2-VL model directory "
+                                    "(config.json + model.safetensors)")
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise NotAnHFDirectoryError(f"{path} has no config.json, so it is not a Hugging Face model directory; "
+                                    "pass the directory that save_pretrained wrote")
+    try:
+        raw = json.loads(config_file.read_text())
+    except ValueError as error:
+        raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
+    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
+        found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+        raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not a Qwen2-VL family model; "
+                                    f"mmrun's qwen2_vl reads model_type {' or '.join(MODEL_TYPES)}")
+    return Qwen2VLConfig.from_hf_config(raw)
+
+
+def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen2VLConfig, dict[str, np.ndarray]]:
+    """(config, {parameter name: array}) of a Hugging Face directory, in mmrun's layout (module docstring)."""
+    path = Path(path)
+    config = load_hf_config(path)
+    if (path / INDEX_FILE).is_file():
+        weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif (path / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors "
+                                    "weights only (re-save a pytorch_model.bin with save_pretrained(safe_serialization=True))")
+    arrays: dict[str, np.ndarray] = {}
+    for file in files:
+        for name, array in read_safetensors(path / file).items():
+            if name.endswith(".inv_freq"):
+                continue  # rotary buffers some old checkpoints carry; computed, not learned
+            arrays[_hub_name(name)] = array
+    if config.tie_word_embeddings:
+        arrays.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
+    _check_names(str(path), config, set(arrays))
+    kernel = arrays[PATCH_EMBED]
+    arrays[PATCH_EMBED] = kernel.reshape(kernel.shape[0], -1)
+    return config, arrays
+
+
+# ------------------------------------------------------------------------------------------ write
+
+def save_hf_directory(path: str | os.PathLike, config: Qwen2VLConfig, arrays: Mapping[str, np.ndarray], *,
+                      dtype: str | None = None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                      copy_files_from: str | os.PathLike | None = None) -> Path:
+    """Write config.json and safetensors (sharded with an index above `max_shard_bytes`) that transformers'
+    from_pretrained loads; returns the directory. `arrays` are in mmrun's layout (e.g. a state dict through
+    tensors.state_dict_to_numpy, or load_hf_directory's). `dtype` "bfloat16" | "float32" | "float16"
+    converts floating tensors (bf16 rounded to nearest even), None writes them as given (uint16 = bf16 bits).
+    `copy_files_from`: a directory whose other files (tokenizer, processor, generation config) are copied.
+
+    The directory is built beside `path` and swapped in at once; an existing `path` is replaced only when
+    it is empty or a Hugging Face Qwen2-VL directory itself."""
+    path = Path(path)
+    if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_hf_directory(path))):
+        raise ValueError(f"refusing to replace {path}: it exists and is not a Hugging Face Qwen2-VL directory; "
+                         "name a new directory")
+    _check_names("the arrays to save", config, set(arrays))
+    tensors = {name: _converted(name, np.asarray(a), dtype) for name, a in arrays.items()}
+    kernel = tensors[PATCH_EMBED]
+    v = config.vision
+    tensors[PATCH_EMBED] = kernel.reshape(kernel.shape[0], v.in_channels, v.temporal_patch_size, v.patch_size,
+                                          v.patch_size)
+    float_kinds = {_NAMES[a.dtype] for a in tensors.values() if _NAMES[a.dtype] in _TORCH_DTYPE}
+    hf_config = config.to_hf_config()
+    if len(float_kinds) == 1:
+        hf_config["torch_dtype"] = _TORCH_DTYPE[float_kinds.pop()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), dir=path.parent))
+    try:
+        if copy_files_from is not None:
+            skip = {CONFIG_FILE, SINGLE_FILE, INDEX_FILE}
+            for item in Path(copy_files_from).iterdir():
+                if item.is_file() and item.name not in skip and not item.name.endswith(".safetensors"):
+                    shutil.copy2(item, staging / item.name)
+        (staging / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        shards = _shards(tensors, max_shard_bytes)
+        if len(shards) == 1:
+            write_safetensors(staging / SINGLE_FILE, shards[0])
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, 1):
+                file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                write_safetensors(staging / file, shard)
+                weight_map.update({name: file for name in shard})
+            index = {"metadata": {"total_size": int(sum(a.nbytes for a in tensors.values()))},
+                     "weight_map": dict(sorted(weight_map.items()))}
+            (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        return replace_directory(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _converted(name: str, a: np.ndarray, dtype: str | None) -> np.ndarray:
+    if dtype is None or a.dtype.kind not in "fu" or (a.dtype.kind == "u" and a.dtype != np.uint16):
+        return a
+    if dtype == "bfloat16":
+        return a if a.dtype == np.uint16 else float32_to_bf16_bits(a.astype(np.float32))
+    if dtype in ("float32", "float16"):
+        wide = bf16_bits_to_float32(a) if a.dtype == np.uint16 else a
+        return wide.astype(dtype)
+    raise ValueError(f"dtype {dtype!r} cannot be written; use bfloat16, float32, float16 or None (as given)")
+
+
+def _shards(tensors: Mapping[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
+    """Tensors in name order, cut into shards of at most max_bytes (a larger tensor gets a shard of its own)."""
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].nbytes
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += nbytes
+    return shards

@@ -1,0 +1,410 @@
+"""Qwen2-VL and Qwen2.5-VL written once against the portable API (`mmrun.backend`): PyTorch and MindSpore.
+
+Equal to transformers' Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration (fp32 logits,
+loss and gradients within 1e-5, tests/models/test_qwen2_vl_vs_transformers.py), with parameter names equal
+to the Hugging Face hub checkpoint keys on both frameworks:
+
+    visual.patch_embed.proj.weight            (D, 3*2*14*14): the checkpoint's Conv3d kernel, flattened
+    visual.blocks.N.{norm1,norm2,attn.qkv,attn.proj,mlp.fc1,mlp.fc2 | mlp.gate_proj,mlp.up_proj,mlp.down_proj}
+    visual.merger.{ln_q,mlp.0,mlp.2}
+    model.embed_tokens.weight, model.layers.N.{input_layernorm,self_attn.{q,k,v,o}_proj,
+        post_attention_layernorm,mlp.{gate,up,down}_proj}, model.norm.weight
+    lm_head.weight                            only when tie_word_embeddings is False
+
+How it differs in form (not in result) from transformers:
+- The patch embedding is a Linear over the processor's pre-flattened patches (N, 1176): a Conv3d whose
+  kernel equals its stride is exactly that matmul, and MindSpore's CPU has no usable Conv3d.
+- ViT attention never crosses images or frames: `ops.varlen_attention` over the segment boundaries
+  (no N x N mask); Qwen2.5-VL's windows are segments too.
+- Vision features replace the <|image_pad|>/<|video_pad|> embeddings in place by one gather from
+  [text embeddings; vision features] with an index built by cumsum on the device (no masked_scatter).
+- Text attention is causal only: the data pipeline pads on the right and labels padding -100, so real
+  tokens never see padding (logits at padded positions differ from transformers', which masks them).
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, Mapping
+
+import numpy as np
+
+from mmrun.backend import nn, ops, tensors
+from mmrun.models.qwen2_vl import vision_layout
+from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, TextConfig, VisionConfig
+from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation, apply_rotary,
+                                             multimodal_rotary, rotary_inv_freq)
+
+IGNORE_INDEX = -100
+# The three parts `freeze` switches, by parameter-name prefix (MindSpeed-MM's names for them).
+VISION_PROJECTOR_PREFIX = "visual.merger."
+VISION_ENCODER_PREFIX = "visual."
+NORM_MODULES = frozenset({"norm1", "norm2", "ln_q", "input_layernorm", "post_attention_layernorm", "norm"})
+TRUNCATION_HINT = ("the sequence cut-off (--seq-length) probably truncated an image or video; raise --seq-length "
+                   "or lower image_max_pixels / video_max_pixels")
+
+
+# ------------------------------------------------------------------------------------------ vision
+
+class VisionPatchEmbed(nn.Module):
+    """Patches (N, in_channels*temporal*patch*patch) -> (N, D) by `proj`, a bias-free Linear: the
+    checkpoint's Conv3d(kernel = stride = (2, 14, 14)) weight (D, 3, 2, 14, 14) reshaped to (D, 1176)."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.proj = nn.Linear(config.patch_dim, config.hidden_size, bias=False)
+
+    def forward(self, pixel_values):
+        if pixel_values.dtype != self.proj.weight.dtype:  # the pipeline may send fp32 pixels to a bf16 model
+            pixel_values = tensors.cast(pixel_values, self.proj.weight.dtype)
+        return self.proj(pixel_values)
+
+
+class VisionAttention(nn.Module):
+    """Bidirectional attention inside each segment (frame or window), fused qkv with bias, 2-D rotary in fp32."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x, cos, sin, cu_seqlens: np.ndarray):
+        n = x.shape[0]
+        q, k, v = (ops.reshape(t, (n, self.num_heads, self.head_dim))
+                   for t in ops.split(self.qkv(x), x.shape[1], dim=-1))
+        # transformers rotates the vision q/k in fp32 and casts back (apply_rotary_pos_emb_vision).
+        dtype = q.dtype
+        q = tensors.cast(apply_rotary(tensors.cast(q, "float32"), cos, sin), dtype)
+        k = tensors.cast(apply_rotary(tensors.cast(k, "float32"), cos, sin), dtype)
+        y = ops.varlen_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5)
+        return self.proj(ops.reshape(y, (n, self.num_heads * self.head_dim)))
+
+
+class VisionMLP(nn.Module):
+    """fc2(act(fc1(x))): Qwen2-VL's ViT MLP (quick_gelu)."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _vision_norm(config: VisionConfig, qwen2_5: bool, size: int | None = None):
+    """Qwen2-VL's ViT uses LayerNorm, Qwen2.5-VL's RMSNorm; both with eps 1e-6 (fixed in transformers)."""
+    size = config.hidden_size if size is None else size
+    return nn.RMSNorm(size, eps=1e-6) if qwen2_5 else nn.LayerNorm(size, eps=1e-6)
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, config: VisionConfig, qwen2_5: bool) -> None:
+        super().__init__()
+        self.norm1 = _vision_norm(config, qwen2_5)
+        self.norm2 = _vision_norm(config, qwen2_5)
+        self.attn = VisionAttention(config)
+        self.mlp = (SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=True)
+                    if qwen2_5 else VisionMLP(config))
+
+    def forward(self, x, cos, sin, cu_seqlens: np.ndarray):
+        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """ln_q, then each 2x2 group of patches as one (4*D) vector -> mlp.0 -> GELU -> mlp.2 (text hidden)."""
+
+    def __init__(self, config: VisionConfig, qwen2_5: bool) -> None:
+        super().__init__()
+        self.merged_size = config.hidden_size * config.spatial_merge_size ** 2
+        self.ln_q = _vision_norm(config, qwen2_5)
+        self.mlp = nn.ModuleList([nn.Linear(self.merged_size, self.merged_size), nn.GELU(),
+                                  nn.Linear(self.merged_size, config.out_hidden_size)])
+
+    def forward(self, x):
+        x = ops.reshape(self.ln_q(x), (-1, self.merged_size))
+        for layer in self.mlp:
+            x = layer(x)
+        return x
+
+
+class Qwen2VisionTransformer(nn.Module):
+    """The ViT + merger: pixel_values (patches, 1176), grid (n, 3) numpy -> (patches / 4, text hidden), in
+    the order of the images and their merged tokens."""
+
+    def __init__(self, config: VisionConfig, qwen2_5: bool) -> None:
+        super().__init__()
+        self.config, self.qwen2_5 = config, qwen2_5
+        self.patch_embed = VisionPatchEmbed(config)
+        self.blocks = nn.ModuleList([VisionBlock(config, qwen2_5) for _ in range(config.depth)])
+        self.merger = PatchMerger(config, qwen2_5)
+        self.inv_freq = rotary_inv_freq(config.head_dim // 2, config.rope_theta)  # numpy: no buffers in the API
+
+    def forward(self, pixel_values, grid: np.ndarray):
+        config = self.config
+        merge, unit = config.spatial_merge_size, config.spatial_merge_size ** 2
+        total = int(vision_layout.patch_counts(grid).sum())
+        if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
+                             f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid_thw")
+        x = self.patch_embed(pixel_values)
+        positions = vision_layout.rotary_position_ids(grid, merge)
+        frames = vision_layout.frame_cu_seqlens(grid)
+        order = windows = None
+        if self.qwen2_5:
+            order, windows = vision_layout.window_index(grid, merge, config.window_size, config.patch_size)
+            # Regroup the patches window by window (whole 2x2 groups move), positions alike.
+            x = ops.reshape(ops.embedding(tensors.from_numpy(order), ops.reshape(x, (total // unit, -1))), (total, -1))
+            positions = positions.reshape(total // unit, unit, 2)[order].reshape(total, 2)
+        cos, sin = self._rotary(positions)
+        for index, block in enumerate(self.blocks):
+            full = not self.qwen2_5 or index in config.fullatt_block_indexes
+            x = block(x, cos, sin, frames if full else windows)
+        merged = self.merger(x)
+        if order is not None:
+            merged = ops.embedding(tensors.from_numpy(np.argsort(order)), merged)  # back to image order
+        return merged
+
+    def _rotary(self, positions: np.ndarray) -> tuple[Any, Any]:
+        """cos, sin (patches, 1, head_dim) fp32: the row angles, then the column angles, twice (rotate_half's halves)."""
+        angles = ops.reshape(tensors.cast(tensors.from_numpy(positions), "float32"), (-1, 2, 1)) * ops.reshape(
+            tensors.from_numpy(self.inv_freq), (1, 1, -1))
+        half = ops.reshape(angles, (positions.shape[0], -1))  # [row freqs | column freqs]
+        full = ops.cat([half, half], dim=-1)
+        n = positions.shape[0]
+        return ops.reshape(ops.cos(full), (n, 1, -1)), ops.reshape(ops.sin(full), (n, 1, -1))
+
+
+# ------------------------------------------------------------------------------------------ text
+
+class Qwen2DecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = GQASelfAttention(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                          config.attention_dropout)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2TextModel(nn.Module):
+    """embed_tokens, decoder layers with M-RoPE, final norm. forward(embeds (B, S, H), position_ids (3, B, S))."""
+
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([Qwen2DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.inv_freq = rotary_inv_freq(config.head_dim, config.rope_theta)
+
+    def forward(self, embeds, position_ids):
+        cos, sin = multimodal_rotary(position_ids, self.inv_freq, self.config.mrope_section, embeds.dtype)
+        x = embeds
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+
+# ------------------------------------------------------------------------------------------ whole model
+
+class Qwen2VLForConditionalGeneration(nn.Module):
+    """Qwen2-VL / Qwen2.5-VL (config.model_type) for training: forward returns logits and the loss.
+
+    forward(input_ids (B, S), attention_mask=None, labels=None, pixel_values=None (patches, 1176),
+            image_grid_thw=None (images, 3), pixel_values_videos=None, video_grid_thw=None,
+            second_per_grid_ts=None, position_ids=None (3, B, S), calculate_per_token_loss=False, **ignored)
+    -> {"logits": (B, S, vocab), "loss_dict": {...}}
+
+    loss_dict: {} without labels; {"loss": fp32 mean of the shifted cross-entropy over the micro-batch's
+    tokens whose next-token label is not -100} by default; with calculate_per_token_loss=True (MindSpeed-MM's
+    --calculate-per-token-loss) {"loss": fp32 sum over those tokens, "num_tokens": int64 count of them}.
+    The loss is shifted here (token s predicts labels[s + 1]), as transformers' and MindSpeed-MM's.
+
+    position_ids: when None, M-RoPE positions come from `get_rope_index` on the host (the data pipeline
+    normally sends them). attention_mask is only read there: attention is causal, padding on the right.
+    grid_thw tensors are copied to the host once per call (segment lengths, window layout).
+    """
+
+    def __init__(self, config: Qwen2VLConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.visual = Qwen2VisionTransformer(config.vision, config.is_qwen2_5)
+        self.model = Qwen2TextModel(config.text)
+        # Tied (Qwen2-VL-2B): the output layer is embed_tokens.weight and there is no lm_head parameter.
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nn.Linear(config.text.hidden_size, config.text.vocab_size, bias=False))
+
+    # -------------------------------------------------------------------------------- forward
+
+    def forward(self, input_ids, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
+                pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, position_ids=None,
+                calculate_per_token_loss: bool = False, **ignored):
+        image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
+        embeds = self.model.embed_tokens(input_ids)
+        embeds = self._merge_vision(input_ids, embeds, pixel_values, image_grid, pixel_values_videos, video_grid)
+        if position_ids is None:
+            position_ids = self._rope_positions(input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts)
+        hidden = self.model(embeds, position_ids)
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = ops.linear(hidden, weight)
+        loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
+        return {"logits": logits, "loss_dict": loss_dict}
+
+    def _merge_vision(self, input_ids, embeds, pixel_values, image_grid, pixel_values_videos, video_grid):
+        """Put the ViT's features where the image / video pad tokens are (sequence length unchanged)."""
+        config = self.config
+        unit = config.vision.spatial_merge_size ** 2
+        batch, seq, hidden = embeds.shape
+        ids = ops.reshape(input_ids, (batch * seq,))
+        parts, grids, counts = [], [], []
+        for name, token, pixels, grid in (("image", config.image_token_id, pixel_values, image_grid),
+                                          ("video", config.video_token_id, pixel_values_videos, video_grid)):
+            is_token = tensors.cast(ids == token, "int64")
+            found = int(tensors.to_numpy(ops.sum(is_token)))
+            if pixels is None:
+                if found:
+                    raise ValueError(f"input_ids hold {found} {name} tokens (id {token}) but no {name} pixel values "
+                                     f"were given; pass pixel_values{'_videos' if name == 'video' else ''} and "
+                                     f"{name}_grid_thw for them")
+                continue
+            if grid is None:
+                raise ValueError(f"{name} pixel values were given without {name}_grid_thw; pass the processor's grid")
+            features = int(vision_layout.patch_counts(grid).sum()) // unit
+            if found != features:
+                raise ValueError(f"{name} tokens and features do not match: input_ids hold {found} {name} tokens "
+                                 f"(id {token}), the {len(grid)} {name}(s) give {features} features; {TRUNCATION_HINT}")
+            parts.append(pixels)
+            grids.append(grid)
+            counts.append((is_token, features))
+        if not parts:
+            return embeds
+        # One ViT pass over images and videos together: attention stays within each frame either way.
+        pixels = parts[0] if len(parts) == 1 else ops.cat(
+            [p if p.dtype == parts[0].dtype else tensors.cast(p, parts[0].dtype) for p in parts], dim=0)
+        vision = self.visual(pixels, np.concatenate(grids, axis=0))
+        if vision.dtype != embeds.dtype:
+            vision = tensors.cast(vision, embeds.dtype)
+        # Row r of the result: text row r, or vision row (features before this modality) + (k-th token of it).
+        position = ops.arange(batch * seq, like=ids)
+        index, before = position, batch * seq
+        for is_token, features in counts:
+            index = index + is_token * (before + ops.cumsum(is_token, 0) - 1 - position)
+            before += features
+        table = ops.cat([ops.reshape(embeds, (batch * seq, hidden)), vision], dim=0)
+        return ops.reshape(ops.embedding(index, table), (batch, seq, hidden))
+
+    def _rope_positions(self, input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts):
+        """position_ids (3, B, S) on the device from the data pipeline's get_rope_index (host numpy)."""
+        config = self.config
+        positions, _ = get_rope_index()(
+            _host(input_ids), image_grid, video_grid, _host(attention_mask),
+            spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
+            video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id,
+            second_per_grid_ts=_host(second_per_grid_ts), tokens_per_second=config.vision.tokens_per_second if config.is_qwen2_5 else None)
+        return tensors.from_numpy(np.asarray(positions, dtype=np.int64))
+
+    # -------------------------------------------------------------------------------- training helpers
+
+    def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:
+        """Set which parts train, as MindSpeed-MM's model.freeze (defaults: ViT frozen, merger and LLM trained):
+        vision encoder = visual.* except visual.merger.*, projector = visual.merger.*, text decoder =
+        model.* and lm_head. A frozen part gets requires_grad False (no gradient, no optimizer state);
+        the others requires_grad True. Returns {part: number of parameters} frozen."""
+        frozen = {"vision_encoder": 0, "vision_projector": 0, "text_decoder": 0}
+        wanted = {"vision_encoder": vision_encoder, "vision_projector": vision_projector, "text_decoder": text_decoder}
+        for name, param in self.named_parameters():
+            part = parameter_part(name)
+            (nn.freeze if wanted[part] else nn.unfreeze)([param])
+            frozen[part] += int(wanted[part])
+        return frozen
+
+
+def parameter_part(name: str) -> str:
+    """Which of the three freezable parts a parameter belongs to."""
+    if name.startswith(VISION_PROJECTOR_PREFIX):
+        return "vision_projector"
+    if name.startswith(VISION_ENCODER_PREFIX):
+        return "vision_encoder"
+    return "text_decoder"
+
+
+def causal_lm_loss(logits, labels, per_token: bool = False) -> dict:
+    """Shifted next-token cross-entropy in fp32 over labels != -100 (see the model's docstring for the keys)."""
+    batch, seq, vocab = logits.shape
+    # labels shifted left by one, the last position of each row ignored: token s predicts labels[s + 1].
+    tail = ops.split(labels, [1, seq - 1], dim=1)[1] if seq > 1 else None
+    pad = ops.ones((batch, 1), dtype=labels.dtype, like=labels) * IGNORE_INDEX
+    shifted = ops.reshape(pad if tail is None else ops.cat([tail, pad], dim=1), (batch * seq,))
+    flat = ops.reshape(logits, (batch * seq, vocab))
+    if not per_token:
+        return {"loss": ops.cross_entropy(flat, shifted, ignore_index=IGNORE_INDEX, reduction="mean")}
+    total = ops.cross_entropy(flat, shifted, ignore_index=IGNORE_INDEX, reduction="sum")
+    return {"loss": total, "num_tokens": ops.sum(tensors.cast(shifted != IGNORE_INDEX, "int64"))}
+
+
+def _host(value: Any) -> np.ndarray | None:
+    """A tensor, array or list as numpy (None stays None); a device tensor is copied to the host."""
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (list, tuple, int, float)):
+        return np.asarray(value)
+    return tensors.to_numpy(value)
+
+
+def get_rope_index():
+    """The data pipeline's get_rope_index (mmrun.data.multimodal.rope_index); until that module exists,
+    the model package's TEMPORARY copy with the same signature."""
+    try:
+        from mmrun.data.multimodal.rope_index import get_rope_index as from_data
+    except ImportError:
+        from mmrun.models.qwen2_vl._rope_index_temporary import get_rope_index as from_data
+    return from_data
+
+
+# ------------------------------------------------------------------------------------------ weights
+
+def _is_norm(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] in NORM_MODULES
+
+
+def init_weights(model: Qwen2VLForConditionalGeneration, seed: int, std: float | None = None) -> None:
+    """Deterministic, framework-independent init: each weight N(0, std) drawn by numpy from (seed, its
+    name), so PyTorch and MindSpore start from identical weights whatever their parameter order; norm
+    weights 1, biases 0. std defaults to the text config's initializer_range (transformers' default init)."""
+    std = model.config.text.initializer_range if std is None else std
+    state = {}
+    for name, param in model.named_parameters():
+        shape = tuple(param.shape)
+        if _is_norm(name):
+            state[name] = np.ones(shape, np.float32)
+        elif name.endswith(".bias"):
+            state[name] = np.zeros(shape, np.float32)
+        else:
+            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+            state[name] = (std * rng.standard_normal(shape)).astype(np.float32)
+    model.load_state_dict(tensors.state_dict_from_numpy(state))
+
+
+def load_hf_weights(model: Qwen2VLForConditionalGeneration, arrays: Mapping[str, np.ndarray]) -> None:
+    """Load `hf_checkpoint.load_hf_directory`'s arrays (mmrun layout, bf16 as uint16 bits) into the model,
+    strictly: a missing or unexpected name is an error naming it."""
+    from mmrun.models.qwen2_vl.hf_checkpoint import to_float_arrays
+    model.load_state_dict(tensors.state_dict_from_numpy(to_float_arrays(arrays)))
+
+
+def from_pretrained(path: str) -> Qwen2VLForConditionalGeneration:
+    """A model built from a Hugging Face Qwen2-VL / Qwen2.5-VL directory, its weights loaded (fp32 where
+    the checkpoint is bf16: cast the model afterwards for mixed precision)."""
+    from mmrun.models.qwen2_vl.hf_checkpoint import load_hf_directory
+    config, arrays = load_hf_directory(path)
+    model = Qwen2VLForConditionalGeneration(config)
+    load_hf_weights(model, arrays)
+    return model

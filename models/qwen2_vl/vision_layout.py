@@ -1,0 +1,80 @@
+"""Host-side bookkeeping of the Qwen2-VL ViT, computed with numpy from `grid_thw` once per forward.
+
+`grid_thw` rows are (t, h, w) in patches per image or video: t temporal patches (frames / 2), h x w
+spatial patches. The processor emits each image's patches in 2x2-merge order (the four patches of one
+merged token are consecutive), so every table here follows that order. Nothing here touches a
+framework: the model turns the results into device tensors (positions, gather indices) or passes them
+as boundaries to `ops.varlen_attention`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def grid_array(grid_thw: Any) -> np.ndarray | None:
+    """`grid_thw` (a tensor of either framework, an array or nested lists; None stays None) as int64
+    numpy (n, 3). A device tensor is copied to the host here, once."""
+    if grid_thw is None:
+        return None
+    if hasattr(grid_thw, "asnumpy"):  # MindSpore
+        grid_thw = grid_thw.asnumpy()
+    elif hasattr(grid_thw, "detach"):  # torch
+        grid_thw = grid_thw.detach().cpu().numpy()
+    grid = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
+    if grid.size and grid.min() < 1:
+        raise ValueError(f"grid_thw has a zero or negative size {grid.tolist()}; each row is (t, h, w) in patches")
+    return grid
+
+
+def patch_counts(grid: np.ndarray) -> np.ndarray:
+    """Patches per image / video: t * h * w."""
+    return grid.prod(axis=1)
+
+
+def rotary_position_ids(grid: np.ndarray, merge: int) -> np.ndarray:
+    """(patches, 2) int64: each patch's (row, column) in its frame, listed in 2x2-merge order, repeated per frame."""
+    rows = []
+    for t, h, w in grid.tolist():
+        if h % merge or w % merge:
+            raise ValueError(f"grid (t={t}, h={h}, w={w}) is not divisible by spatial_merge_size {merge}; "
+                             "the image processor must resize to multiples of patch_size * merge_size")
+        hpos, wpos = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        block = (h // merge, merge, w // merge, merge)
+        hpos = hpos.reshape(block).transpose(0, 2, 1, 3).reshape(-1)
+        wpos = wpos.reshape(block).transpose(0, 2, 1, 3).reshape(-1)
+        rows.append(np.tile(np.stack([hpos, wpos], axis=-1), (t, 1)))
+    return np.concatenate(rows, axis=0) if rows else np.zeros((0, 2), np.int64)
+
+
+def frame_cu_seqlens(grid: np.ndarray) -> np.ndarray:
+    """Boundaries of the attention segments: one per frame (h * w patches each), t per image / video."""
+    lengths = np.repeat(grid[:, 1] * grid[:, 2], grid[:, 0])
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def window_index(grid: np.ndarray, merge: int, window_size: int, patch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's window attention layout: (order, cu_window_seqlens).
+
+    `order` (merged tokens,) lists the merged tokens window by window (each frame of each image cut into
+    windows of window_size pixels, row-major, the last row/column of windows partial); the ViT gathers its
+    merged-token groups in this order, attends within each window (`cu_window_seqlens`, in patches), and
+    the merger's output is put back with argsort(order). transformers' get_vision_window_index."""
+    tokens_per_window = window_size // merge // patch_size  # merged tokens along one side of a window
+    unit = merge * merge
+    order, bounds, offset = [], [0], 0
+    for t, h, w in grid.tolist():
+        gh, gw = h // merge, w // merge
+        index = np.arange(t * gh * gw).reshape(t, gh, gw)
+        wins_h, wins_w = -(-gh // tokens_per_window), -(-gw // tokens_per_window)
+        for frame in range(t):
+            for i in range(wins_h):
+                for j in range(wins_w):
+                    block = index[frame, i * tokens_per_window:(i + 1) * tokens_per_window,
+                                  j * tokens_per_window:(j + 1) * tokens_per_window].reshape(-1)
+                    order.append(block + offset)
+                    bounds.append(bounds[-1] + block.size * unit)
+        offset += t * gh * gw
+    order_array = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
+    return order_array, np.asarray(bounds, dtype=np.int64)

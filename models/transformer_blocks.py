@@ -1,0 +1,118 @@
+"""Transformer pieces shared by mmrun's Hugging Face-style models (Qwen2 text decoder, Qwen2-VL ViT),
+written once against the portable API (`mmrun.backend`), so they run on PyTorch and on MindSpore.
+
+Each piece computes what its transformers counterpart does, op for op where rounding matters (rotary
+embeddings in the input's dtype, vision rotary in fp32, RMSNorm through `ops.rms_norm`), and names its
+parameters as the Hugging Face checkpoints do (`q_proj`, `gate_proj`, ...), so checkpoints load by name.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from mmrun.backend import nn, ops, tensors
+
+
+def quick_gelu(x: Any) -> Any:
+    """x * sigmoid(1.702 x): CLIP's and Qwen2-VL's ViT activation (transformers' QuickGELUActivation)."""
+    return x * ops.sigmoid(1.702 * x)
+
+
+# transformers' ACT2FN names -> function
+ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
+    "quick_gelu": quick_gelu,
+    "gelu": lambda x: ops.gelu(x),
+    "gelu_pytorch_tanh": lambda x: ops.gelu(x, approximate="tanh"),
+    "silu": lambda x: ops.silu(x),
+    "swish": lambda x: ops.silu(x),
+}
+
+
+def activation(name: str) -> Callable[[Any], Any]:
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"activation {name!r} is not implemented; use one of {sorted(ACTIVATIONS)}") from None
+
+
+# ------------------------------------------------------------------------------------------ rotary
+
+def rotary_inv_freq(dim: int, theta: float) -> np.ndarray:
+    """1 / theta^(2i/dim) for i < dim/2, float32, computed as transformers does (fp32 arange / dim)."""
+    exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+
+
+def rotate_half(x: Any) -> Any:
+    """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
+    x1, x2 = ops.split(x, x.shape[-1] // 2, dim=-1)
+    return ops.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: Any, cos: Any, sin: Any) -> Any:
+    """x * cos + rotate_half(x) * sin; cos/sin broadcast against x."""
+    return x * cos + rotate_half(x) * sin
+
+
+def multimodal_rotary(position_ids: Any, inv_freq: np.ndarray, mrope_section: tuple[int, ...],
+                      dtype: Any) -> tuple[Any, Any]:
+    """Qwen2-VL's M-RoPE: cos, sin (batch, seq, head_dim) in `dtype` from position_ids (3, batch, seq)
+    (rows t, h, w). The head_dim // 2 frequencies are cut into `mrope_section` chunks; chunk i takes its
+    angles from position row i % 3; the result is repeated for the two halves (rotate_half's layout).
+    transformers' Qwen2VLRotaryEmbedding / apply_multimodal_rotary_pos_emb."""
+    rows, batch, seq = position_ids.shape
+    freqs = (ops.reshape(tensors.cast(position_ids, "float32"), (rows, batch, seq, 1))
+             * ops.reshape(tensors.from_numpy(inv_freq), (1, 1, 1, -1)))  # (3, B, S, head_dim // 2)
+    out = []
+    for table in (ops.cos(freqs), ops.sin(freqs)):
+        by_row = ops.split(table, 1, dim=0)
+        chunks = [ops.split(by_row[i % 3], list(mrope_section), dim=-1)[i] for i in range(len(mrope_section))]
+        half = ops.reshape(ops.cat(chunks, dim=-1), (batch, seq, -1))
+        out.append(tensors.cast(ops.cat([half, half], dim=-1), dtype))
+    return out[0], out[1]
+
+
+# ------------------------------------------------------------------------------------------ layers
+
+class SwiGLUMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)): Qwen2's MLP (no bias) and Qwen2.5-VL's ViT MLP (bias)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = activation(hidden_act)
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GQASelfAttention(nn.Module):
+    """Causal self-attention with grouped-query heads and rotary positions: q/k/v projections with bias,
+    o_proj without (Qwen2). forward(x (B, S, hidden), cos, sin (B, S, head_dim)) -> (B, S, hidden)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, attention_dropout: float = 0.0,
+                 qkv_bias: bool = True) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = hidden_size // num_heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.attention_dropout = attention_dropout
+        self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
+
+    def forward(self, x, cos, sin):
+        batch, seq, _ = x.shape
+        q = ops.transpose(ops.reshape(self.q_proj(x), (batch, seq, self.num_heads, self.head_dim)), 1, 2)
+        k = ops.transpose(ops.reshape(self.k_proj(x), (batch, seq, self.num_kv_heads, self.head_dim)), 1, 2)
+        v = ops.transpose(ops.reshape(self.v_proj(x), (batch, seq, self.num_kv_heads, self.head_dim)), 1, 2)
+        cos, sin = ops.reshape(cos, (batch, 1, seq, self.head_dim)), ops.reshape(sin, (batch, 1, seq, self.head_dim))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = ops.scaled_dot_product_attention(q, k, v, causal=True, scale=self.scale,
+                                             dropout_p=self.attention_dropout if self.training else 0.0)
+        return self.o_proj(ops.reshape(ops.transpose(y, 1, 2), (batch, seq, self.num_heads * self.head_dim)))

@@ -1,0 +1,129 @@
+"""The ops and layers a Qwen2-style transformer adds: same values and gradients on torch and mindspore
+(fp32), Hugging Face's RMSNorm rounding, grouped-query and variable-length attention, freezing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mmrun.backend import varlen
+
+RNG = np.random.default_rng(7)
+
+
+def _x(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def run(be, fn, arrays):
+    """fn(ops, *tensors) -> tensor; (output, gradients of sum(output * w)) as numpy."""
+    tensors = [be.tensors.from_numpy(a) for a in arrays]
+    out = fn(be.ops, *tensors)
+    weights = be.tensors.from_numpy(np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(np.float32))
+    if be.__name__.endswith("torch"):
+        for t in tensors:
+            t.requires_grad_(True)
+        out = fn(be.ops, *tensors)
+        (out * weights).sum().backward()
+        return be.tensors.to_numpy(out), [be.tensors.to_numpy(t.grad) for t in tensors]
+    import mindspore as ms
+    grads = ms.grad(lambda *ts: be.ops.sum(fn(be.ops, *ts) * weights), tuple(range(len(tensors))))(*tensors)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    return be.tensors.to_numpy(out), [be.tensors.to_numpy(g) for g in grads]
+
+
+def _reference_attention(q, k, v, scale, causal=False):
+    """numpy softmax(q k^T * scale) v over (heads, seq, d), k/v heads repeated for GQA."""
+    groups = q.shape[0] // k.shape[0]
+    k, v = np.repeat(k, groups, axis=0), np.repeat(v, groups, axis=0)
+    att = q @ k.transpose(0, 2, 1) * scale
+    if causal:
+        att = np.where(np.triu(np.ones(att.shape[-2:], bool), 1), -np.inf, att)
+    att = np.exp(att - att.max(-1, keepdims=True))
+    return (att / att.sum(-1, keepdims=True)) @ v
+
+
+CU = [0, 4, 8, 12, 18, 20]  # runs: 3 x 4 tokens, then 6, then 2
+
+CASES = {
+    "rms_norm": (lambda o, x, w: o.rms_norm(x, w, 1e-6), [3 * _x(2, 5, 8) + 1, _x(8)]),
+    "silu_sigmoid": (lambda o, x: o.silu(x) + o.sigmoid(1.702 * x), [_x(4, 9)]),
+    "cos_sin": (lambda o, x: o.cos(x) * o.sin(2 * x), [_x(3, 7)]),
+    "gqa_causal_attention": (lambda o, q, k, v: o.scaled_dot_product_attention(q, k, v, causal=True, scale=0.3),
+                             [_x(2, 4, 6, 8), _x(2, 2, 6, 8), _x(2, 2, 6, 8)]),
+    "varlen_attention": (lambda o, q, k, v: o.varlen_attention(q, k, v, CU, scale=0.4),
+                         [_x(20, 2, 8), _x(20, 2, 8), _x(20, 2, 8)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_matches_between_frameworks(bt, bm, name):
+    fn, arrays = CASES[name]
+    out_t, grads_t = run(bt, fn, arrays)
+    out_m, grads_m = run(bm, fn, arrays)
+    np.testing.assert_allclose(out_m, out_t, rtol=1e-5, atol=2e-6)
+    for g_t, g_m in zip(grads_t, grads_m):
+        np.testing.assert_allclose(g_m, g_t, rtol=1e-5, atol=2e-6)
+
+
+def test_rms_norm_is_hugging_faces_formula(backends, framework="pytorch"):
+    x, w = 3 * _x(4, 16) + 0.5, _x(16)
+    expected = w * (x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)).astype(np.float32)
+    for be in backends.values():
+        got = be.tensors.to_numpy(be.ops.rms_norm(be.tensors.from_numpy(x), be.tensors.from_numpy(w), 1e-6))
+        np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-6)
+        layer = be.nn.RMSNorm(16, eps=1e-6)
+        assert [n for n, _ in layer.named_parameters()] == ["weight"]
+        np.testing.assert_array_equal(be.tensors.to_numpy(layer.weight), np.ones(16, np.float32))
+
+
+def test_gqa_attention_repeats_each_kv_head_for_consecutive_query_heads(backends):
+    q, k, v = _x(1, 6, 5, 4), _x(1, 2, 5, 4), _x(1, 2, 5, 4)
+    expected = _reference_attention(q[0], k[0], v[0], 0.5, causal=True)
+    for be in backends.values():
+        t = be.tensors.from_numpy
+        got = be.tensors.to_numpy(be.ops.scaled_dot_product_attention(t(q), t(k), t(v), causal=True, scale=0.5))
+        np.testing.assert_allclose(got[0], expected, rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match="q has 6, k 4, v 4; k and v need the same count, one that divides"):
+            be.ops.scaled_dot_product_attention(t(q), t(_x(1, 4, 5, 4)), t(_x(1, 4, 5, 4)))
+
+
+def test_varlen_attention_never_crosses_segments(backends):
+    q, k, v = _x(20, 2, 8), _x(20, 2, 8), _x(20, 2, 8)
+    expected = np.concatenate([
+        _reference_attention(q[a:b].transpose(1, 0, 2), k[a:b].transpose(1, 0, 2), v[a:b].transpose(1, 0, 2), 0.4)
+        .transpose(1, 0, 2) for a, b in zip(CU[:-1], CU[1:])])
+    for be in backends.values():
+        t = be.tensors.from_numpy
+        got = be.tensors.to_numpy(be.ops.varlen_attention(t(q), t(k), t(v), np.array(CU), scale=0.4))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match=r"cu_seqlens \[0, 4, 19\] do not split a packed sequence of 20 tokens"):
+            be.ops.varlen_attention(t(q), t(k), t(v), [0, 4, 19])
+
+
+def test_equal_length_runs_group_consecutive_segments():
+    assert varlen.equal_length_runs(np.array(CU)) == [(4, 3), (6, 1), (2, 1)]
+    assert varlen.equal_length_runs(np.array([0, 3, 3, 6])) == [(3, 2)]  # an empty segment is skipped
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
+def test_frozen_parameters_get_no_optimizer_state_and_do_not_move(backends, framework):
+    be = backends[framework]
+    model = be.nn.Linear(4, 3)
+    first = be.nn.Linear(3, 2)
+    assert be.nn.freeze(model) == 2
+    params = list(model.named_parameters()) + [("head." + n, p) for n, p in first.named_parameters()]
+    optimizer = be.optim.AdamW(params, lr=0.1, weight_decay=0.1)
+    assert optimizer.names == ["head.weight", "head.bias"]
+    assert sorted(optimizer.state_dict()["tensors"]) == ["head.bias.exp_avg", "head.bias.exp_avg_sq",
+                                                       "head.weight.exp_avg", "head.weight.exp_avg_sq"]
+    before = {n: be.tensors.to_numpy(p) for n, p in params}
+    x = be.tensors.from_numpy(_x(5, 4))
+    grad_fn = be.autograd.value_and_grad(lambda: be.ops.sum(first(model(x)) ** 2), optimizer.params)
+    _, grads = grad_fn()
+    optimizer.step(grads)
+    after = {n: be.tensors.to_numpy(p) for n, p in params}
+    for name in ("weight", "bias"):
+        np.testing.assert_array_equal(after[name], before[name])  # frozen
+        assert np.abs(after["head." + name] - before["head." + name]).max() > 1e-3  # trained
+    assert be.nn.unfreeze(model) == 2
+    assert len(be.optim.AdamW(model.parameters()).params) == 2

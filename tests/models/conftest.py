@@ -1,0 +1,62 @@
+"""Fixtures for the model tests: tiny random Hugging Face models saved to disk, loaded once per session.
+
+This pytest process runs mmrun's models on PyTorch (the default framework); MindSpore runs in one
+subprocess (workers/qwen2_vl_run.py). Everything is offline: models are built from configs.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+
+
+def load_helper(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tiny() -> ModuleType:
+    """tests/models/tiny_hf.py: the tiny configs, batches and transformers reference runs."""
+    return load_helper("mmrun_tests_tiny_hf", HERE / "tiny_hf.py")
+
+
+@pytest.fixture(scope="session")
+def worker() -> ModuleType:
+    """tests/models/workers/qwen2_vl_run.py, imported into this (PyTorch) process."""
+    from mmrun import backend
+    try:
+        backend.select("pytorch", "tests/models: the in-process side of the comparisons runs PyTorch")
+    except backend.BackendError as error:  # a session started with MMRUN_AI_FRAMEWORK=mindspore
+        pytest.skip(str(error))
+    return load_helper("mmrun_tests_qwen2_vl_run", HERE / "workers" / "qwen2_vl_run.py")
+
+
+@pytest.fixture(scope="session")
+def hf_models(tiny) -> dict:
+    pytest.importorskip("transformers")
+    return {model_type: tiny.hf_model(model_type) for model_type in MODEL_TYPES}
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(hf_models, tmp_path_factory) -> dict[str, Path]:
+    """Each tiny model written by transformers' save_pretrained (fp32, hub key layout)."""
+    dirs = {}
+    for model_type, model in hf_models.items():
+        dirs[model_type] = tmp_path_factory.mktemp(model_type)
+        model.save_pretrained(dirs[model_type])
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def mmrun_models(worker, hf_dirs) -> dict:
+    """mmrun's PyTorch models loaded from those directories."""
+    from mmrun.models.qwen2_vl import from_pretrained
+    return {model_type: from_pretrained(str(path)) for model_type, path in hf_dirs.items()}
