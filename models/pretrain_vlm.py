@@ -108,10 +108,10 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     init_weights(model, args.seed, args.init_method_std)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
         loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
-        if loaded.to_hf_config() != config.to_hf_config():
+        theirs, ours = _structure(loaded.to_hf_config()), _structure(config.to_hf_config())
+        if theirs != ours:
             raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path} "
-                             f"({_config_difference(loaded.to_hf_config(), config.to_hf_config())}); make model.json "
-                             "match the checkpoint")
+                             f"({_config_difference(theirs, ours)}); make model.json match the checkpoint")
         model.load_state_dict(tensors.state_dict_from_numpy(hf_checkpoint.to_float_arrays(arrays)))
         print_rank_0(f" > loaded Hugging Face weights from {args.load} ({len(arrays)} tensors); training starts "
                      "at iteration 0")
@@ -122,6 +122,11 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     frozen = [name for name, on in freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     return model
+
+
+def _structure(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """An HF config without the keys that do not change the network (the dtype the weights were saved in)."""
+    return {k: v for k, v in hf_config.items() if k not in ("torch_dtype", "dtype", "architectures")}
 
 
 def _config_difference(theirs: dict[str, Any], ours: dict[str, Any], prefix: str = "") -> str:

@@ -14,8 +14,10 @@
 # (model_name_or_path = the Hugging Face directory), LOAD_PATH=that Hugging Face directory (read as it is
 # downloaded; no conversion step), and sizes and iterations as MindSpeed-MM's script has them.
 # Left as in MindSpeed-MM's script on purpose, to show what mmrun does with them on a CPU: --use-mcore-models,
-# --use-flash-attn, --use-fused-rmsnorm, --use-fused-swiglu, --use-distributed-optimizer, --ckpt-format torch,
-# --distributed-backend nccl (each is applied, replaced with a notice, or off with a reason).
+# --use-distributed-optimizer, --swiglu, --normalization (off with a reason: model.json gives the model),
+# --ckpt-format torch, --distributed-backend nccl (replaced, with a notice). Dropped: --use-flash-attn,
+# --use-fused-rmsnorm, --use-fused-swiglu: kernels a CPU does not have, which the feature gate refuses there
+# (add them back with --on-unsupported warn to see the notices; on an NPU or GPU they apply).
 # --load is --save here (a second run resumes); MindSpeed-MM's script adds --no-load-optim --no-load-rng
 # because its LOAD_PATH holds converted weights only: add them when LOAD_PATH is a Hugging Face directory.
 set -euo pipefail
@@ -70,9 +72,7 @@ GPT_ARGS="
     --seq-length 128 \
     --make-vocab-size-divisible-by 1 \
     --normalization RMSNorm \
-    --use-fused-rmsnorm \
     --swiglu \
-    --use-fused-swiglu \
     --lr 2.0e-3 \
     --lr-decay-style cosine \
     --weight-decay 0 \
@@ -84,7 +84,6 @@ GPT_ARGS="
     --seed 42 \
     --load ${LOAD_PATH} \
     --use-distributed-optimizer \
-    --use-flash-attn \
     --variable-seq-lengths
 "
 

@@ -47,18 +47,19 @@ class Run:
 
 
 def run_training(workdir: Path, args: list[str], framework: str = "pytorch", nproc: int | None = 1,
-                 timeout: float = 300, env_extra: dict[str, str] | None = None) -> Run:
-    """Train through mmrun (nproc given) or a bare `python models/pretrain_gpt.py` (nproc None)."""
+                 timeout: float = 300, env_extra: dict[str, str] | None = None, entry: Path = ENTRY) -> Run:
+    """Train through mmrun (nproc given) or a bare `python <entry>` (nproc None); the entry is
+    models/pretrain_gpt.py unless given."""
     workdir.mkdir(parents=True, exist_ok=True)
     metrics = workdir / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
     marker = uuid.uuid4().hex
     env = clean_env(MMRUN_TRAINING_TEST=marker, **(env_extra or {}))
     if nproc is None:
-        cmd = [sys.executable, str(ENTRY), *args, "--ai-framework", framework]
+        cmd = [sys.executable, str(entry), *args, "--ai-framework", framework]
     else:
         cmd = [*MMRUN, "--ai-framework", framework, "--nproc-per-node", str(nproc), "--master-port", "0",
-               str(ENTRY), *args]
+               str(entry), *args]
     try:
         proc = subprocess.run([*cmd, "--metrics-file", str(metrics)], cwd=workdir, env=env, capture_output=True,
                               text=True, timeout=timeout)
