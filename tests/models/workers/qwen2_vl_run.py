@@ -1,8 +1,8 @@
 """Forward + backward of mmrun's Qwen2-VL on whichever framework this process chose (MMRUN_AI_FRAMEWORK).
 
 Imported by the tests for PyTorch (in the pytest process) and run as a script for MindSpore (one
-subprocess): `python qwen2_vl_run.py CASES.npz OUT.npz`, where CASES.npz holds, per case `<c>`, the model
-directory `<c>/dir` and the batch arrays `<c>/<key>`; OUT.npz gets `<c>/logits`, `<c>/loss`, `<c>/grad/<name>`.
+subprocess): `python qwen2_vl_run.py CASES.npz OUT.npz`, where CASES.npz holds, per case `<c>`, its kind, the
+model directory `<c>/dir` and the batch arrays `<c>/<key>`; OUT.npz gets the results under `<c>/` (see run_cases).
 """
 from __future__ import annotations
 
@@ -33,15 +33,53 @@ def forward_backward(model, batch: dict[str, np.ndarray], per_token: bool = Fals
     return result
 
 
+def freeze_and_step(model, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """MindSpeed-MM's default freeze (ViT frozen), an AdamW over model.named_parameters(), one step:
+    which parameters the optimizer holds, and how far frozen and trained parameters moved."""
+    from mmrun.backend import optim
+
+    counts = model.freeze()
+    optimizer = optim.AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
+    before = {n: tensors.to_numpy(p).copy() for n, p in model.named_parameters()}
+    inputs = {k: tensors.from_numpy(v) for k, v in batch.items() if k in MODEL_KEYS}
+    _, grads = autograd.value_and_grad(lambda: model(**inputs)["loss_dict"]["loss"], optimizer.params)()
+    optimizer.step(grads)
+    moved = {n: np.abs(tensors.to_numpy(p) - before[n]).max() for n, p in model.named_parameters()}
+    trained = set(optimizer.names)
+    return {"optimizer_names": np.array(optimizer.names), "state_keys": np.array(sorted(optimizer.state_dict()["tensors"])),
+            "frozen_moved": np.float32(max(v for n, v in moved.items() if n not in trained)),
+            "trained_moved": np.float32(min(v for n, v in moved.items() if n in trained and not n.endswith("bias"))),
+            "frozen_counts": np.array([counts["vision_encoder"], counts["vision_projector"], counts["text_decoder"]]),
+            "requires_grad": np.array([n for n, p in model.named_parameters() if p.requires_grad])}
+
+
+def initialised(config_dir: str, seed: int) -> dict[str, np.ndarray]:
+    """init_weights(seed) of a model built from the directory's config: every parameter, and their order."""
+    from mmrun.models.qwen2_vl import Qwen2VLForConditionalGeneration, init_weights
+    from mmrun.models.qwen2_vl.hf_checkpoint import load_hf_config
+
+    model = Qwen2VLForConditionalGeneration(load_hf_config(config_dir))
+    init_weights(model, seed)
+    state = {f"param/{n}": tensors.to_numpy(p) for n, p in model.named_parameters()}
+    return {**state, "names": np.array([n for n, _ in model.named_parameters()])}
+
+
 def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each case `<c>`: `<c>/kind` forward (default) | freeze | init, `<c>/dir`, and the batch arrays."""
     from mmrun.models.qwen2_vl import from_pretrained
 
     out: dict[str, np.ndarray] = {}
     for case in sorted({k.split("/", 1)[0] for k in cases}):
-        model = from_pretrained(str(cases[f"{case}/dir"]))
-        batch = {k.split("/", 1)[1]: v for k, v in cases.items() if k.startswith(case + "/") and k != f"{case}/dir"}
-        per_token = bool(batch.pop("per_token", np.array(False)))
-        out.update({f"{case}/{k}": v for k, v in forward_backward(model, batch, per_token).items()})
+        fields = {k.split("/", 1)[1]: v for k, v in cases.items() if k.startswith(case + "/")}
+        kind, path = str(fields.pop("kind", "forward")), str(fields.pop("dir"))
+        per_token = bool(fields.pop("per_token", np.array(False)))
+        if kind == "init":
+            result = initialised(path, int(fields["seed"]))
+        elif kind == "freeze":
+            result = freeze_and_step(from_pretrained(path), fields)
+        else:
+            result = forward_backward(from_pretrained(path), fields, per_token)
+        out.update({f"{case}/{k}": v for k, v in result.items()})
     return out
 
 
