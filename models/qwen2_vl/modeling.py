@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from mmrun.backend import nn, ops, tensors
+from mmrun.data.multimodal.rope_index import get_rope_index
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, TextConfig, VisionConfig
 from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation, apply_rotary,
@@ -303,7 +304,7 @@ class Qwen2VLForConditionalGeneration(nn.Module):
     def _rope_positions(self, input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts):
         """position_ids (3, B, S) on the device from the data pipeline's get_rope_index (host numpy)."""
         config = self.config
-        positions, _ = get_rope_index()(
+        positions, _ = get_rope_index(
             _host(input_ids), image_grid, video_grid, _host(attention_mask),
             spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
             video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id,
@@ -356,16 +357,6 @@ def _host(value: Any) -> np.ndarray | None:
     if isinstance(value, (list, tuple, int, float)):
         return np.asarray(value)
     return tensors.to_numpy(value)
-
-
-def get_rope_index():
-    """The data pipeline's get_rope_index (mmrun.data.multimodal.rope_index); until that module exists,
-    the model package's TEMPORARY copy with the same signature."""
-    try:
-        from mmrun.data.multimodal.rope_index import get_rope_index as from_data
-    except ImportError:
-        from mmrun.models.qwen2_vl._rope_index_temporary import get_rope_index as from_data
-    return from_data
 
 
 # ------------------------------------------------------------------------------------------ weights
