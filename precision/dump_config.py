@@ -90,6 +90,7 @@ def load_dump_config(path: str) -> DumpConfig:
     section = data.get(task) or {}
     if not isinstance(section, dict):
         raise DumpConfigError(f"--dump-config {path}: '{task}' must be an object. Received: {section!r}")
+    # msprobe's other keys there (data_mode, summary_mode, ...) are accepted: mmrun dumps all of the data.
     scope = _str_list(path, "scope", section.get("scope", data.get("scope")))
     if len(scope) not in (0, 2):
         raise DumpConfigError(f"--dump-config {path}: 'scope' holds two names (from, to) or none. Received: {list(scope)}")
