@@ -15,11 +15,10 @@ examples:
   mmrun compare pt.log ms.log --rtol 1e-5 --plot curves.png
   mmrun compare base.jsonl run1.log run2.log           each run against the first (the baseline)
   mmrun compare pt.log ms.log --check "lm loss" --check "grad norm"
-  mmrun compare out/pt/tensorboard out/ms/tensorboard  TensorBoard scalars written by --tensorboard-dir
   mmrun compare --dump dump_pt dump_ms                 layer-wise dumps (--dump-config): the first module that diverges
 
 Logs: Megatron-LM's iteration lines (mmrun, Megatron-LM, MindSpeed print them; use --log-interval 1 for
-per-iteration values), mmrun's --metrics-file, or a --tensorboard-dir. A log that restarts (a resumed run
+per-iteration values) or mmrun's --metrics-file. A log that restarts (a resumed run
 appended to it) keeps the later values; runs of different lengths are compared where both logged.
 
 Dumps: statistics (max, min, mean, L2 norm) are compared with --stat-rtol/--stat-atol; where both dumps
@@ -39,10 +38,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from mmrun.precision.run_logs import METRICS
 
-    p = _Parser(prog="mmrun compare", description="Compare training runs per iteration (logs, metric files, "
-                "TensorBoard scalars) or layer-wise dumps per module, with a verdict for CI.",
+    p = _Parser(prog="mmrun compare", description="Compare training runs per iteration (logs, metric files) or layer-wise dumps per module, with a verdict for CI.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", metavar="RUN", help="logs/metric files/TensorBoard dirs (the first is the "
+    p.add_argument("paths", nargs="+", metavar="RUN", help="training logs or metric files (the first is the "
                    "baseline), or with --dump two dump directories")
     p.add_argument("--dump", action="store_true", help="compare two --dump-config directories (DIR_A DIR_B)")
     p.add_argument("--rtol", type=float, default=0.01, help="relative tolerance against the baseline (default 0.01)")

@@ -5,8 +5,7 @@ Formats (detected from the content, not the name):
   behind a launcher prefix such as `[rank0]:`):
   ` iteration   10/  20 | consumed samples: 80 | ... | lm loss: 6.81E+00 | loss scale: 1.0 | grad norm: 1.234 |
   number of skipped iterations:   0 | ...`
-- mmrun's --metrics-file: JSON lines, `{"kind": "train", "iteration": 1, "lm_loss": ..., "grad_norm": ...}`;
-- a TensorBoard log directory or event file (the scalars written by --tensorboard-dir; precision/events.py).
+- mmrun's --metrics-file: JSON lines, `{"kind": "train", "iteration": 1, "lm_loss": ..., "grad_norm": ...}`.
 
 A log that restarts (a resumed run appended to the same file: the iteration goes back) keeps the later
 run's values for the repeated iterations and says where it restarted.
@@ -139,15 +138,8 @@ def read_run(path: str | os.PathLike) -> RunMetrics:
     """The per-iteration metrics of one run; LogError when there are none or the file is garbled."""
     p = Path(path)
     if p.is_dir() or p.name.startswith("events.out.tfevents"):
-        from mmrun.precision import events
-
-        run = RunMetrics(str(path), "tensorboard")
-        for it, row in events.read_scalars_by_step(p, METRICS).items():
-            run.values[it] = row
-        if not run.values:
-            raise LogError(f"{path}: no TensorBoard scalars named like {', '.join(METRICS)} found; pass the "
-                           "--tensorboard-dir of a run, a training log or a --metrics-file")
-        return run
+        raise LogError(f"{path}: a directory or TensorBoard event file; mmrun compare reads training logs and "
+                       "--metrics-file JSON lines (TensorBoard scalars are not read yet); pass the run's log")
     try:
         data = p.read_bytes()
     except OSError as err:
