@@ -1,4 +1,4 @@
-"""Per-iteration metrics out of a training log, a --metrics-file or TensorBoard event files.
+"""Per-iteration metrics out of a training log or a --metrics-file.
 
 Formats (detected from the content, not the name):
 - Megatron-LM's iteration line (mmrun, Megatron-LM, MindSpeed-LLM and MindSpeed-MM all print it, also
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The metrics compared, in report order: (name in reports, keys in a Megatron line, keys in --metrics-file / TensorBoard).
+# The metrics compared, in report order: (name in reports, keys in a Megatron line, keys in --metrics-file).
 METRICS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lm loss": (("lm loss", "loss"), ("lm_loss", "lm loss", "loss")),
     "grad norm": (("grad norm",), ("grad_norm", "grad-norm")),
@@ -40,7 +40,7 @@ class RunMetrics:
     """What one run logged: iteration -> {metric: value}, plus notes on how the file was read."""
 
     path: str
-    source: str  # "megatron log", "metrics file", "tensorboard"
+    source: str  # "megatron log" or "metrics file"
     values: dict[int, dict[str, float]] = field(default_factory=dict)
     train_iters: int | None = None
     restarts: list[str] = field(default_factory=list)
@@ -148,7 +148,7 @@ def read_run(path: str | os.PathLike) -> RunMetrics:
     text = data.decode("utf-8", errors="replace")
     if text.count("\ufffd") > max(16, len(text) // 20):
         raise LogError(f"{path}: not text (binary or garbled: {text.count(chr(0xfffd))} undecodable bytes); pass a "
-                       "training log, a --metrics-file or a TensorBoard directory")
+                       "training log or a --metrics-file")
     first = next((line for line in text.splitlines() if line.strip()), "")
     run = _parse_jsonl(str(path), text) if first.lstrip().startswith("{") else _parse_megatron(str(path), text)
     if not run.values:
