@@ -143,8 +143,7 @@ def read_run(path: str | os.PathLike) -> RunMetrics:
     try:
         data = p.read_bytes()
     except OSError as err:
-        raise LogError(f"{path}: cannot be read ({err.strerror}); pass a training log, a --metrics-file or a "
-                       "TensorBoard directory") from None
+        raise LogError(f"{path}: cannot be read ({err.strerror}); pass a training log or a --metrics-file") from None
     text = data.decode("utf-8", errors="replace")
     if text.count("\ufffd") > max(16, len(text) // 20):
         raise LogError(f"{path}: not text (binary or garbled: {text.count(chr(0xfffd))} undecodable bytes); pass a "
