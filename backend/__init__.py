@@ -32,7 +32,8 @@ __all__ = [
 PACKAGES: dict[str, str] = {"pytorch": "mmrun.backend.torch", "mindspore": "mmrun.backend.mindspore"}
 # Module attributes that resolve, on first use, to the chosen framework's submodule of that name.
 LAZY_SUBMODULES: frozenset[str] = frozenset(
-    {"nn", "ops", "optim", "autograd", "train_step", "tensors", "distributed", "device", "seeding", "kernels"}
+    {"nn", "ops", "optim", "autograd", "train_step", "tensors", "distributed", "device", "seeding", "kernels",
+     "probe"}
 )
 
 

@@ -36,6 +36,7 @@ from mmrun.training import checkpointing, engines, global_vars, parallel
 from mmrun.training.arguments import ArgumentsError, ModelSource, parse_args
 from mmrun.training.engines.base import Engine, ParallelLayout
 from mmrun.training.errors import TrainingError
+from mmrun.precision.training_probe import AnomalyStop, TrainingProbe
 from mmrun.training.training_log import IntervalStats, MetricsFile, iteration_line, stamp, validation_block
 
 
@@ -121,6 +122,7 @@ def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Calla
     from mmrun.data.gpt_dataset import DatasetConfigError
     from mmrun.data.indexed_dataset import IndexedDatasetError
     from mmrun.data.tokenizers import TokenizerError
+    from mmrun.precision.dump_config import DumpConfigError
 
     if forward_step_func is None:
         raise TypeError("pretrain() needs forward_step_func (Megatron's 4th argument)")
@@ -131,9 +133,9 @@ def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Calla
         rank = args.rank
         return _pretrain(args, train_valid_test_datasets_provider, model_provider, forward_step_func)
     except (ArgumentsError, checkpointing.CheckpointError, DatasetConfigError, IndexedDatasetError,
-            TokenizerError) as err:
+            TokenizerError, DumpConfigError) as err:
         _usage_exit(str(err), rank, getattr(err, "exit_code", 2))  # a failed checkpoint save is a runtime error (1)
-    except TrainingError as err:
+    except (TrainingError, AnomalyStop) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except BackendError as err:
@@ -183,6 +185,7 @@ class _Job:
     progress: checkpointing.TrainingProgress = field(default_factory=checkpointing.TrainingProgress)
     metrics: MetricsFile | None = None
     result: TrainingResult | None = None
+    probe: TrainingProbe | None = None  # --dump-config, --anomaly-detection (mmrun.precision)
 
     def log(self, message: str) -> None:
         if self.rank == 0:
@@ -206,10 +209,13 @@ def _pretrain(args: argparse.Namespace, datasets_provider: Callable, model_provi
     iterators = build_train_valid_test_data_iterators(job, datasets_provider)
     job.metrics = MetricsFile(args.metrics_file, enabled=job.rank == 0)
     job.result = TrainingResult(framework=job.framework, iteration=job.progress.iteration)
+    job.probe = TrainingProbe.create(args, job.framework, job.rank, job.model, job.log)
     try:
         train(job, forward_step_func, *iterators)
     finally:
         job.metrics.close()
+        if job.probe is not None:
+            job.probe.close()
     return job.result
 
 
@@ -354,6 +360,8 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
     wall_start = time.time()
     exited_early = False
     while progress.iteration < args.train_iters:
+        if job.probe is not None:
+            job.probe.before_step(progress.iteration + 1)
         start = time.perf_counter()
         try:
             out = job.engine.train_step(forward_step_func, train_iters)
@@ -368,6 +376,8 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
         result.losses[it], result.grad_norms[it] = out.loss, out.grad_norm
         result.step_times.append(elapsed)
         stats.add({"lm loss": out.loss}, elapsed, skipped=out.skipped)
+        if job.probe is not None:
+            job.probe.after_step(it, out.loss, None if out.skipped else out.grad_norm)
         job.metrics.write({"kind": "train", "iteration": it, "lm_loss": out.loss, "grad_norm": out.grad_norm,
                            "learning_rate": out.lr, "loss_scale": out.loss_scale, "skipped": out.skipped,
                            "consumed_samples": progress.consumed_train_samples,

@@ -14,6 +14,7 @@ import pytest
     ["translate", "--help"],
     ["analyse", "--help"],
     ["preprocess-data", "--help"],
+    ["compare", "--help"],
 ])
 def test_runs_with_neither_framework(args, jobs):
     result = jobs.without_frameworks(*args)
