@@ -12,8 +12,8 @@ from typing import Iterable
 from mmrun.features.table import STACK, TRAINER
 
 # mmrun's trainer as a launch line names it: a path ending in one of these, or this module (-m).
-TRAINER_PATHS: tuple[str, ...] = ("models/pretrain_gpt.py",)
-TRAINER_MODULES: tuple[str, ...] = ("mmrun.models.pretrain_gpt",)
+TRAINER_PATHS: tuple[str, ...] = ("models/pretrain_gpt.py", "models/pretrain_vlm.py")
+TRAINER_MODULES: tuple[str, ...] = ("mmrun.models.pretrain_gpt", "mmrun.models.pretrain_vlm")
 
 
 def is_mmrun_trainer(script: str) -> bool:

@@ -45,14 +45,9 @@ _MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once befor
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """MindSpeed-MM's extra arguments (mm_extra_args_provider) and the VLM's own."""
+    # --mm-model, --mm-data, --mm-tool and --calculate-per-token-loss are declared by the feature table
+    # (features/catalogue.yaml), which the gate and `mmrun features` read; the entry adds its own options.
     g = parser.add_argument_group("multimodal (MindSpeed-MM's pretrain_vlm.py)")
-    g.add_argument("--mm-model", "--mm_model", dest="mm_model", default=None, help="MindSpeed-MM's model.json")
-    g.add_argument("--mm-data", "--mm_data", dest="mm_data", default=None, help="MindSpeed-MM's data.json")
-    g.add_argument("--mm-tool", "--mm_tool", dest="mm_tool", default=None,
-                   help="MindSpeed-MM's tools.json (accepted and checked to be JSON; mmrun's tools take flags)")
-    g.add_argument("--calculate-per-token-loss", "--calculate_per_token_loss", dest="calculate_per_token_loss",
-                   action="store_true", help="the loss of a step is the mean over every label token of the global "
-                   "batch (MindSpeed-MM's option); default: the mean of the micro-batches' own token means")
     g.add_argument("--skip-bad-samples", "--skip_bad_samples", dest="skip_bad_samples", action="store_true",
                    help="skip samples whose images are missing or corrupt (counted and reported) instead of stopping")
     g.add_argument("--variable-seq-lengths", "--variable_seq_lengths", dest="variable_seq_lengths",
