@@ -490,7 +490,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0) 
     # Data and tokenizer.
     if args.split is None:
         args.split = DEFAULT_SPLIT
-    if not args.mock_data and not args.data_path:
+    if not args.mock_data and not args.data_path and not getattr(args, "mm_data", None):  # --mm-data: data.json
         raise ArgumentsError("--data-path is required unless --mock-data is given. Received: neither; "
                              "preprocess a corpus with `mmrun preprocess-data` or pass --mock-data")
     if args.tokenizer_type is None:

@@ -206,7 +206,7 @@ def check_with_training_args(config: FSDP2Config, given: Mapping[str, Any]) -> N
                                    "(the user guide: turn Megatron's recompute off); drop one of them")
     if config.offload_to_cpu and not cpu_backend_in(given.get("distributed_backend")):
         raise FSDP2ConfigError(f"{config.source}: offload_to_cpu: true needs a CPU backend in --distributed-backend. "
-                               f"Received: --distributed-backend {given.get('distributed_backend')}; pass e.g. "
+                               f"Received: --distributed-backend {given.get('distributed_backend') or '(not given)'}; pass e.g. "
                                "--distributed-backend npu:hccl,cpu:gloo (cpu:gloo,cuda:nccl on GPUs, gloo on CPU)")
 
 

@@ -151,6 +151,12 @@ class TorchNativeEngine:
         from mmrun.training.fsdp2_config import plan_modules
 
         world = dist.get_world_size()
+        if self.model_names == "mmrun-gpt":
+            import warnings
+
+            # mmrun's GPT returns a reshaped (view) loss and its loss_func is out of place, so FSDP2's
+            # warning about in-place ops on a view output cannot apply.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         classes = {n: f"{type(m).__module__}.{type(m).__qualname__}" for n, m in model.named_modules()}
         self.plan = plan_modules(self.config, [n for n, _ in model.named_modules()], classes)
         shard = self.config.shard_size(world)
@@ -319,6 +325,13 @@ class TorchNativeEngine:
         from mmrun.backend.torch.fsdp2 import dcp
 
         dcp.load(directory, self.module, self.optimizer if with_optimizer else None)
+
+    def hf_config(self) -> dict[str, Any] | None:
+        """A transformers model's config.json as JSON (kept in DCP checkpoints for the HF converter)."""
+        import json
+
+        config = getattr(self.module, "config", None)
+        return json.loads(config.to_json_string()) if hasattr(config, "to_json_string") else None
 
     def rng_state(self) -> dict[str, Any] | None:
         return None
