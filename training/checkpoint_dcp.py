@@ -52,7 +52,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def save(args: argparse.Namespace, progress: Any, engine: Any, scheduler: Any, log: Any = print) -> Path:
     """Every rank takes part (DCP's save is collective); rank 0 prepares, finishes and swaps."""
     from mmrun import backend
-    from mmrun.training.checkpoint_store import recover_interrupted_saves
+    from mmrun.training.checkpoint_store import _usual_permissions, recover_interrupted_saves
     from mmrun.training.checkpointing import args_to_json, timestamp
 
     dist = backend.distributed
@@ -83,6 +83,7 @@ def save(args: argparse.Namespace, progress: Any, engine: Any, scheduler: Any, l
             if hf is not None:
                 meta["hf_config"] = hf  # what a Hugging Face directory's config.json needs (convert-checkpoint)
             atomic_write(Path(tmp) / META_FILE, json.dumps(meta, indent=1, sort_keys=True) + "\n")
+            _usual_permissions(Path(tmp))  # mkdtemp made it 0700
             fsync_dir(tmp)
             replace_directory(tmp, final)
             tmp = None

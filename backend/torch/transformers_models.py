@@ -94,6 +94,12 @@ def build_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
         model = cls.from_pretrained(path, config=config, dtype=dtype, local_files_only=True)
     else:
         model = cls._from_config(config, dtype=dtype)
+    # Training never reads a KV cache, and recompute breaks with one: the recomputed forward appends its
+    # keys/values to the cache a second time (measured: reentrant recompute of a Qwen2 layer changed
+    # the k/v gradients by 7e-2). transformers' own gradient checkpointing turns it off the same way.
+    for config_part in (model.config, getattr(model.config, "text_config", None)):
+        if config_part is not None and hasattr(config_part, "use_cache"):
+            config_part.use_cache = False
     for prefix in model_cfg.get("freeze") or ():
         for name, param in model.named_parameters():
             if name == prefix or name.startswith(prefix + "."):

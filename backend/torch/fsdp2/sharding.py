@@ -41,6 +41,8 @@ def _recompute(module: torch.nn.Module, use_reentrant: bool) -> None:
     forward = module.forward
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # evaluation: nothing is kept for backward, nothing to recompute
+            return forward(*args, **kwargs)
         if use_reentrant and kwargs:
             keys = [k for k, v in kwargs.items() if torch.is_tensor(v)]
             others = {k: v for k, v in kwargs.items() if not torch.is_tensor(v)}
