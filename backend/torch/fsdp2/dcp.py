@@ -55,6 +55,10 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
 def read_whole(directory: str | Path) -> dict[str, Any]:
     """{"model": {name: tensor}, "optim": {...}} of a DCP directory, whole, in this process (no process
     group: torch's _load_state_dict_from_keys reads every key without one)."""
+    import warnings
+
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    return _load_state_dict_from_keys(checkpoint_id=str(directory))
+    with warnings.catch_warnings():  # "no process group: loading in one process" is what is wanted here
+        warnings.simplefilter("ignore", UserWarning)
+        return _load_state_dict_from_keys(checkpoint_id=str(directory))
