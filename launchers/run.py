@@ -177,6 +177,7 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
         if not request.dry_run:
             raise
         plan.notes.append(Note(request.script, None, "not found here; a dry run goes on, a real run would stop"))
+    _check_fsdp2_file(request.script_args)
     target = [*(["-m"] if translation.module else []), request.script]
     script_args = launch_args.with_framework_arg(request.script_args, framework, _passes_framework_arg(request, plan.script_path))
     plan.command = [sys.executable, "-m", LAUNCHER_MODULES[launcher], *translation.argv(), BOOTSTRAP, *target, *script_args]
@@ -224,6 +225,19 @@ def _check_framework_installed(plan: Plan) -> None:
     module = FRAMEWORK_MODULE[plan.launcher]
     if importlib.util.find_spec(module) is None:
         raise FrameworkNotInstalledError(plan.framework, module, plan.framework_source)
+
+
+def _check_fsdp2_file(script_args: list[str]) -> None:
+    """An FSDP2 file with an unknown key, a bad value, or a conflict with the training flags stops the job
+    here, before any worker starts (training/fsdp2_config.py; module patterns need the model: the
+    workers check those before the first step)."""
+    from mmrun.training.arguments import ArgumentsError
+    from mmrun.training.fsdp2_config import check_launch
+
+    try:
+        check_launch(script_args)
+    except ArgumentsError as err:
+        raise UsageError(str(err)) from None
 
 
 def _error(message: str) -> int:

@@ -585,7 +585,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0,
     if data_flag is not None:
         if args.tokenizer_type is None:
             args.tokenizer_type = "NullTokenizer"  # the tokenizer comes with the data file; as MindSpeed-MM's scripts
-    elif not args.mock_data and not args.data_path:
+    elif not args.mock_data and not args.data_path and not getattr(args, "mm_data", None):  # --mm-data: data.json
         raise ArgumentsError("--data-path is required unless --mock-data is given. Received: neither; "
                              "preprocess a corpus with `mmrun preprocess-data` or pass --mock-data")
     if args.tokenizer_type is None:

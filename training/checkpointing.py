@@ -208,6 +208,10 @@ def save_checkpoint(args: argparse.Namespace, progress: TrainingProgress, engine
     moves only when all of them succeeded (checkpoint_store.write_checkpoint_shards)."""
     from mmrun import backend
 
+    if getattr(args, "ckpt_format", None) == "torch_dcp" and hasattr(engine, "save_dcp"):
+        from mmrun.training import checkpoint_dcp  # sharded, torch.distributed.checkpoint's own files
+
+        return checkpoint_dcp.save(args, progress, engine, scheduler, log)
     dist = backend.distributed
     layout = engine.layout
     rng = _rng_states(not args.no_save_rng, engine)
@@ -297,6 +301,11 @@ def load_checkpoint(args: argparse.Namespace, engine: Any, scheduler: Any, log: 
     A checkpoint saved with another tensor/pipeline layout, or by the other engine (mmrun's GPT names vs
     megatron-core's), is joined and re-split for this run (checkpoint_reshard.py)."""
     root = Path(args.load)
+    from mmrun.training import checkpoint_dcp
+
+    dcp_dir = checkpoint_dcp.find_dcp(root, args.ckpt_step)
+    if dcp_dir is not None:  # a torch_dcp checkpoint, whatever --ckpt-format this run saves with
+        return checkpoint_dcp.load(args, dcp_dir, engine, scheduler, log)
     ckpt = _find(args, root, log)
     if ckpt is None:
         message = (f"could not find the metadata file {root / TRACKER_FILE}; will not load any checkpoint "

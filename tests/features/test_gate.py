@@ -82,7 +82,7 @@ def test_check_flags_follows_the_layer(layer, feature, trig, fw, dev):
     (["--no-masked-softmax-fusion"], "mindspore", "npu", "stack", "supported"),  # kept in the maintainers' msrun scripts
     (["--log-tps"], "mindspore", "npu", "stack", "fallback"),  # dropped from them
     (["--moe-token-dispatcher-type", "allgather"], "mindspore", "npu", "stack", "fallback"),  # only alltoall
-    (["--use-torch-fsdp2"], "mindspore", "npu", "stack", "fallback"),  # MSAdapter: no DTensor/FSDP2
+    (["--use-torch-fsdp2"], "mindspore", "npu", "stack", "unsupported"),  # MSAdapter: no DTensor/FSDP2
     (["--bf16"], "mindspore", "cpu", "stack", "unsupported"),  # no bf16 MatMul kernel on MindSpore CPU
     (["--bf16"], "mindspore", "cuda", "stack", "unknown"),
     (["--use-flash-attn"], "mindspore", "cpu", "stack", "fallback"),  # flash_attention_score: Ascend only
@@ -127,7 +127,7 @@ def test_known_facts(tokens, fw, dev, layer, status):
     (["--distributed-backend", "gloo"], "mindspore", "npu", "trainer", ["--distributed-backend", "hccl"]),
     (["--distributed-backend", "npu:hccl,cpu:gloo"], "pytorch", "cpu", "trainer", ["--distributed-backend", "gloo"]),
     (["--ckpt-format", "torch"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
-    (["--ckpt-format", "torch_dcp"], "pytorch", "cuda", "trainer", ["--ckpt-format", "safetensors"]),
+    (["--ckpt-format", "torch_dcp"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
     (["--ms-jit"], "pytorch", "cpu", "trainer", []),
 ])
 def test_substitutions_carry_their_replacement(tokens, fw, dev, layer, replacement):

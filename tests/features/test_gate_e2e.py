@@ -42,6 +42,9 @@ PARALLEL = {
     # On MindSpore --use-mcore-models picks the fp32-only mindspore-parallel engine: it trains alone, not packed
     # with --fp16 and the other supported flags.
     "mcore-models": (1, []),
+    # The FSDP2 engine trains alone too (it replaces mmrun's engine); torch_dcp is its checkpoint format.
+    "torch-fsdp2": (2, ["--global-batch-size", "4"]),
+    "ckpt-format-torch-dcp": (1, ["--use-torch-fsdp2"]),
 }
 
 

@@ -7,6 +7,8 @@ ENGINES lists them, first match wins; adding an engine is one row here and a cla
 
 | engine | framework | chosen when | module |
 |---|---|---|---|
+| torch-fsdp2 | pytorch | --use-torch-fsdp2 (the FSDP2 file: --fsdp2-config-path; docs/fsdp2.md) | backend/torch/fsdp2/engine.py |
+| torch-ddp | pytorch | an entry that trains a torch model as it is (models/pretrain_transformers.py sets args.torch_ddp) | backend/torch/fsdp2/engine.py |
 | megatron-core | pytorch | --use-mcore-models, or any of: --tensor-/--pipeline-/--context-parallel-size > 1, virtual pipeline stages, --use-distributed-optimizer, --transformer-impl transformer_engine | backend/torch/megatron_core/engine.py |
 | mindspore-parallel | mindspore | --use-mcore-models, --tensor-/--pipeline-model-parallel-size > 1 (with or without --sequence-parallel); refuses --fp16/--bf16, virtual pipeline stages, --context-parallel-size > 1, --use-distributed-optimizer, Transformer Engine | backend/mindspore/parallel/trainer_engine.py |
 | mmrun | pytorch, mindspore | otherwise (data parallelism) | training/engines/portable.py |
@@ -24,6 +26,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mmrun.training.arguments import ArgumentsError
 from mmrun.training.engines.base import MODEL_NAMES, Engine, ParallelLayout, ShardState  # noqa: F401
 
 
@@ -33,9 +36,12 @@ class EngineRow:
     frameworks: tuple[str, ...]
     wants_parallelism: bool  # chosen for model/optimizer parallelism and --use-mcore-models
     factory: str  # "module:Class", imported only when chosen
+    chosen_by: str | None = None  # an argument that alone chooses this row when true (checked first)
 
 
 ENGINES: tuple[EngineRow, ...] = (
+    EngineRow("torch-fsdp2", ("pytorch",), False, "mmrun.backend.torch.fsdp2.engine:create_fsdp2", "use_torch_fsdp2"),
+    EngineRow("torch-ddp", ("pytorch",), False, "mmrun.backend.torch.fsdp2.engine:create_ddp", "torch_ddp"),
     EngineRow("megatron-core", ("pytorch",), True, "mmrun.backend.torch.megatron_core.engine:MegatronCoreEngine"),
     EngineRow("mindspore-parallel", ("mindspore",), True,
               "mmrun.backend.mindspore.parallel.trainer_engine:MindSporeParallelEngine"),
@@ -70,8 +76,13 @@ def parallel_flags(args: argparse.Namespace) -> list[str]:
 
 def choose(args: argparse.Namespace, framework: str) -> EngineRow:
     """The engine for this run (first row of ENGINES that fits)."""
+    for row in ENGINES:
+        if row.chosen_by and getattr(args, row.chosen_by, False) and framework in row.frameworks:
+            return row
     wants = bool(getattr(args, "use_mcore_models", False)) or bool(parallel_flags(args))
     for row in ENGINES:
+        if row.chosen_by:
+            continue
         if framework in row.frameworks and (wants or not row.wants_parallelism):
             return row
     raise LookupError(f"no training engine runs {'parallel ' if wants else ''}training on {framework}")
@@ -80,6 +91,10 @@ def choose(args: argparse.Namespace, framework: str) -> EngineRow:
 def create(args: argparse.Namespace, framework: str, log: Callable[[str], None]) -> Engine:
     """Pick the engine (ENGINES), say why when a flag chose it, and build it (not yet initialised)."""
     row = choose(args, framework)
+    if row.chosen_by and parallel_flags(args):
+        raise ArgumentsError(f"{', '.join(parallel_flags(args))} cannot be combined with the {row.name} engine "
+                             f"(it shards or replicates the whole model over every rank); drop them, or drop "
+                             f"--{row.chosen_by.replace('_', '-')}")
     if row.wants_parallelism and not getattr(args, "use_mcore_models", False):
         flags = ", ".join(parallel_flags(args))
         model = GPT_MODEL_OF.get(row.name, "megatron-core's GPTModel")

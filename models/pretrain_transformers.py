@@ -1,0 +1,174 @@
+"""Train a Hugging Face transformers model as it is (MindSpeed-MM's pretrain_transformers.py), PyTorch only.
+
+    # Megatron flags + model.json / data.json, sharded by FSDP2 from a YAML file
+    mmrun --nproc-per-node 2 models/pretrain_transformers.py --micro-batch-size 2 --global-batch-size 8 \
+        --train-iters 10 --lr 1e-4 --mm-model model.json --mm-data data.json \
+        --use-torch-fsdp2 --fsdp2-config-path fsdp2_config.yaml --ckpt-format torch_dcp --save ckpt
+
+    # MindSpeed-MM's single-YAML form: gpt_args (Megatron's arguments, snake_case), data, model
+    mmrun --nproc-per-node 2 models/pretrain_transformers.py job.yaml
+
+Without --use-torch-fsdp2 the model trains replicated under torch's DDP. model.json (or the YAML's
+`model` section): `init_from_hf_path` (a local Hugging Face directory: config and weights), or
+`hf_config` (a config.json mapping: random weights from --seed), `model_id` (a class registered with
+`mmrun.backend.torch.transformers_models.register_model`, MindSpeed-MM's ModelHub), `freeze` (module
+prefixes whose parameters do not train). data.json (or `data`): `dataset_param.dataset_type`:
+`mock` (Megatron's mock GPT samples: --seq-length tokens, --vocab-size) or `megatron` (--data-path,
+the indexed format); a multimodal pipeline plugs in by returning datasets or loaders of batch dicts
+from DATASET_BUILDERS (its keys: input_ids, attention_mask, labels, pixel_values, image_grid_thw, ...).
+
+The five callbacks are Megatron's, as in models/pretrain_gpt.py; forward_step calls the model with
+the batch's own keys (`model(**batch)`), and loss_func reduces its logits to Megatron's
+(loss sum, token count) against the labels: next-token labels with loss_mask (Megatron's samples),
+or Hugging Face labels (shifted here, -100 ignored).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from mmrun.training import ModelType, get_args, pretrain, print_rank_0
+from mmrun.training.arguments import ArgumentsError
+
+# Megatron requires these; a transformers model takes its sizes from its config, so they are only
+# checked, never used (MindSpeed-MM's model.json says the same of its "megatron check" values).
+CPU_DEFAULTS = {
+    "num_layers": 1,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "seq_length": 32,
+    "micro_batch_size": 2,
+    "lr": 1.0e-4,
+    "tokenizer_type": "NullTokenizer",  # the data pipeline tokenizes; Megatron's mock samples need a vocabulary size
+    "vocab_size": 512,
+}
+
+# dataset_type -> "module:function(args, data_cfg, num_samples) -> (train, valid, test)"; a multimodal
+# pipeline adds its row here (the seam for data/multimodal: datasets of batch dicts, or ready loaders).
+DATASET_BUILDERS = {
+    "mock": "mmrun.models.pretrain_transformers:megatron_gpt_samples",
+    "megatron": "mmrun.models.pretrain_transformers:megatron_gpt_samples",
+}
+
+_MM: dict[str, dict[str, Any]] = {"model": {}, "data": {}}  # the single-YAML form's sections
+
+
+def extra_args(parser):
+    # --mm-model (model.json: init_from_hf_path or hf_config, model_id, freeze) and --mm-data (data.json:
+    # dataset_param.dataset_type) are declared by the feature table (features/catalogue.yaml, mindspeed-mm-model).
+    # Engine choice: torch's DDP unless --use-torch-fsdp2 (training/engines/__init__.py).
+    parser.set_defaults(torch_ddp=True)
+    return parser
+
+
+def _section(name: str) -> dict[str, Any]:
+    args = get_args()
+    if _MM[name]:
+        return _MM[name]
+    path = getattr(args, f"mm_{name}")
+    if not path:
+        return {}
+    if str(path).endswith((".yaml", ".yml")):  # the single-YAML form names its own file: its data/model section
+        from mmrun.training.yaml_launch import read_yaml_launch
+
+        return getattr(read_yaml_launch(path), name)
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ArgumentsError(f"--mm-{name} {path}: cannot read it as JSON ({err}); pass a {name}.json file") from None
+
+
+def model_provider(pre_process=True, post_process=True, vp_stage=None):
+    """The transformers model of model.json (MindSpeed-MM's TransformersModel through its ModelHub)."""
+    from mmrun.backend.torch.transformers_models import ModelConfigError, build_model
+
+    cfg = _section("model")
+    try:
+        model = build_model(cfg)
+    except ModelConfigError as err:
+        raise ArgumentsError(str(err)) from None
+    source = cfg.get("init_from_hf_path") or "hf_config (random weights from --seed)"
+    print_rank_0(f"building transformers model {type(model).__name__} from {source} ...")
+    return model
+
+
+def get_batch(data_iterator):
+    """The next micro-batch dict as tensors on this device (numpy from the loader)."""
+    from mmrun.backend import tensors
+
+    batch = next(data_iterator)
+    return {key: tensors.from_numpy(value) for key, value in batch.items()}
+
+
+def loss_func(labels, loss_mask, output_tensor):
+    """Megatron's (loss sum, token count, report) from the model's logits."""
+    import torch.nn.functional as F
+
+    logits = output_tensor.float()
+    if loss_mask is None:  # Hugging Face labels: position t predicts token t+1; -100 is not trained
+        logits, labels = logits[:, :-1], labels[:, 1:]
+        mask = (labels != -100).float()
+    else:
+        mask = loss_mask.float()
+    losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0), reduction="none")
+    loss = (losses * mask.reshape(-1)).sum()
+    num_tokens = mask.sum()
+    return loss, num_tokens, {"lm loss": (loss, num_tokens)}
+
+
+def forward_step(data_iterator, model):
+    """The model on the batch's own keys (labels and loss_mask stay with the loss)."""
+    batch = get_batch(data_iterator)
+    labels = batch.pop("labels")
+    loss_mask = batch.pop("loss_mask", None)
+    if "tokens" in batch:  # Megatron's GPT samples
+        batch = {"input_ids": batch.pop("tokens"), "position_ids": batch.pop("position_ids", None)}
+    output = model(**{k: v for k, v in batch.items() if v is not None})
+    return output.logits, partial(loss_func, labels, loss_mask)
+
+
+def megatron_gpt_samples(args, data_cfg, num_samples):
+    from mmrun.data.gpt_dataset import build_train_valid_test_datasets
+    from mmrun.training import get_tokenizer
+
+    mock = data_cfg.get("dataset_param", {}).get("dataset_type") == "mock" or args.mock_data
+    return build_train_valid_test_datasets(data_prefix=args.data_path, split=args.split, seq_length=args.seq_length,
+                                           seed=args.seed, num_samples=num_samples, tokenizer=get_tokenizer(),
+                                           mock=mock)
+
+
+def train_valid_test_datasets_provider(train_val_test_num_samples):
+    import importlib
+
+    args = get_args()
+    data_cfg = _section("data") or {"dataset_param": {"dataset_type": "mock" if args.mock_data else "megatron"}}
+    kind = data_cfg.get("dataset_param", {}).get("dataset_type", "megatron")
+    if kind not in DATASET_BUILDERS:
+        raise ArgumentsError(f"data: dataset_type {kind!r} has no builder here; use one of {', '.join(DATASET_BUILDERS)} "
+                             "(a multimodal pipeline registers its own in DATASET_BUILDERS)")
+    module, _, function = DATASET_BUILDERS[kind].partition(":")
+    print_rank_0(f"> building train, validation, and test datasets ({kind}) ...")
+    return getattr(importlib.import_module(module), function)(args, data_cfg, train_val_test_num_samples)
+
+
+def main(argv: list[str] | None = None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].endswith((".yaml", ".yml")):
+        from mmrun.training.yaml_launch import read_yaml_launch
+
+        try:
+            launch = read_yaml_launch(argv[0])
+        except ArgumentsError as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        _MM["model"], _MM["data"] = launch.model, launch.data
+        argv = launch.argv + ["--mm-model", argv[0], "--mm-data", argv[0]] + argv[1:]
+    return pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
+                    args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args, argv=argv)
+
+
+if __name__ == "__main__":
+    main()
