@@ -8,7 +8,7 @@ whose image is not at `image_root/<image_prefix>/<image>` are skipped and counte
 An unknown speaker is an error naming the sample. The output is written through mmrun's atomic writer and
 is never written over an existing file unless `overwrite`.
 
-    python -m mmrun.data.multimodal.llava llava_instruct_150k.json mllm_format_llava_instruct_data.json
+    mmrun llava-to-mllm data/llava_instruct_150k.json data/mllm_format_llava_instruct_data.json --image-root data/COCO2017
 """
 from __future__ import annotations
 
@@ -22,7 +22,14 @@ from mmrun.common.atomic_write import atomic_write
 from mmrun.data.gpt_dataset import DatasetConfigError
 
 SPEAKERS = {"human": "user", "gpt": "assistant"}
-PROG = "mmrun convert-llava"
+PROG = "mmrun llava-to-mllm"
+EPILOG = """examples:
+  # the guides' step: LLaVA-Instruct-150K + COCO2017 -> data/mllm_format_llava_instruct_data.json
+  mmrun llava-to-mllm data/llava_instruct_150k.json data/mllm_format_llava_instruct_data.json \\
+      --image-root data/COCO2017
+
+exit status: 0 written, 1 bad input (one line names the sample), 2 usage error.
+"""
 
 
 def convert_record(item: object, image_prefix: str, where: str) -> dict:
@@ -67,7 +74,8 @@ def convert_llava(input_path: str, output_path: str, image_prefix: str = "./trai
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description="Convert LLaVA-Instruct JSON into MindSpeed-MM's "
-                                     "mllm_format (messages + images), the layout data.json's dataset files use.")
+                                     "mllm_format (messages + images), the layout data.json's dataset files use.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     parser.add_argument("input", help="LLaVA-Instruct JSON, e.g. llava_instruct_150k.json")
     parser.add_argument("output", help="mllm_format JSON to write, e.g. mllm_format_llava_instruct_data.json")
     parser.add_argument("--image-prefix", default="./train2017",

@@ -163,3 +163,60 @@ def _hf_config() -> dict:
     from mmrun.models.qwen2_vl.model_json import read_model_json
 
     return read_model_json(MODEL_JSON).hf_config
+
+
+# MindSpeed-MM's examples/qwen2vl/finetune_qwen2vl_2b.sh GPT_ARGS and OUTPUT_ARGS as published (sizes of the
+# job and paths aside): what a user brings.
+MM_2B_FLAGS = ["--use-mcore-models", "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+               "--context-parallel-size", "1", "--context-parallel-algo", "ulysses_cp_algo", "--tokenizer-type",
+               "NullTokenizer", "--vocab-size", "151936", "--make-vocab-size-divisible-by", "1", "--normalization",
+               "RMSNorm", "--use-fused-rmsnorm", "--swiglu", "--use-fused-swiglu", "--no-masked-softmax-fusion",
+               "--lr-decay-style", "cosine", "--weight-decay", "0", "--lr-warmup-fraction", "0.1", "--clip-grad",
+               "0.0", "--adam-beta1", "0.9", "--adam-beta2", "0.999", "--no-gradient-accumulation-fusion",
+               "--use-distributed-optimizer", "--use-flash-attn", "--no-load-optim", "--no-load-rng",
+               "--no-save-optim", "--no-save-rng", "--num-workers", "8", "--distributed-timeout-minutes", "20",
+               "--ckpt-format", "torch", "--log-tps", "--distributed-backend", "nccl"]
+
+
+@pytest.mark.slow
+def test_mindspeed_mm_launch_line_is_judged_by_the_gate_not_crashed(vlm, tk):
+    """On a CPU the fused kernels and FlashAttention of MindSpeed-MM's script are refused at startup, one line
+    each, before any model exists; with --on-unsupported warn the same line trains."""
+    warmup = VLM_ARGS.index("--lr-warmup-iters")  # the script gives --lr-warmup-fraction instead
+    common = [*VLM_ARGS[:warmup], *VLM_ARGS[warmup + 2:], "--mm-data", vlm.data_json, *MM_2B_FLAGS, "--train-iters", "1"]
+    refused = tk.run_training(vlm.base_dir / "mm-line", common, nproc=None, entry=VLM_ENTRY)
+    assert refused.returncode == 2, refused.output[-2000:]
+    errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
+    assert any("--use-flash-attn" in e for e in errors) and any("--use-fused-rmsnorm" in e for e in errors), errors
+    assert "Traceback" not in refused.output and "building qwen2_vl model" not in refused.output
+    warned = tk.run_training(vlm.base_dir / "mm-line-warn", [*common, "--on-unsupported", "warn"], nproc=None,
+                             entry=VLM_ENTRY)
+    assert warned.returncode == 0, warned.output[-3000:]
+    assert sorted(warned.losses()) == [1]
+    assert "ignoring --swiglu" in warned.output and "ignoring --use-mcore-models" in warned.output
+
+
+def _model_json_with(tmp_path: Path, **top: object) -> str:
+    raw = json.loads(MODEL_JSON.read_text())
+    raw.update(top)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_bad_inputs_stop_with_one_line_and_exit_2(vlm, tk, tmp_path):
+    cases = {
+        "no model.json": (["--mm-data", vlm.data_json, "--train-iters", "1"],
+                          "error: --mm-model is required"),
+        "ids disagree": ([*VLM_ARGS, "--mm-model", _model_json_with(tmp_path, img_context_token_id=7),
+                          "--mm-data", vlm.data_json],
+                         "img_context_token_id is 7 but the tokenizer of --mm-data gives <|image_pad|> the id 5"),
+        "tensor parallel": ([*VLM_ARGS, "--mm-data", vlm.data_json, "--tensor-model-parallel-size", "2"],
+                            "trains with data parallelism only"),
+    }
+    for name, (args, message) in cases.items():
+        run = tk.run_training(tmp_path / name.replace(" ", "-"), args, nproc=None, entry=VLM_ENTRY)
+        errors = [line for line in run.output.splitlines() if line.startswith("error:")]
+        assert run.returncode == 2 and len(errors) == 1 and message in errors[0], (name, run.output[-2000:])
+        assert "Traceback" not in run.output, name
