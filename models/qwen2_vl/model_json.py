@@ -143,8 +143,10 @@ def _vision_config(path: str, model_type: str, enc: Mapping[str, Any], proj: Map
     }
     if model_type == "qwen2_vl":
         ffn = enc.get("ffn_hidden_size", 4 * enc["hidden_size"])
+        ratio = ffn / enc["hidden_size"]
+        # transformers 5.x types mlp_ratio as an int (Qwen2-VL's 4); only a width it cannot express stays a float
         return {**common, "embed_dim": enc["hidden_size"], "hidden_size": out_hidden,
-                "mlp_ratio": ffn / enc["hidden_size"]}
+                "mlp_ratio": int(ratio) if ratio.is_integer() else ratio}
     return {**common, "hidden_size": enc["hidden_size"], "out_hidden_size": out_hidden,
             "intermediate_size": enc.get("intermediate_size", enc.get("ffn_hidden_size", 4 * enc["hidden_size"])),
             "window_size": enc.get("window_attn_size", 112),

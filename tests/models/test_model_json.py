@@ -63,7 +63,7 @@ def test_the_demo_model_json_is_a_qwen2vl_with_mindspeed_mm_defaults_for_what_it
     spec = parse_model_json(TINY)
     config = Qwen2VLConfig.from_hf_config(spec.hf_config)
     assert config.model_type == "qwen2_vl" and config.vision.hidden_act == "quick_gelu"
-    assert spec.hf_config["vision_config"]["mlp_ratio"] == 2.0
+    assert spec.hf_config["vision_config"]["mlp_ratio"] == 2 and isinstance(spec.hf_config["vision_config"]["mlp_ratio"], int)
 
 
 @pytest.mark.parametrize("path, value, message", [
