@@ -26,6 +26,7 @@ class EpochView:
         self.seed, self.shuffle = seed, shuffle
         if collate is not None:
             self.collate = collate
+        self.worker_safe = bool(getattr(dataset, "worker_safe", False))
         self._orders: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:

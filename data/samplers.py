@@ -78,13 +78,21 @@ class PretrainingDataLoader:
     `tensors.from_numpy`, so both frameworks see the same bytes.
     """
 
-    def __init__(self, dataset, sampler: MegatronPretrainingSampler) -> None:
+    def __init__(self, dataset, sampler: MegatronPretrainingSampler, num_workers: int = 0) -> None:
         self.dataset = dataset
         self.batch_sampler = sampler
         # A dataset whose samples differ in shape (images, variable lengths) brings its own `collate`.
         self.collate = getattr(dataset, "collate", collate)
+        # Worker processes only for datasets that say they can be pickled to them (decoding images is worth
+        # it; Megatron's memory-mapped token datasets read faster in place).
+        self.num_workers = num_workers if getattr(dataset, "worker_safe", False) else 0
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        if self.num_workers:
+            from mmrun.data.workers import build_dataloader
+
+            yield from build_dataloader(self.dataset, self.batch_sampler, self.collate, self.num_workers)
+            return
         for indices in self.batch_sampler:
             yield self.collate([self.dataset[i] for i in indices])
 
@@ -99,8 +107,10 @@ def build_pretraining_data_loader(
     micro_batch_size: int,
     data_parallel_rank: int = 0,
     data_parallel_size: int = 1,
+    num_workers: int = 0,
 ) -> PretrainingDataLoader | None:
-    """Megatron's `build_pretraining_data_loader` for the 'single' loader type (None for no dataset)."""
+    """Megatron's `build_pretraining_data_loader` for the 'single' loader type (None for no dataset);
+    `num_workers` decoding processes for a dataset marked `worker_safe` (data/workers.py)."""
     if dataset is None:
         return None
     sampler = MegatronPretrainingSampler(
@@ -110,4 +120,4 @@ def build_pretraining_data_loader(
         data_parallel_rank=data_parallel_rank,
         data_parallel_size=data_parallel_size,
     )
-    return PretrainingDataLoader(dataset, sampler)
+    return PretrainingDataLoader(dataset, sampler, num_workers)

@@ -310,6 +310,9 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
     add(g, "--vocab-size", type=int, default=None,
         help=f"NullTokenizer vocabulary size (with --mock-data: {MOCK_VOCAB_SIZE})")
     add(g, "--tokenizer-model", default=None, help="HuggingFaceTokenizer: a local tokenizer.json or directory")
+    add(g, "--num-workers", type=int, default=0,
+        help="processes that decode samples ahead of training (0: in the training process); used by datasets "
+             "worth it (images: models/pretrain_vlm.py); Megatron's token datasets read in place")
     add(g, "--eod-mask-loss", action="store_true", help="no loss on predictions made from end-of-document")
     add(g, "--reset-position-ids", action="store_true", help="restart position ids after end-of-document")
 
@@ -463,6 +466,7 @@ def _check_gpt_structure(args: argparse.Namespace) -> None:
 
 def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParser, source: ModelSource) -> None:
     """The model file's sizes replace the network-size flags; flags given with other values are named once."""
+    args.model_source = source.flag
     overridden = []
     for dest, value in source.sizes.items():
         given = getattr(args, dest, None)
@@ -516,7 +520,7 @@ def validate_args(args: argparse.Namespace, world_size: int = 1, rank: int = 0,
     _positive(args, ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                      "global_batch_size", "train_iters", "log_interval", "eval_interval", "save_interval",
                      "exit_interval", "ffn_hidden_size", "make_vocab_size_divisible_by", "distributed_timeout_minutes"))
-    _positive(args, ("eval_iters", "lr", "min_lr", "weight_decay", "clip_grad", "lr_warmup_iters",
+    _positive(args, ("eval_iters", "num_workers", "lr", "min_lr", "weight_decay", "clip_grad", "lr_warmup_iters",
                      "hidden_dropout", "attention_dropout"), allow_zero=True)
     if args.fp16 and args.bf16:
         raise ArgumentsError("--fp16 and --bf16 cannot both be given. Received: both; keep one")

@@ -81,7 +81,8 @@ def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, layout:
         if consumed >= len(dataset):
             return None  # a run resumed at its end: nothing of this split is left to read
 
-        return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, layout.dp_rank, layout.dp)
+        return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, layout.dp_rank, layout.dp,
+                                             num_workers=args.num_workers)
     return dataset  # MindSpeed-MM style (its migration guide's providers): the provider returned data loaders
 
 
@@ -253,8 +254,11 @@ def initialize(args: argparse.Namespace) -> _Job:
     job.log(f"> mmrun pretrain: {framework} {backend.load().version()} on {device}, world size {info.world_size} "
             f"({job.layout.describe()}), engine {engine.name}, {args.num_micro_batches} micro-batch(es) of "
             f"{args.micro_batch_size} per step, global batch size {args.global_batch_size}")
-    job.log(f" > padded vocab (size: {tokenizer.vocab_size}) with {args.padded_vocab_size - tokenizer.vocab_size} "
-            f"dummy tokens (new size: {args.padded_vocab_size})")
+    if getattr(args, "model_source", None):  # the model file gives the vocabulary (and the data its tokenizer)
+        job.log(f" > vocabulary of {args.vocab_size} rows, from {args.model_source}")
+    else:
+        job.log(f" > padded vocab (size: {tokenizer.vocab_size}) with {args.padded_vocab_size - tokenizer.vocab_size} "
+                f"dummy tokens (new size: {args.padded_vocab_size})")
     return job
 
 

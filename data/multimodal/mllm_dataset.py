@@ -172,6 +172,9 @@ class MultimodalDataset:
     (float32 [N, 1176]), image_grid_thw (int64 [n, 3]), pixel_values_videos, video_grid_thw,
     second_per_grid_ts (float32 [n_videos])."""
 
+    # Decoding images is worth worker processes (--num-workers, data/workers.py); the dataset pickles whole.
+    worker_safe = True
+
     def __init__(self, dataset_param: dict, seq_length: int, skip_bad_samples: bool = False) -> None:
         if not isinstance(seq_length, int) or seq_length < 2:
             raise DatasetConfigError(f"--seq-length must be an integer of at least 2. Received: {seq_length!r}.")

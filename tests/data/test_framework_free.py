@@ -26,12 +26,13 @@ def test_data_modules_load_no_framework():
 
 MULTIMODAL_CODE = """
 import sys, json
-from mmrun.data.multimodal import collate, data_config, demo, image_processing, llava, loader, mllm_dataset
+from mmrun.data import workers
+from mmrun.data.multimodal import collate, data_config, demo, image_processing, llava, mllm_dataset
 from mmrun.data.multimodal import rope_index, templates
 paths = demo.make_demo(sys.argv[1], num_samples=4)
 with open(paths["data_json"]) as f:
     dataset = mllm_dataset.MultimodalDataset(json.load(f)["dataset_param"], 128)
-next(iter(loader.build_dataloader(dataset, [[0, 1]], dataset.collate_fn)))
+next(iter(workers.build_dataloader(dataset, [[0, 1]], dataset.collate_fn)))
 loaded = sorted(m for m in ("torch", "mindspore", "torch_npu", "megatron", "transformers") if m in sys.modules)
 print(",".join(loaded))
 """

@@ -12,7 +12,7 @@ from PIL import Image
 from mmrun.data.gpt_dataset import DatasetConfigError
 from mmrun.data.multimodal.collate import collate
 from mmrun.data.multimodal.demo import make_demo, special_token_ids_for_model_config
-from mmrun.data.multimodal.loader import build_dataloader
+from mmrun.data.workers import build_dataloader
 from mmrun.data.multimodal.mllm_dataset import MultimodalDataset, SampleError
 from mmrun.data.multimodal.rope_index import get_rope_index
 from mmrun.data.multimodal.templates import IGNORE_INDEX

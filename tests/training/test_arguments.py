@@ -122,11 +122,11 @@ def test_global_batch_defaults_to_micro_batch_times_data_parallel_size():
 
 def test_ignored_megatron_flags_warn_once_per_reason(capsys):
     args = parse_args(TINY + ["--tensorboard-dir", "tb", "--log-timers-to-tensorboard", "--no-bias-gelu-fusion",
-                              "--num_workers", "2"], world_size=1)
+                              "--data_cache_path", "cache"], world_size=1)
     err = capsys.readouterr().err
     assert "ignoring --tensorboard-dir, --log-timers-to-tensorboard: mmrun logs to stdout" in err
     assert "ignoring --no-bias-gelu-fusion: mmrun's GPT has none of these fused kernels" in err
-    assert "ignoring --num-workers: data loading runs in the training process" in err
+    assert "ignoring --data-cache-path: mmrun rebuilds its sample indices in memory" in err
     assert args.tensorboard_dir == "tb"  # still readable by a callback that wants it
 
 

@@ -38,7 +38,7 @@ def vlm(tmp_path_factory, tk):
         # name: (framework, processes, extra arguments)
         "pytorch": ("pytorch", 1, ["--save-interval", "5"]),
         "mindspore": ("mindspore", 1, ["--save-interval", "5"]),
-        "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4"]),  # the same LR schedule, 4 steps
+        "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4", "--num-workers", "1"]),  # same LR schedule; decoded in workers
         "per-token": ("pytorch", 1, ["--train-iters", "3", "--calculate-per-token-loss"]),
         "per-token-dp2": ("pytorch", 2, ["--train-iters", "3", "--calculate-per-token-loss"]),
     }

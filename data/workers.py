@@ -1,7 +1,8 @@
-"""Collated batches from worker processes, in the sampler's order.
+"""Collated batches from worker processes, in the sampler's order (Megatron's --num-workers).
 
-The training entry chooses which sample indices each data-parallel rank reads (Megatron's sampler in
-`data/samplers.py`); this only decodes them. Each worker receives the dataset and the collate function once
+The training loop chooses which sample indices each data-parallel rank reads (Megatron's sampler in
+`data/samplers.py`, whose loader hands them here when --num-workers > 0 and the dataset can be sent to
+workers); this only decodes them. Each worker receives the dataset and the collate function once
 (pickled, so the `spawn` start method works in a process that has already started torch or MindSpore
 threads), builds whole batches, and the batches are yielded in submission order, at most
 `num_workers * prefetch` ahead of the consumer. Worker errors (a bad sample) are raised here, unchanged.
