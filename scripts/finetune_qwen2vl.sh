@@ -33,7 +33,7 @@ NODE_RANK=0
 WORLD_SIZE=$((NPUS_PER_NODE * NNODES))
 
 OUT_DIR=${OUT_DIR:-./out/finetune_qwen2vl_$AI_FRAMEWORK}
-TRAIN_ITERS=${TRAIN_ITERS:-30}
+TRAIN_ITERS=${TRAIN_ITERS:-20}
 MM_MODEL=${MM_MODEL:-$ROOT/scripts/qwen2vl/model_tiny.json}
 MM_DATA=${MM_DATA:-$OUT_DIR/demo/data.json}
 LOAD_PATH=${LOAD_PATH:-$OUT_DIR/ckpt}

@@ -41,6 +41,7 @@ def vlm(tmp_path_factory, tk):
         "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4", "--num-workers", "1"]),  # same LR schedule; decoded in workers
         "per-token": ("pytorch", 1, ["--train-iters", "3", "--calculate-per-token-loss"]),
         "per-token-dp2": ("pytorch", 2, ["--train-iters", "3", "--calculate-per-token-loss"]),
+        "bf16": ("pytorch", 1, ["--bf16", "--exit-interval", "3"]),
     }
 
     class Runs:
@@ -95,6 +96,16 @@ def test_a_mindspore_checkpoint_resumes_on_pytorch(vlm, tk):
 def test_two_data_parallel_ranks_equal_one(vlm):
     one, two = vlm("pytorch").losses(), vlm("pytorch-dp2").losses()
     assert _close(one, two, range(1, 5)) <= TOLERANCE, (one, two)
+
+
+@pytest.mark.slow
+def test_bf16_follows_fp32(vlm):
+    """Megatron's bf16: the model computes in bf16 (pixel values cast by get_batch), fp32 main params; the
+    losses stay within bf16's precision of the fp32 run's."""
+    fp32, bf16 = vlm("pytorch").losses(), vlm("bf16").losses()
+    assert sorted(bf16) == [1, 2, 3]
+    assert _close(fp32, bf16, range(1, 4)) < 0.05, (fp32, bf16)
+    assert "bf16 model with fp32 main params" in vlm("bf16").output
 
 
 @pytest.mark.slow
