@@ -45,14 +45,17 @@ def top_table(rows: list[OpRow], steps: int, limit: int = 10) -> str:
     return "\n".join(lines)
 
 
-def rows_from_chrome_trace(path: str, keep: Callable[[dict], bool] = lambda e: True) -> list[OpRow]:
-    """Complete events ("ph": "X") of a Chrome trace summed per name (durations in microseconds)."""
+def rows_from_chrome_trace(path: str, skip_processes: tuple[str, ...] = ()) -> list[OpRow]:
+    """Complete events ("ph": "X") of a Chrome trace summed per name (durations in microseconds), leaving out
+    the processes (trace rows) named in skip_processes (MindSpore's "Scope Layer": module scopes, not ops)."""
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    skipped = {e.get("pid") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and (e.get("args") or {}).get("name") in skip_processes}
     sums: dict[str, list[float]] = {}
     for event in events:
-        if event.get("ph") != "X" or not keep(event):
+        if event.get("ph") != "X" or event.get("pid") in skipped:
             continue
         acc = sums.setdefault(str(event.get("name")), [0, 0.0])
         acc[0] += 1

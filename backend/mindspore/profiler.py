@@ -49,5 +49,5 @@ def stop(handle: Any) -> Report:
     new = sorted(set(glob.glob(os.path.join(out_dir, "*_ascend_ms"))) - handle["before"], key=os.path.getmtime)
     folder = new[-1] if new else out_dir
     trace = os.path.join(folder, "ASCEND_PROFILER_OUTPUT", "trace_view.json")
-    rows = rows_from_chrome_trace(trace, keep=lambda e: e.get("cat") != "python") if os.path.exists(trace) else []
+    rows = rows_from_chrome_trace(trace, skip_processes=("Scope Layer",)) if os.path.exists(trace) else []
     return Report(trace=trace, folder=folder, rows=rows)
