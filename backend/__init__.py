@@ -33,7 +33,7 @@ PACKAGES: dict[str, str] = {"pytorch": "mmrun.backend.torch", "mindspore": "mmru
 # Module attributes that resolve, on first use, to the chosen framework's submodule of that name.
 LAZY_SUBMODULES: frozenset[str] = frozenset(
     {"nn", "ops", "optim", "autograd", "train_step", "tensors", "distributed", "device", "seeding", "kernels",
-     "probe"}
+     "probe", "profiler"}
 )
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""What the precision tools cost per train step: the layer-wise dump (statistics) and anomaly detection, on
-and off, as ratios of the step time without them, for a GPT trained through mmrun's TrainStep.
+"""What the precision tools cost per train step: the layer-wise dump (statistics), anomaly detection and
+monitoring (TensorBoard scalars, per-phase timers, throughput), on and off, as ratios of the step time without them, for a GPT trained through mmrun's TrainStep.
 
 One process per framework. Variants: `off` (no probe: what the trainer does without the flags), `probe
 idle` (a TrainingProbe with both features off on this step: the per-step `if`s), `anomaly` (hooks on every
 module, NaN/Inf and spike checks), `dump` (statistics of every module's inputs, outputs and gradients,
-written to disk, every step). Rounds rotate the variant order; per-round ratios against `off`, median and
+written to disk, every step), `monitor idle` (the run monitor with every monitoring flag off), `monitor`
+(TensorBoard scalars, level-1 timers and the throughput field on every step). Rounds rotate the variant order; per-round ratios against `off`, median and
 spread reported. MindSpore runs every variant in PyNative (the mode the hooks need), so its `off` is
 PyNative too; the trainer's default (mindspore.jit) is faster still, and the probe flags switch it off.
 
@@ -49,7 +50,41 @@ probes = {"off": None,
           "dump": TrainingProbe(framework, 0, model, lambda m: None, DumpConfig(dump_path=out), "off", SpikeRule())}
 for p in probes.values():
     if p is not None: p.close()  # attached per variant below
+# Monitoring: `monitor idle` is the RunMonitor every run has (all flags off); `monitor` writes TensorBoard
+# scalars every step and times the phases (--tensorboard-dir, --tensorboard-log-interval 1, --timing-log-level 1,
+# --log-throughput), with the timer gather and block of each --log-interval 1 line.
+import types
+from mmrun.precision.monitor import RunMonitor
+from mmrun.training.training_log import IntervalStats
+def monitor_args(on):
+    return types.SimpleNamespace(world_size=1, tensorboard_dir=tempfile.mkdtemp() if on else None, wandb_project=None,
+        tensorboard_log_interval=1, tensorboard_queue_size=1000, timing_log_level=1 if on else 0, timing_log_option="minmax",
+        log_timers_to_tensorboard=on, log_throughput=on, profile=False, global_batch_size=4, seq_length=seq,
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=None, padded_vocab_size=1024,
+        no_log_learnig_rate_to_tensorboard=False, log_batch_size_to_tensorboard=False,
+        no_log_loss_scale_to_tensorboard=False, log_world_size_to_tensorboard=False, log_memory_to_tensorboard=False,
+        log_validation_ppl_to_tensorboard=False)
+monitors = {"monitor idle": False, "monitor": True}
 def run(name, n):
+    if name in monitors:
+        holder = types.SimpleNamespace()
+        mon = RunMonitor.create(monitor_args(monitors[name]), framework, 0, holder, lambda m: None)
+        step.timers = getattr(holder, "timers", step.timers)
+        start = time.perf_counter()
+        for i in range(n):
+            mon.before_step(i + 1)
+            t0 = time.perf_counter()
+            r = step([batch])
+            stats = IntervalStats()
+            stats.add({"lm loss": r.loss}, time.perf_counter() - t0)
+            mon.after_step(i + 1, r, time.perf_counter() - t0, 4 * (i + 1))
+            mon.log_interval(i + 1, stats)
+            mon.flush_timers()
+        elapsed = (time.perf_counter() - start) / n
+        mon.close()
+        from mmrun.precision.timers import NO_TIMERS
+        step.timers = NO_TIMERS
+        return elapsed
     p = probes[name]
     if name == "anomaly":
         p._remove.append(p.probe.attach(model, p._checker.forward, p._checker.backward))
@@ -61,7 +96,7 @@ def run(name, n):
     elapsed = (time.perf_counter() - start) / n
     if p is not None: p.close()
     return elapsed
-names = list(probes)
+names = list(probes) + list(monitors)
 for name in names: run(name, 2)  # warm-up
 times = {n: [] for n in names}
 for r in range(rounds):

@@ -6,6 +6,8 @@ Formats (detected from the content, not the name):
   ` iteration   10/  20 | consumed samples: 80 | ... | lm loss: 6.81E+00 | loss scale: 1.0 | grad norm: 1.234 |
   number of skipped iterations:   0 | ...`
 - mmrun's --metrics-file: JSON lines, `{"kind": "train", "iteration": 1, "lm_loss": ..., "grad_norm": ...}`.
+- TensorBoard event files (a --tensorboard-dir or one events.out.tfevents.* file): Megatron's scalar tags
+  `lm loss`, `grad-norm`, `loss-scale` (precision/tb_events.py reads them without tensorboard).
 
 A log that restarts (a resumed run appended to the same file: the iteration goes back) keeps the later
 run's values for the repeated iterations and says where it restarted.
@@ -18,6 +20,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mmrun.precision import tb_events
 
 # The metrics compared, in report order: (name in reports, keys in a Megatron line, keys in --metrics-file).
 METRICS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -134,12 +138,33 @@ def _parse_jsonl(path: str, text: str) -> RunMetrics:
     return run
 
 
+def _read_tensorboard(path: str) -> RunMetrics:
+    """--tensorboard-dir (or one event file): the scalars tagged as Megatron tags them ('lm loss',
+    'grad-norm', 'loss-scale'), per step = iteration (log with --tensorboard-log-interval 1 for every one)."""
+    try:
+        scalars, notes = tb_events.read_scalars(path)
+    except tb_events.EventFileError as err:
+        raise LogError(str(err)) from None
+    except OSError as err:
+        raise LogError(f"{path}: cannot be read ({err.strerror}); pass a --tensorboard-dir, a training log or a "
+                       "--metrics-file") from None
+    run = RunMetrics(path, "tensorboard", notes=notes)
+    for metric, (_, keys) in METRICS.items():
+        tag = next((k for k in keys if k in scalars), None)
+        for step, value in (scalars.get(tag, {}) if tag else {}).items():
+            run.values.setdefault(step, {})[metric] = value
+    run.values = dict(sorted(run.values.items()))
+    if not any("lm loss" in row for row in run.values.values()):
+        raise LogError(f"{path}: TensorBoard events without an 'lm loss' scalar (tags: "
+                       f"{', '.join(sorted(scalars)[:8]) or 'none'}); pass the --tensorboard-dir of a training run")
+    return run
+
+
 def read_run(path: str | os.PathLike) -> RunMetrics:
     """The per-iteration metrics of one run; LogError when there are none or the file is garbled."""
     p = Path(path)
-    if p.is_dir() or p.name.startswith("events.out.tfevents"):
-        raise LogError(f"{path}: a directory or TensorBoard event file; mmrun compare reads training logs and "
-                       "--metrics-file JSON lines (TensorBoard scalars are not read yet); pass the run's log")
+    if p.is_dir() or p.name.startswith(tb_events.EVENT_PREFIX):
+        return _read_tensorboard(str(path))
     try:
         data = p.read_bytes()
     except OSError as err:

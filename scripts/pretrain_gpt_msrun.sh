@@ -12,7 +12,7 @@
 #
 # The corpus is tokenized into $OUT_DIR/data on the first run (Megatron's preprocess_data.py step).
 # --load is --save, as in the guide's resume form: a second run continues from the newest checkpoint in
-# $OUT_DIR/ckpt (a finished run has nothing left to do; remove $OUT_DIR/ckpt to start over).
+# $OUT_DIR/ckpt (a finished run has nothing left to do, and says so; remove $OUT_DIR/ckpt to start over).
 # Left as in the guide on purpose, to show what mmrun does with them on a CPU: --distributed-backend
 # nccl (gloo or mccl is used, with a notice) and --ckpt-format torch (safetensors is written, with a
 # notice). Not carried over: --fp16. mmrun trains in fp16, but on a CPU it is slow, and with Megatron's
@@ -33,7 +33,7 @@ NNODES=1
 NODE_RANK=0
 WORLD_SIZE=$((GPUS_PER_NODE * NNODES))
 
-OUT_DIR=${OUT_DIR:-./out/pretrain_gpt}
+OUT_DIR=${OUT_DIR:-./out/pretrain_gpt_$AI_FRAMEWORK}  # one per framework: MindSpore never resumes the PyTorch demo's checkpoint
 TRAIN_ITERS=${TRAIN_ITERS:-40}
 LOG_INTERVAL=${LOG_INTERVAL:-10}
 CHECKPOINT_PATH=$OUT_DIR/ckpt

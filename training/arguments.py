@@ -334,8 +334,10 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
         help="MindSpore: run the train step in PyNative instead of compiling it with mindspore.jit (the default)")
 
     from mmrun.precision.arguments import add_arguments as add_precision_arguments
+    from mmrun.precision.arguments import add_monitoring_arguments
 
     add_precision_arguments(p.add_argument_group("precision and performance (docs/precision-and-performance.md)"), add)
+    add_monitoring_arguments(p.add_argument_group("monitoring, profiling, determinism (docs/precision-and-performance.md)"), add)
     _add_feature_flags(p.add_argument_group("features judged by the feature gate (docs/features.md)"), declared)
     _add_foreign_flags(p.add_argument_group("Megatron flags mmrun ignores or refuses (docs/training.md)"), declared)
     if extra_args_provider is not None:

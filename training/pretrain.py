@@ -36,6 +36,8 @@ from mmrun.training import checkpointing, engines, global_vars, parallel
 from mmrun.training.arguments import ArgumentsError, ModelSource, parse_args
 from mmrun.training.engines.base import Engine, ParallelLayout
 from mmrun.training.errors import TrainingError
+from mmrun.precision import determinism
+from mmrun.precision.monitor import MonitorError, RunMonitor
 from mmrun.precision.training_probe import AnomalyStop, TrainingProbe
 from mmrun.training.training_log import IntervalStats, MetricsFile, iteration_line, stamp, validation_block
 
@@ -134,7 +136,7 @@ def pretrain(train_valid_test_datasets_provider: Callable, model_provider: Calla
         rank = args.rank
         return _pretrain(args, train_valid_test_datasets_provider, model_provider, forward_step_func)
     except (ArgumentsError, checkpointing.CheckpointError, DatasetConfigError, IndexedDatasetError,
-            TokenizerError, DumpConfigError) as err:
+            TokenizerError, DumpConfigError, MonitorError) as err:
         _usage_exit(str(err), rank, getattr(err, "exit_code", 2))  # a failed checkpoint save is a runtime error (1)
     except (TrainingError, AnomalyStop) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
@@ -187,6 +189,7 @@ class _Job:
     metrics: MetricsFile | None = None
     result: TrainingResult | None = None
     probe: TrainingProbe | None = None  # --dump-config, --anomaly-detection (mmrun.precision)
+    monitor: RunMonitor | None = None  # TensorBoard/W&B, throughput, timers, --profile (mmrun.precision)
 
     def log(self, message: str) -> None:
         if self.rank == 0:
@@ -211,10 +214,12 @@ def _pretrain(args: argparse.Namespace, datasets_provider: Callable, model_provi
     job.metrics = MetricsFile(args.metrics_file, enabled=job.rank == 0)
     job.result = TrainingResult(framework=job.framework, iteration=job.progress.iteration)
     job.probe = TrainingProbe.create(args, job.framework, job.rank, job.model, job.log)
+    job.monitor = RunMonitor.create(args, job.framework, job.rank, job.engine, job.log, job.progress.iteration)
     try:
         train(job, forward_step_func, *iterators)
     finally:
         job.metrics.close()
+        job.monitor.close()
         if job.probe is not None:
             job.probe.close()
     return job.result
@@ -229,6 +234,7 @@ def initialize(args: argparse.Namespace) -> _Job:
     rank = backend.rank_env.read_rank_info().rank
     say = (lambda message: print(message, flush=True)) if rank == 0 else (lambda message: None)
     engine = engines.create(args, framework, say)
+    determinism.apply(args, framework, say)  # before communication starts (HCCL reads its switch then)
     if framework == "pytorch":
         from mmrun.backend.torch import process_group
 
@@ -321,6 +327,7 @@ def _evaluate_and_print(job: _Job, forward_step_func: Callable, prefix: str, ite
     if kind == "valid":
         job.progress.consumed_valid_samples += args.eval_iters * args.global_batch_size
     job.log(validation_block(prefix, losses))
+    job.monitor.after_eval(kind, job.progress.iteration, losses, job.progress.consumed_train_samples)
     job.metrics.write({"kind": kind, "iteration": job.progress.iteration, **losses})
     loss = losses.get("lm loss")
     if kind == "test":
@@ -358,6 +365,10 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
             checkpointing.save_checkpoint(args, progress, job.engine, job.scheduler, log=job.log)
             last_saved = progress.iteration
 
+    if progress.iteration >= args.train_iters:
+        job.log(f"> nothing to train: the checkpoint loaded from {args.load} is at iteration {progress.iteration}, "
+                f"--train-iters is {args.train_iters}; only validation and test follow (raise --train-iters to go "
+                "on, or give another --save/--load to start over)")
     job.log("training ...")
     job.log(f"[before the start of training step] datetime: {stamp()}")
     stats = IntervalStats()
@@ -366,6 +377,7 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
     while progress.iteration < args.train_iters:
         if job.probe is not None:
             job.probe.before_step(progress.iteration + 1)
+        job.monitor.before_step(progress.iteration + 1)
         start = time.perf_counter()
         try:
             out = job.engine.train_step(forward_step_func, train_iters)
@@ -382,15 +394,18 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
         stats.add({"lm loss": out.loss}, elapsed, skipped=out.skipped)
         if job.probe is not None:
             job.probe.after_step(it, out.loss, None if out.skipped else out.grad_norm)
+        job.monitor.after_step(it, out, elapsed, progress.consumed_train_samples)
         job.metrics.write({"kind": "train", "iteration": it, "lm_loss": out.loss, "grad_norm": out.grad_norm,
                            "learning_rate": out.lr, "loss_scale": out.loss_scale, "skipped": out.skipped,
                            "consumed_samples": progress.consumed_train_samples,
                            "elapsed_ms": elapsed * 1000.0,
                            "tokens_per_second": args.global_batch_size * args.seq_length / elapsed})
         if it % args.log_interval == 0:
+            throughput = job.monitor.log_interval(it, stats)  # the timer block follows the line
             job.log(iteration_line(it, args.train_iters, progress.consumed_train_samples, stats, out.lr,
                                    args.global_batch_size, None if out.skipped else out.grad_norm, args.seq_length,
-                                   out.loss_scale))
+                                   out.loss_scale, throughput=throughput))
+            job.monitor.flush_timers()
             stats = IntervalStats()
         if do_valid and args.eval_interval and it % args.eval_interval == 0:
             _evaluate_and_print(job, forward_step_func, f"iteration {it}", valid_iters, "valid")
@@ -420,6 +435,8 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
         if test_loader is not None and args.eval_iters > 0:
             _evaluate_and_print(job, forward_step_func, f"iteration {it} on test set",
                                 _iterators(test_loader, job.layout), "test")
+    job.log(job.monitor.summary(progress.iteration, args.train_iters,
+                                f"{args.save} (iteration {last_saved})" if args.save and last_saved else None))
     job.metrics.write({"kind": "summary", "framework": job.framework, "iteration": progress.iteration,
                        "peak_rss_mb": result.peak_rss_mb, "peak_device_memory_mb": result.peak_device_memory_mb,
                        "device": job.engine.device(), "world_size": args.world_size,

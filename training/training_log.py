@@ -59,12 +59,13 @@ class IntervalStats:
 
 def iteration_line(iteration: int, train_iters: int, consumed: int, stats: IntervalStats, lr: float,
                    global_batch_size: int, grad_norm: float | None, seq_length: int,
-                   loss_scale: float | None = None) -> str:
+                   loss_scale: float | None = None, throughput: str = "") -> str:
     per_iter = stats.elapsed / max(1, stats.iterations)
     parts = [
         f" [{stamp()}] iteration {iteration:8d}/{train_iters:8d} |",
         f" consumed samples: {consumed:12d} |",
         f" elapsed time per iteration (ms): {per_iter * 1000.0:.1f} |",
+        *([throughput] if throughput else []),  # --log-throughput, where Megatron prints it
         f" learning rate: {lr:.6E} |",
         f" global batch size: {global_batch_size:5d} |",
     ]

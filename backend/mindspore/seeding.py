@@ -77,3 +77,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         mindspore.set_rng_state(_from_text(state["default"]))
     if "dropout" in state:
         _set_dropout_state(state["dropout"])
+
+
+def set_deterministic() -> list[str]:
+    """--deterministic-mode on MindSpore: its deterministic switch (deterministic kernels and reductions on
+    Ascend/GPU); returns what was switched, for the run's notice."""
+    mindspore.set_deterministic(True)
+    return ["mindspore.set_deterministic(True)"]

@@ -27,6 +27,7 @@ from mindspore import Tensor, mint
 from mindspore.ops import functional as F
 
 from mmrun.backend.grad_scaler import ConstantGradScaler
+from mmrun.precision.timers import NO_TIMERS
 from mmrun.backend.mindspore import optim
 from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
     StepResult, advance_schedule, call_model, check_micro_batches, set_step_lr, world_size)
@@ -69,6 +70,7 @@ class TrainStep(ms.nn.Cell):
         self.jit = DEFAULT_JIT if jit is None else bool(jit)
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
         self.grad_scaler = grad_scaler
+        self.timers = NO_TIMERS  # per-phase timers (mmrun.precision.timers), set by the engine when asked for
         self._grad_fn = ms.value_and_grad(self._loss, None, optimizer.params)
         self._scaled_grad_fn = ms.value_and_grad(self._scaled_loss, None, optimizer.params, has_aux=True)
         wrap = ms.jit if self.jit else (lambda fn: fn)
@@ -118,29 +120,36 @@ class TrainStep(ms.nn.Cell):
             self.world_size = world_size("mmrun.backend.mindspore")
         lr = set_step_lr(self.lr_scheduler, self.optimizer)
         num_micro = len(micro_batches)
+        timers = self.timers
         if self.grad_scaler is None and self.jit and num_micro == 1 and self.world_size == 1:
-            loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer._next_scalars())
+            # One compiled graph: the optimizer's time is inside forward-backward here.
+            with timers.phase("forward-backward"):
+                loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer._next_scalars())
             return self._finish(loss, float(norm), lr)
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
         # Each micro-batch loss is divided by their number, then scaled (Megatron's order, and torch's here).
         scale_t = Tensor(scale / num_micro, ms.float32)
-        loss, grads = self._compiled["grads"](_batch(micro_batches[0]), scale_t)
-        for batch in micro_batches[1:]:
-            micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch), scale_t)
-            loss = loss + micro_loss
-        loss = loss / num_micro
+        with timers.phase("forward-backward"):
+            loss, grads = self._compiled["grads"](_batch(micro_batches[0]), scale_t)
+            for batch in micro_batches[1:]:
+                micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch), scale_t)
+                loss = loss + micro_loss
+            loss = loss / num_micro
         if self.world_size > 1:
-            *grads, loss = _all_reduce_mean(list(grads) + [loss])
+            with timers.phase("grads-all-reduce"):
+                *grads, loss = _all_reduce_mean(list(grads) + [loss])
         factor = Tensor(1.0 / scale, ms.float32)
         if self.grad_scaler is None:
-            norm = self._compiled["update"](ms.mutable(tuple(grads)), factor, self.optimizer._next_scalars())
+            with timers.phase("optimizer"):
+                norm = self._compiled["update"](ms.mutable(tuple(grads)), factor, self.optimizer._next_scalars())
             return self._finish(loss, float(norm), lr)
-        grads, norm = self._compiled["unscale"](ms.mutable(tuple(grads)), factor)
-        norm_value = float(norm)
-        skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
-        self.grad_scaler.update(skipped)
-        if not skipped:
-            self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer._next_scalars())
+        with timers.phase("optimizer"):
+            grads, norm = self._compiled["unscale"](ms.mutable(tuple(grads)), factor)
+            norm_value = float(norm)
+            skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
+            self.grad_scaler.update(skipped)
+            if not skipped:
+                self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer._next_scalars())
         return self._finish(loss, norm_value, lr, skipped, scale)
 
     def _finish(self, loss: Tensor, norm: float, lr: float, skipped: bool = False,

@@ -89,3 +89,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if accelerator is not None and accelerator[0] in state:
         kind, module = accelerator
         module.set_rng_state_all([_from_text(text) for text in state[kind][:module.device_count()]])
+
+
+def set_deterministic() -> list[str]:
+    """--deterministic-mode on torch: deterministic kernels or an error where an op has none (torch's rule);
+    returns what was switched, for the run's notice."""
+    import os
+
+    # cuBLAS needs a fixed workspace for reproducible GEMMs; it must be set before the first cuBLAS call.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    return ["torch.use_deterministic_algorithms(True)", "cudnn.deterministic (no benchmark autotuning)",
+            f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}"]

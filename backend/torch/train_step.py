@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mmrun.backend.grad_scaler import ConstantGradScaler
+from mmrun.precision.timers import NO_TIMERS
 from mmrun.backend.torch import optim
 from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
     StepResult, advance_schedule, call_model, check_micro_batches, set_step_lr, world_size)
@@ -64,6 +65,7 @@ class TrainStep:
         self.grad_scaler = grad_scaler
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
         self._fp32_sums = any(p.dtype != torch.float32 for p in optimizer.params)
+        self.timers = NO_TIMERS  # per-phase timers (mmrun.precision.timers), set by the engine when asked for
 
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
         check_micro_batches(micro_batches)
@@ -71,19 +73,23 @@ class TrainStep:
             self.world_size = world_size("mmrun.backend.torch")
         lr = set_step_lr(self.lr_scheduler, self.optimizer)
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
-        loss, grads = self._backward(micro_batches, scale)
+        timers = self.timers
+        with timers.phase("forward-backward"):
+            loss, grads = self._backward(micro_batches, scale)
         if self.world_size > 1:
-            _all_reduce_mean(grads + [loss])
-        if scale != 1.0:
-            torch._foreach_mul_(grads, 1.0 / scale)
-        grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
-        skipped = False
-        if self.grad_scaler is not None:
-            loss_value, norm_value = _read_back(loss, norm)
-            skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
-            self.grad_scaler.update(skipped)
-        if not skipped:
-            self.optimizer.step(grads)
+            with timers.phase("grads-all-reduce"):
+                _all_reduce_mean(grads + [loss])
+        with timers.phase("optimizer"):
+            if scale != 1.0:
+                torch._foreach_mul_(grads, 1.0 / scale)
+            grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
+            skipped = False
+            if self.grad_scaler is not None:
+                loss_value, norm_value = _read_back(loss, norm)
+                skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
+                self.grad_scaler.update(skipped)
+            if not skipped:
+                self.optimizer.step(grads)
         if self.grad_scaler is None:
             loss_value, norm_value = _read_back(loss, norm)  # after the update is queued: one wait per step
         advance_schedule(self.lr_scheduler, self.increment, skipped)
@@ -97,10 +103,12 @@ class TrainStep:
         num_micro = len(micro_batches)
         total, sums = None, None
         for batch in micro_batches:
-            loss = self.loss_fn(self.model, *batch)
+            with self.timers.phase("forward-compute"):
+                loss = self.loss_fn(self.model, *batch)
             # Megatron's order: each micro-batch loss divided by their number, then the loss scale applied.
             # The MindSpore step multiplies by the same fp32 factor, so both overflow at the same scale.
-            (loss * (scale / num_micro)).backward()
+            with self.timers.phase("backward-compute"):
+                (loss * (scale / num_micro)).backward()
             total = loss.detach() if total is None else total + loss.detach()
             if self._fp32_sums:
                 # fp16/bf16 gradients are summed in fp32 (Megatron's main grads), not in the parameter dtype.

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from mmrun.training.engines.base import ParallelLayout, ShardState, StepResult
 from mmrun.training.errors import TrainingError
+from mmrun.precision.timers import NO_TIMERS
 from mmrun.training.forward_plan import ForwardPlan, scalar_loss
 
 
@@ -53,6 +54,7 @@ class PortableEngine:
         self.grad_scaler: Any = None
         self._plan: ForwardPlan | None = None
         self._step: Any = None
+        self.timers: Any = NO_TIMERS  # --timing-log-level (mmrun.precision.monitor sets it)
 
     # ----------------------------------------------------------------------------------- set-up
     def initialize(self, args: Any) -> ParallelLayout:
@@ -109,12 +111,14 @@ class PortableEngine:
             self._plan = ForwardPlan(forward_step_func, self.model, jit=jit,
                                      jit_required=bool(getattr(args, "ms_jit", False)), notice=self.log)
             self.model.train()
-        micro_batches = [self._plan.capture(data_iterators[0]) for _ in range(args.num_micro_batches)]
+        with self.timers.phase("batch-generator"):
+            micro_batches = [self._plan.capture(data_iterators[0]) for _ in range(args.num_micro_batches)]
         if self._step is None:  # after the first capture: the plan then knows whether the loss compiles
             self._step = backend.train_step.TrainStep(
                 self.model, self.optimizer, loss_fn=self._plan.loss, lr_scheduler=self.scheduler,
                 clip_grad=args.clip_grad, increment=args.global_batch_size,
                 jit=self._plan.jit if self.framework == "mindspore" else None, grad_scaler=self.grad_scaler)
+            self._step.timers = self.timers
             if self.framework == "mindspore":
                 self.log(f"> MindSpore train step: {'mindspore.jit (graph)' if self._plan.jit else 'PyNative'}")
         return self._step(micro_batches)
