@@ -34,11 +34,16 @@ def vlm(tmp_path_factory, tk):
     base = tmp_path_factory.mktemp("vlm")
     demo = make_demo(str(base / "demo"), num_samples=24, seed=7)
     done: dict[str, object] = {}
+    fsdp2_file = base / "fsdp2.yaml"
+    fsdp2_file.write_text("sharding_size: auto\nsub_modules_to_wrap: ['visual.blocks.{*}', 'model.layers.{*}']\n")
     runs = {
         # name: (framework, processes, extra arguments)
         "pytorch": ("pytorch", 1, ["--save-interval", "5"]),
         "mindspore": ("mindspore", 1, ["--save-interval", "5"]),
         "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4"]),  # the same LR schedule, 4 steps
+        # torch's FSDP2 over mmrun's own Qwen2-VL, full shard of the ViT blocks and the decoder layers
+        "pytorch-fsdp2": ("pytorch", 2, ["--exit-interval", "4", "--use-torch-fsdp2", "--fsdp2-config-path",
+                                         str(fsdp2_file)]),
         "per-token": ("pytorch", 1, ["--train-iters", "3", "--calculate-per-token-loss"]),
         "per-token-dp2": ("pytorch", 2, ["--train-iters", "3", "--calculate-per-token-loss"]),
     }
@@ -95,6 +100,13 @@ def test_a_mindspore_checkpoint_resumes_on_pytorch(vlm, tk):
 def test_two_data_parallel_ranks_equal_one(vlm):
     one, two = vlm("pytorch").losses(), vlm("pytorch-dp2").losses()
     assert _close(one, two, range(1, 5)) <= TOLERANCE, (one, two)
+
+
+@pytest.mark.slow
+def test_fsdp2_on_two_ranks_equals_the_data_parallel_run(vlm):
+    one, sharded = vlm("pytorch").losses(), vlm("pytorch-fsdp2")
+    assert _close(one, sharded.losses(), range(1, 5)) <= TOLERANCE, (one, sharded.losses())
+    assert "engine torch-fsdp2" in sharded.output and "4 unit(s) + root" in sharded.output
 
 
 @pytest.mark.slow
