@@ -13,9 +13,11 @@ Without --use-torch-fsdp2 the model trains replicated under torch's DDP. model.j
 `hf_config` (a config.json mapping: random weights from --seed), `model_id` (a class registered with
 `mmrun.backend.torch.transformers_models.register_model`, MindSpeed-MM's ModelHub), `freeze` (module
 prefixes whose parameters do not train). data.json (or `data`): `dataset_param.dataset_type`:
-`mock` (Megatron's mock GPT samples: --seq-length tokens, --vocab-size) or `megatron` (--data-path,
-the indexed format); a multimodal pipeline plugs in by returning datasets or loaders of batch dicts
-from DATASET_BUILDERS (its keys: input_ids, attention_mask, labels, pixel_values, image_grid_thw, ...).
+`mock` (Megatron's mock GPT samples: --seq-length tokens, --vocab-size), `megatron` (--data-path,
+the indexed format), or `huggingface` (MindSpeed-MM's Qwen2-VL data.json: mllm_format JSON + images,
+tokenizer and image processor from `preprocess_parameters.model_name_or_path`, mmrun.data.multimodal;
+the model must be a Qwen2-VL / Qwen2.5-VL whose token ids are the tokenizer's). Other pipelines plug in
+through DATASET_BUILDERS (datasets or loaders of batch dicts).
 
 The five callbacks are Megatron's, as in models/pretrain_gpt.py; forward_step calls the model with
 the batch's own keys (`model(**batch)`), and loss_func reduces its logits to Megatron's
@@ -51,9 +53,11 @@ CPU_DEFAULTS = {
 DATASET_BUILDERS = {
     "mock": "mmrun.models.pretrain_transformers:megatron_gpt_samples",
     "megatron": "mmrun.models.pretrain_transformers:megatron_gpt_samples",
+    "huggingface": "mmrun.models.pretrain_transformers:multimodal_samples",  # MindSpeed-MM's Qwen2-VL data.json
 }
 
 _MM: dict[str, dict[str, Any]] = {"model": {}, "data": {}}  # the single-YAML form's sections
+_MODEL_CONFIG: dict[str, Any] = {}  # the built model's config.json (the data pipeline checks its token ids)
 
 
 def extra_args(parser):
@@ -90,16 +94,25 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None):
         model = build_model(cfg)
     except ModelConfigError as err:
         raise ArgumentsError(str(err)) from None
+    _MODEL_CONFIG.clear()
+    _MODEL_CONFIG.update(model.config.to_dict())
     source = cfg.get("init_from_hf_path") or "hf_config (random weights from --seed)"
     print_rank_0(f"building transformers model {type(model).__name__} from {source} ...")
     return model
 
 
 def get_batch(data_iterator):
-    """The next micro-batch dict as tensors on this device (numpy from the loader)."""
+    """The next micro-batch dict as tensors on this device (numpy from the loader). A batch with images or
+    videos also gets `mm_token_type_ids` (transformers 5.x's Qwen2-VL forward refuses images without them;
+    its processor would return them, mmrun's collate returns position_ids instead)."""
     from mmrun.backend import tensors
 
-    batch = next(data_iterator)
+    batch = dict(next(data_iterator))
+    if "image_grid_thw" in batch or "video_grid_thw" in batch:
+        from mmrun.data.multimodal.rope_index import token_types
+
+        batch["mm_token_type_ids"] = token_types(batch["input_ids"], _MODEL_CONFIG["image_token_id"],
+                                                 _MODEL_CONFIG["video_token_id"])
     return {key: tensors.from_numpy(value) for key, value in batch.items()}
 
 
@@ -140,18 +153,63 @@ def megatron_gpt_samples(args, data_cfg, num_samples):
                                            mock=mock)
 
 
+def multimodal_samples(args, data_cfg, num_samples):
+    """MindSpeed-MM's Qwen2-VL data.json -> the mllm_format dataset, repeated over epochs in the seed's order
+    (dataloader_param.shuffle), collated with M-RoPE positions computed from the model's own config."""
+    from mmrun.data.epochs import EpochView
+    from mmrun.data.multimodal.collate import collate
+    from mmrun.data.multimodal.mllm_dataset import MultimodalDataset
+    from mmrun.data.multimodal.rope_index import RopeConfig
+
+    config = _MODEL_CONFIG
+    model_type = config.get("model_type")
+    if "image_token_id" not in config or "vision_config" not in config:
+        raise ArgumentsError(f"data: a multimodal data.json (dataset_type huggingface) needs a vision-language model; "
+                             f"the model is {model_type!r} (no image_token_id/vision_config): use a Qwen2-VL or "
+                             "Qwen2.5-VL init_from_hf_path")
+    dataset = MultimodalDataset(data_cfg["dataset_param"], seq_length=args.seq_length)
+    rope = RopeConfig.from_model_config(config)
+    ids = dataset.token_ids
+    for key, ours, token in (("image_token_id", rope.image_token_id, "image_pad"),
+                             ("video_token_id", rope.video_token_id, "video_pad"),
+                             ("vision_start_token_id", rope.vision_start_token_id, "vision_start")):
+        if ours != ids[token]:
+            raise ArgumentsError(f"model: config {key} is {ours} but the tokenizer of data.json gives {token} the id "
+                                 f"{ids[token]}; use the model's own tokenizer (preprocess_parameters."
+                                 "model_name_or_path) or a config that matches it")
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if vocab is not None and dataset.tokenizer.vocab_size > vocab:
+        raise ArgumentsError(f"model: vocab_size {vocab} is smaller than the tokenizer's {dataset.tokenizer.vocab_size} "
+                             "tokens of data.json; use the model's own tokenizer")
+    loader = data_cfg.get("dataloader_param") or {}
+    batch = partial(collate, pad_token_id=ids["pad"], rope_config=rope, max_length=args.seq_length)
+    train = EpochView(dataset, num_samples[0], seed=args.seed, shuffle=bool(loader.get("shuffle", True)),
+                      collate=batch)
+    print_rank_0(f" > {len(dataset)} multimodal samples, {train.num_samples} to read "
+                 f"({'shuffled' if train.shuffle else 'in file order'} each epoch, seed {args.seed})")
+    return train, None, None
+
+
+def dataset_kind(data_cfg: dict[str, Any]) -> str:
+    """dataset_param.dataset_type; MindSpeed-MM's multimodal data.json (preprocess_parameters) is huggingface."""
+    param = data_cfg.get("dataset_param") or {}
+    return param.get("dataset_type") or ("huggingface" if "preprocess_parameters" in param else "megatron")
+
+
 def train_valid_test_datasets_provider(train_val_test_num_samples):
     import importlib
 
     args = get_args()
     data_cfg = _section("data") or {"dataset_param": {"dataset_type": "mock" if args.mock_data else "megatron"}}
-    kind = data_cfg.get("dataset_param", {}).get("dataset_type", "megatron")
+    kind = dataset_kind(data_cfg)
     if kind not in DATASET_BUILDERS:
         raise ArgumentsError(f"data: dataset_type {kind!r} has no builder here; use one of {', '.join(DATASET_BUILDERS)} "
                              "(a multimodal pipeline registers its own in DATASET_BUILDERS)")
     module, _, function = DATASET_BUILDERS[kind].partition(":")
     print_rank_0(f"> building train, validation, and test datasets ({kind}) ...")
-    return getattr(importlib.import_module(module), function)(args, data_cfg, train_val_test_num_samples)
+    # This entry runs as __main__: its own builders are read from this module (whose globals hold the model's config).
+    here = sys.modules[__name__] if module == "mmrun.models.pretrain_transformers" else importlib.import_module(module)
+    return getattr(here, function)(args, data_cfg, train_val_test_num_samples)
 
 
 def main(argv: list[str] | None = None):

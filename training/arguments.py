@@ -136,6 +136,13 @@ DATA_PARALLEL_ONLY_OFF = {
                                   "state (the same updates, more memory per rank)"),
 }
 
+# The same flags under --use-torch-fsdp2 (torch's FSDP2 engine trains the model data-parallel too).
+FSDP2_OFF_REASON = {
+    "use_distributed_optimizer": "--use-torch-fsdp2 already shards the parameters, gradients and optimizer state "
+                                 "over the ranks (the FSDP2 file's sharding_size)",
+    "use_mcore_models": "the model file gives the model; --use-torch-fsdp2 shards that model as it is",
+}
+
 
 @functools.lru_cache(maxsize=1)
 def foreign_flags() -> tuple[ForeignFlag, ...]:
@@ -489,14 +496,17 @@ def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParse
     split = [f"--{dest.replace('_', '-')} {getattr(args, dest)}" for dest in
              ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
              if (getattr(args, dest) or 1) > 1]
+    fsdp2 = bool(getattr(args, "use_torch_fsdp2", False))
     if split:
         raise ArgumentsError(f"this entry's model trains with data parallelism only (tensor, pipeline and context "
                              f"splits of it are not built yet). Received: {', '.join(split)}; set them to 1 and "
-                             "use the processes for data parallelism")
+                             "use the processes for data parallelism" + (" (FSDP2 shards the model over them)"
+                                                                          if fsdp2 else ""))
     for dest, (flag, reason) in DATA_PARALLEL_ONLY_OFF.items():
         if getattr(args, dest, False):
             setattr(args, dest, False)
-            _warn(f"ignoring {flag}: {reason}")
+            # FSDP2 is a data-parallel engine of its own: it shards what the distributed optimizer would.
+            _warn(f"ignoring {flag}: {FSDP2_OFF_REASON.get(dest, reason) if fsdp2 else reason}")
 
 
 def _require(args: argparse.Namespace, names: Iterable[str]) -> None:

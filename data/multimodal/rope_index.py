@@ -65,6 +65,13 @@ def _runs(types: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(types[s]), int(s), int(e)) for s, e in zip(starts, ends)]
 
 
+def token_types(input_ids: np.ndarray, image_token_id: int, video_token_id: int) -> np.ndarray:
+    """0 text, 1 image, 2 video per token: transformers 5.x's `mm_token_type_ids` (its processor returns them;
+    its Qwen2-VL forward refuses images without them), same shape as `input_ids`."""
+    ids = np.asarray(input_ids)
+    return np.where(ids == image_token_id, IMAGE, np.where(ids == video_token_id, VIDEO, TEXT)).astype(ids.dtype)
+
+
 def _vision_positions(start: int, grid: np.ndarray, merge: int, time_interval) -> np.ndarray:
     t, h, w = int(grid[0]), int(grid[1]) // merge, int(grid[2]) // merge
     if time_interval is None:
@@ -113,7 +120,7 @@ def get_rope_index(
     deltas = np.zeros((batch, 1), dtype=np.int64)
     for row in range(batch):
         ids = input_ids[row][mask[row]]
-        types = np.where(ids == image_token_id, IMAGE, np.where(ids == video_token_id, VIDEO, TEXT))
+        types = token_types(ids, image_token_id, video_token_id)
         pieces, position = [], 0
         for kind, start, end in _runs(types):
             if kind == TEXT:

@@ -155,3 +155,32 @@ def test_the_launcher_refuses_a_bad_file_before_any_worker_starts(tmp_path):
         assert proc.stderr.strip() == f"mmrun: error: {message}" or proc.stderr.strip().startswith(f"mmrun: error: {message}")
         assert len(proc.stderr.strip().splitlines()) == 1
         assert not marker.exists()
+
+
+def test_a_model_file_entry_passes_fsdp2_through_and_says_why_the_distributed_optimizer_is_off(capsys, monkeypatch):
+    # models/pretrain_vlm.py's ModelSource: data-parallel only, so --use-distributed-optimizer is turned off;
+    # under FSDP2 the reason is that FSDP2 shards the optimizer state already, not "each rank keeps it whole".
+    from mmrun.training.arguments import ArgumentsError, ModelSource, parse_args
+
+    for var in ("RANK", "WORLD_SIZE", "RANK_ID", "RANK_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    source = ModelSource(flag="--mm-model", sizes={"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},
+                         data_flag="--mm-data")
+    common = ["--micro-batch-size", "1", "--seq-length", "64", "--train-iters", "2", "--lr", "1e-4",
+              "--use-distributed-optimizer", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--mm-data", "d.json"]
+    args = parse_args([*common, "--use-torch-fsdp2", "--fsdp2-config-path", "f.yaml"], model_source=source)
+    assert args.use_torch_fsdp2 and args.fsdp2_config_path == "f.yaml" and not args.use_distributed_optimizer
+    assert "ignoring --use-distributed-optimizer: --use-torch-fsdp2 already shards" in capsys.readouterr().err
+    parse_args(common, model_source=source)
+    assert "each data-parallel rank keeps the whole optimizer state" in capsys.readouterr().err
+    with pytest.raises(ArgumentsError, match=r"Received: --tensor-model-parallel-size 2; .*\(FSDP2 shards the model"):
+        parse_args([*common, "--use-torch-fsdp2", "--tensor-model-parallel-size", "2"], model_source=source, world_size=2)
+
+
+def test_mm_token_type_ids_are_transformers_token_types():
+    import numpy as np
+
+    from mmrun.data.multimodal.rope_index import token_types
+
+    ids = np.array([[1, 3, 5, 5, 4, 9, 3, 6, 6, 4, 0]])
+    assert token_types(ids, image_token_id=5, video_token_id=6).tolist() == [[0, 0, 1, 1, 0, 0, 0, 2, 2, 0, 0]]

@@ -10,6 +10,11 @@ One slow test, many variants folded into few runs (each start costs seconds on 2
   transformers:  reference: tiny Qwen2ForCausalLM from a config (offline), one process
                  E: 2 ranks, the single-YAML launch form, FSDP2 + recompute, DCP at 6 -> losses 1-6 equal;
                     DCP -> Hugging Face directory -> transformers gives the same logits
+  multimodal:    the offline demo (mllm_format JSON + images, MindSpeed-MM's data.json), 4 iterations each
+                 F: a tiny transformers Qwen2VLForConditionalGeneration (saved offline, init_from_hf_path) through
+                    pretrain_transformers.py, 2 ranks FSDP2 (model.visual.blocks, model.language_model.layers)
+                    vs one process                                                   -> losses 1-4 equal
+  (mmrun's own Qwen2-VL, pretrain_vlm.py, under FSDP2: tests/training/test_pretrain_vlm.py, sharing its runs)
 """
 from __future__ import annotations
 
@@ -117,3 +122,43 @@ def test_fsdp2_equals_one_process_and_its_dcp_checkpoints_resume_anywhere(tmp_pa
     ids = torch.arange(12).reshape(1, 12) * 37 % 600
     with torch.no_grad():
         assert torch.equal(trained(input_ids=ids).logits, reloaded(input_ids=ids).logits)
+
+
+def tiny_hf_qwen2_vl(tokenizer_dir: str, out: Path) -> Path:
+    """A random transformers Qwen2-VL whose token ids are the demo tokenizer's, saved offline (no download)."""
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from mmrun.data.multimodal.demo import special_token_ids_for_model_config
+
+    ids = special_token_ids_for_model_config(tokenizer_dir)
+    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 256, "vocab_size": ids["vocab_size"],
+            "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"], "pad_token_id": ids["pad_token_id"],
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0}}
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 4, "mlp_ratio": 2, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2}
+    tokens = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                                                          **tokens))
+    model.save_pretrained(str(out))
+    return out
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_vision_language_models_on_the_multimodal_data(tmp_path):
+    from mmrun.data.multimodal.demo import make_demo
+
+    demo = make_demo(str(tmp_path / "demo"), num_samples=16, seed=7)  # in file order: every micro-batch has an image
+    hf = tiny_hf_qwen2_vl(demo["model_dir"], tmp_path / "hf_qwen2_vl")
+    (tmp_path / "model.json").write_text(json.dumps({"init_from_hf_path": str(hf)}))
+    (tmp_path / "hf.yaml").write_text("sharding_size: auto\nsub_modules_to_wrap: ['model.visual.blocks.{*}', "
+                                      "'model.language_model.layers.{*}']\n")
+    common = ["--train-iters", "4", "--log-interval", "1", "--eval-iters", "0", "--global-batch-size", "8",
+              "--micro-batch-size", "2", "--seq-length", "128", "--distributed-backend", "gloo"]
+    hf_args = [*common, "--lr", "1e-3", "--mm-model", "model.json", "--mm-data", demo["data_json"]]
+    ref = _run(tmp_path, TRANSFORMERS, hf_args, None)
+    assert ref[4] < ref[1]
+    f = _run(tmp_path, TRANSFORMERS, [*hf_args, "--use-torch-fsdp2", "--fsdp2-config-path", "hf.yaml"], 2)
+    _assert_equal(f, ref, range(1, 5))

@@ -34,11 +34,16 @@ def vlm(tmp_path_factory, tk):
     base = tmp_path_factory.mktemp("vlm")
     demo = make_demo(str(base / "demo"), num_samples=24, seed=7)
     done: dict[str, object] = {}
+    fsdp2_file = base / "fsdp2.yaml"
+    fsdp2_file.write_text("sharding_size: auto\nsub_modules_to_wrap: ['visual.blocks.{*}', 'model.layers.{*}']\n")
     runs = {
         # name: (framework, processes, extra arguments)
         "pytorch": ("pytorch", 1, ["--save-interval", "5"]),
         "mindspore": ("mindspore", 1, ["--save-interval", "5"]),
         "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4", "--num-workers", "1"]),  # same LR schedule; decoded in workers
+        # torch's FSDP2 over mmrun's own Qwen2-VL, full shard of the ViT blocks and the decoder layers
+        "pytorch-fsdp2": ("pytorch", 2, ["--exit-interval", "4", "--use-torch-fsdp2", "--fsdp2-config-path",
+                                         str(fsdp2_file)]),
         "per-token": ("pytorch", 1, ["--train-iters", "3", "--calculate-per-token-loss"]),
         "per-token-dp2": ("pytorch", 2, ["--train-iters", "3", "--calculate-per-token-loss"]),
         "bf16": ("pytorch", 1, ["--bf16", "--exit-interval", "3"]),
@@ -106,6 +111,13 @@ def test_bf16_follows_fp32(vlm):
     assert sorted(bf16) == [1, 2, 3]
     assert _close(fp32, bf16, range(1, 4)) < 0.05, (fp32, bf16)
     assert "bf16 model with fp32 main params" in vlm("bf16").output
+
+
+@pytest.mark.slow
+def test_fsdp2_on_two_ranks_equals_the_data_parallel_run(vlm):
+    one, sharded = vlm("pytorch").losses(), vlm("pytorch-fsdp2")
+    assert _close(one, sharded.losses(), range(1, 5)) <= TOLERANCE, (one, sharded.losses())
+    assert "engine torch-fsdp2" in sharded.output and "4 unit(s) + root" in sharded.output
 
 
 @pytest.mark.slow

@@ -89,6 +89,7 @@ class TorchNativeEngine:
         self.mesh: Any = None
         self._ignored: list[torch.nn.Parameter] = []
         self._names: dict[torch.nn.Parameter, str] = {}
+        self._reported_memory = False
 
     # ----------------------------------------------------------------------------------- set-up
     def initialize(self, args: Any) -> ParallelLayout:
@@ -173,6 +174,18 @@ class TorchNativeEngine:
     def local_parameter_count(self) -> int:
         """Parameters this rank stores (its shards; ignored parameters whole)."""
         return int(sum(_local(p).numel() for p in self.module.parameters()))
+
+    def local_state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds of the parameters, their gradients and the optimizer state (its shards under
+        FSDP2, whole tensors under DDP), measured from the tensors themselves."""
+        def size(t: Any) -> int:
+            t = _local(t)
+            return t.numel() * t.element_size() if torch.is_tensor(t) else 0
+
+        params = list(self.module.parameters())
+        optimizer = sum(size(v) for state in self.optimizer.state.values() for v in state.values())
+        return {"parameters": sum(size(p) for p in params),
+                "gradients": sum(size(p.grad) for p in params if p.grad is not None), "optimizer": optimizer}
 
     def device(self) -> str:
         return str(_local(next(iter(self.module.parameters()))).device)
@@ -259,6 +272,11 @@ class TorchNativeEngine:
         self.optimizer.step()
         self.scheduler.step(args.global_batch_size)
         loss = self._reduce(totals).get("lm loss", float("nan"))
+        if not self._reported_memory:  # once, after the first step has made the optimizer state
+            self._reported_memory = True
+            mb = {k: v / 2**20 for k, v in self.local_state_bytes().items()}
+            self.log(f"> {self.name} state on rank 0 after the first step: parameters {mb['parameters']:.2f} MB, "
+                     f"gradients {mb['gradients']:.2f} MB, optimizer {mb['optimizer']:.2f} MB")
         return StepResult(loss, grad_norm, lr, False, None)
 
     def evaluate(self, forward_step_func: Callable, data_iterators: Sequence[Iterator],
