@@ -285,7 +285,14 @@ class Qwen2VLForConditionalGeneration(nn.Module):
             grids.append(grid)
             counts.append((is_token, features))
         if not parts:
-            return embeds
+            if not self.training:
+                return embeds
+            # Training without images still runs the ViT, on one blank 2x2 image whose result counts zero times:
+            # every data-parallel / FSDP rank then runs the same collectives and reduces the same gradients
+            # (MindSpeed-MM's fake image, megatron-core's dummy ViT input); the loss and the weights are unchanged.
+            merge = config.vision.spatial_merge_size
+            blank = self.visual(ops.zeros((unit, config.vision.patch_dim), like=embeds), np.array([[1, merge, merge]]))
+            return embeds + tensors.cast(ops.sum(blank), embeds.dtype) * 0.0
         # One ViT pass over images and videos together: attention stays within each frame either way.
         pixels = parts[0] if len(parts) == 1 else ops.cat(
             [p if p.dtype == parts[0].dtype else tensors.cast(p, parts[0].dtype) for p in parts], dim=0)

@@ -41,9 +41,10 @@ def vlm(tmp_path_factory, tk):
         "pytorch": ("pytorch", 1, ["--save-interval", "5"]),
         "mindspore": ("mindspore", 1, ["--save-interval", "5"]),
         "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4", "--num-workers", "1"]),  # same LR schedule; decoded in workers
-        # torch's FSDP2 over mmrun's own Qwen2-VL, full shard of the ViT blocks and the decoder layers
-        "pytorch-fsdp2": ("pytorch", 2, ["--exit-interval", "4", "--use-torch-fsdp2", "--fsdp2-config-path",
-                                         str(fsdp2_file)]),
+        # torch's FSDP2 over mmrun's own Qwen2-VL, full shard of the ViT blocks and the decoder layers; one sample
+        # per micro-batch, so rank 1's second micro-batch of iteration 2 is the demo's text-only sample 7
+        "pytorch-fsdp2": ("pytorch", 2, ["--train-iters", "3", "--micro-batch-size", "1", "--calculate-per-token-loss",
+                                         "--use-torch-fsdp2", "--fsdp2-config-path", str(fsdp2_file)]),
         "per-token": ("pytorch", 1, ["--train-iters", "3", "--calculate-per-token-loss"]),
         "per-token-dp2": ("pytorch", 2, ["--train-iters", "3", "--calculate-per-token-loss"]),
         "bf16": ("pytorch", 1, ["--bf16", "--exit-interval", "3"]),
@@ -115,8 +116,10 @@ def test_bf16_follows_fp32(vlm):
 
 @pytest.mark.slow
 def test_fsdp2_on_two_ranks_equals_the_data_parallel_run(vlm):
-    one, sharded = vlm("pytorch").losses(), vlm("pytorch-fsdp2")
-    assert _close(one, sharded.losses(), range(1, 5)) <= TOLERANCE, (one, sharded.losses())
+    """FSDP2 shards the ViT: a rank whose micro-batch has no image still runs it (on a blank image that counts
+    zero times), so the ranks' collectives match; the per-token loss makes the split into micro-batches moot."""
+    one, sharded = vlm("per-token").losses(), vlm("pytorch-fsdp2")
+    assert _close(one, sharded.losses(), range(1, 4)) <= TOLERANCE, (one, sharded.losses())
     assert "engine torch-fsdp2" in sharded.output and "4 unit(s) + root" in sharded.output
 
 
