@@ -17,6 +17,7 @@ never builds a patches x patches mask; transformers 5.x does the same per chunk 
 
     python benchmarks/vlm_step.py                   # the small size, 20 steps
     python benchmarks/vlm_step.py --size tiny --steps 10 --markdown out.md
+    python benchmarks/vlm_step.py --threads 1      # one CPU thread each side (steadier on a busy machine)
 """
 from __future__ import annotations
 
@@ -61,13 +62,22 @@ def model_json(size: str, out: Path) -> Path:
     return path
 
 
-def run_mmrun(model: Path, data_json: str, steps: int, out: Path) -> dict:
+def _env(threads: int | None) -> dict[str, str]:
+    """Both sides get the same number of CPU threads: with more threads than free cores, OpenMP's spinning
+    threads make step times jump by several times from run to run (measured on the 2-core machine)."""
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_mmrun(model: Path, data_json: str, steps: int, out: Path, threads: int | None) -> dict:
     metrics = out / "mmrun_metrics.jsonl"
     cmd = [sys.executable, str(ENTRY), "--ai-framework", "pytorch", "--mm-model", str(model), "--mm-data", data_json,
            "--micro-batch-size", str(MICRO_BATCH), "--global-batch-size", str(MICRO_BATCH), "--seq-length",
            str(SEQ_LENGTH), "--lr", "1e-4", "--train-iters", str(steps), "--log-interval", str(steps),
            "--eval-iters", "0", "--weight-decay", "0.01", "--clip-grad", "1.0", "--metrics-file", str(metrics)]
-    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=_env(threads))
     if proc.returncode:
         raise SystemExit(f"mmrun run failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -129,10 +139,10 @@ def baseline_worker(model: str, data_json: str, steps: int, result: str) -> None
                                         "labels": labels, "images": images, "device": str(device)}))
 
 
-def run_baseline(model: Path, data_json: str, steps: int, out: Path) -> dict:
+def run_baseline(model: Path, data_json: str, steps: int, out: Path, threads: int | None) -> dict:
     result = out / "baseline.json"
     proc = subprocess.run([sys.executable, __file__, "--baseline-worker", str(model), data_json, str(steps),
-                           str(result)], capture_output=True, text=True, cwd=out)
+                           str(result)], capture_output=True, text=True, cwd=out, env=_env(threads))
     if proc.returncode:
         raise SystemExit(f"transformers baseline failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(result.read_text())
@@ -143,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--steps", type=int, default=20, help="training steps per side (20)")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the median (3)")
+    parser.add_argument("--rounds", type=int, default=3, help="transformers-then-mmrun rounds (3)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of each side (OMP_NUM_THREADS); default: the library's own choice")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     parser.add_argument("--baseline-worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -158,23 +171,30 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp)
         data_json = make_demo(str(out / "demo"), num_samples=64, seed=3)["data_json"]
         model = model_json(args.size, out)
-        print(f"size {args.size}: {args.steps} steps of {MICRO_BATCH} samples, seq <= {SEQ_LENGTH} ...", flush=True)
-        baseline = run_baseline(model, data_json, args.steps, out)
-        mmrun = run_mmrun(model, data_json, args.steps, out)
+        print(f"size {args.size}: {args.steps} steps of {MICRO_BATCH} samples, seq <= {SEQ_LENGTH}, "
+              f"{args.rounds} round(s) ...", flush=True)
+        rounds = []
+        for _ in range(args.rounds):  # alternate the sides, so that a change in the machine's load hits both
+            rounds.append((run_baseline(model, data_json, args.steps, out, args.threads),
+                           run_mmrun(model, data_json, args.steps, out, args.threads)))
     w = args.warmup
+    baseline = rounds[0][0]
     tokens, labels, images = (statistics.mean(baseline[k][w:]) for k in ("tokens", "labels", "images"))
+    medians = [(statistics.median(b["steps_ms"][w:]), statistics.median(m["steps_ms"][w:])) for b, m in rounds]
     rows = []
-    for name, result in (("transformers", baseline), ("mmrun", mmrun)):
-        ms = statistics.median(result["steps_ms"][w:])
+    for side, name in ((0, "transformers"), (1, "mmrun")):
+        ms = statistics.median(pair[side] for pair in medians)
+        result = rounds[0][side]
         rows.append((name, result["device"], ms, tokens / ms * 1000, labels / ms * 1000, images / ms * 1000,
-                     result["memory_mb"]))
-    (_, _, hf_ms, *_, hf_mem), (_, _, mm_ms, *_, mm_mem) = rows
+                     max(r[side]["memory_mb"] for r in rounds)))
+    speed = statistics.median(b / m for b, m in medians)  # per round, then the median: the load cancels within a round
+    (_, _, _, *_, hf_mem), (_, _, _, *_, mm_mem) = rows
     lines = ["| | device | step (ms, median) | tokens/s | label tokens/s | images/s | peak memory (MB) |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {n} | {d} | {ms:.1f} | {t:.0f} | {lt:.0f} | {im:.1f} | {mem:.0f} |"
               for n, d, ms, t, lt, im, mem in rows]
-    lines.append(f"| mmrun / transformers | | {mm_ms / hf_ms:.2f}x time | {hf_ms / mm_ms:.2f}x speed | | | "
-                 f"{mm_mem / hf_mem:.2f}x |")
+    lines.append(f"| mmrun / transformers | | | {speed:.2f}x speed (median of {len(rounds)} rounds: "
+                 f"{', '.join(f'{b / m:.2f}' for b, m in medians)}) | | | {mm_mem / hf_mem:.2f}x |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:
