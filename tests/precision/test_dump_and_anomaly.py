@@ -123,3 +123,36 @@ def test_dump_config_reads_msprobes_template(tmp_path):
     config = load_dump_config(str(path))
     assert (config.task, config.steps, config.ranks, config.names) == ("tensor", (0, 2), (1,), ("h.1.mlp",))
     assert config.wants_step(2) and not config.wants_step(1) and config.wants_rank(1) and not config.wants_rank(0)
+
+
+def _msprobe_compare(target: Path, golden: Path, out: Path) -> list[dict]:
+    """msprobe's own `compare` (mindstudio-probe, the dev extra) on two of mmrun's step directories."""
+    import csv
+
+    msprobe = Path(sys.executable).parent / "msprobe"
+    result = subprocess.run([str(msprobe), "compare", "-tp", str(target), "-gp", str(golden), "-o", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (table,) = out.glob("compare_result_*.csv")
+    with table.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_msprobe_reads_mmruns_dumps(dumps, tmp_path):
+    """Users who have msprobe feed it mmrun's dumps: its compare pairs every record (the same Module.* names on
+    both frameworks) and computes its statistics diffs; a perturbed weight shows from its module on. Across
+    frameworks msprobe flags every record for its dtype spelling (MindSpore's Float32 against torch.float32) and
+    requires_grad (MindSpore dumps have none), as it does for its own dumps: the numbers agree, and mmrun compare
+    --dump is the cross-framework verdict."""
+    rows = _msprobe_compare(dumps / "weight" / "step0", dumps / "pt" / "step0", tmp_path / "weight")
+    assert len(rows) > 100 and all(r["Bench Name"] == r["NPU Name"] for r in rows)
+    first = next(i for i, r in enumerate(rows) if float(r["Max diff"]) != 0.0)
+    assert rows[first]["NPU Name"].startswith("Module.h.1.mlp.c_fc.Linear.forward.0"), rows[first]["NPU Name"]
+    assert {r["Result"] for r in rows[:first]} == {"pass"}
+
+    rows = _msprobe_compare(dumps / "ms" / "step0", dumps / "pt" / "step0", tmp_path / "frameworks")
+    assert len(rows) > 100 and all(r["Bench Name"] == r["NPU Name"] for r in rows)
+    assert all(abs(float(r["Max diff"])) < 1e-4 for r in rows if r["Max diff"] not in ("N/A", ""))
+    reasons = {m for r in rows for m in json.loads(r["Err_message"] or "[]")}
+    assert reasons <= {"error: The Required_Grad of NPU and Bench are inconsistent",
+                       "error: The dtype of NPU and Bench are inconsistent."}, reasons
