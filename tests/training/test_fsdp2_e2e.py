@@ -6,6 +6,7 @@ One slow test, many variants folded into few runs (each start costs seconds on 2
                     ignored module, DCP saves at 5 and 10                             -> losses 1-10 equal
                  B: 2 ranks, hybrid (sharding_size 1: 2 replicas), ZeRO-2, resumes A's DCP at 5 -> 6-10 equal
                  C: 1 rank, FSDP2, resumes A's DCP at 5 (saved by 2 ranks)         -> 6-10 equal
+                 C2: 2 ranks resume C's DCP at 7 (saved by 1 rank)                  -> 8-10 equal
                  D: A's DCP at 5 -> safetensors -> MindSpore resumes mmrun's GPT    -> 6-10 equal
   transformers:  reference: tiny Qwen2ForCausalLM from a config (offline), one process
                  E: 2 ranks, the single-YAML launch form, FSDP2 + recompute, DCP at 6 -> losses 1-6 equal;
@@ -81,8 +82,12 @@ def test_fsdp2_equals_one_process_and_its_dcp_checkpoints_resume_anywhere(tmp_pa
     resume = ["--load", "ckpt", "--ckpt-step", "5", "--ckpt-format", "torch_dcp", "--use-torch-fsdp2"]
     b = _run(tmp_path, GPT, [*GPT_ARGS, *resume, "--fsdp2-config-path", "b.yaml"], 2)  # another sharding_size
     _assert_equal(b, ref, range(6, 11))
-    c = _run(tmp_path, GPT, [*GPT_ARGS, *resume], None)  # another world size
+    c = _run(tmp_path, GPT, [*GPT_ARGS, *resume, "--save", "ckpt_c", "--save-interval", "7"], None)  # another world size
     _assert_equal(c, ref, range(6, 11))
+    # and back: a DCP checkpoint saved by one rank resumes on two
+    e = _run(tmp_path, GPT, [*GPT_ARGS, "--load", "ckpt_c", "--ckpt-step", "7", "--ckpt-format", "torch_dcp",
+                             "--use-torch-fsdp2"], 2)
+    _assert_equal(e, ref, range(8, 11))
 
     from mmrun.training.convert_dcp import main as convert
 
