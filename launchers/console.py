@@ -51,11 +51,14 @@ class Relay:
         self.thread.start()
 
     def _copy(self) -> None:
-        writable = True
+        writable, after_dropped = True, False
         for line in iter(self.source.readline, b""):
-            if is_mindspore_log_line(line):
+            # A blank line right after one of MindSpore's lines ends that message (some end with an empty line).
+            if is_mindspore_log_line(line) or (after_dropped and not line.strip()):
                 self.dropped += 1
+                after_dropped = True
                 continue
+            after_dropped = False
             if writable:
                 try:
                     while line:

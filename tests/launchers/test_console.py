@@ -34,14 +34,15 @@ def test_relay_copies_all_but_mindspores_lines_in_order_and_a_last_line_without_
     read_in, write_in = os.pipe()
     read_out, write_out = os.pipe()
     relay = Relay(os.fdopen(read_in, "rb"), write_out)
-    lines = [KEPT_LINES[2], *MINDSPORE_LINES, KEPT_LINES[0], KEPT_LINES[1], b"no newline at the end"]
+    # the blank line after MindSpore's lines ends their message; the one after a kept line is kept
+    lines = [KEPT_LINES[2], *MINDSPORE_LINES, b"\n", KEPT_LINES[0], KEPT_LINES[1], b"\n", b"no newline at the end"]
     os.write(write_in, b"".join(lines))
     os.close(write_in)
     relay.join(timeout=10)
     os.close(write_out)
     with os.fdopen(read_out, "rb") as out:
-        assert out.read() == KEPT_LINES[2] + KEPT_LINES[0] + KEPT_LINES[1] + b"no newline at the end"
-    assert relay.dropped == len(MINDSPORE_LINES)
+        assert out.read() == KEPT_LINES[2] + KEPT_LINES[0] + KEPT_LINES[1] + b"\n" + b"no newline at the end"
+    assert relay.dropped == len(MINDSPORE_LINES) + 1
 
 
 def test_the_variable_chooses_and_a_wrong_value_is_named():
