@@ -133,8 +133,14 @@ def gate(args: argparse.Namespace | Mapping[str, Any], framework: str, device: s
         raise FeatureGateError([d.line(on_unsupported) for d in stops], stops)
     result = GateResult(framework=normalise_framework(framework), device=normalise_device(device),
                         policy=on_unsupported, decisions=decisions)
+    # One change, one line: where both layers make the same change to one argument (nccl -> gloo on the
+    # CPU), the stack's line (first, with its source) says it for both.
+    said_changes: set[tuple[bool, str, str]] = set()
     for d in result.changed:
-        (result.notices if d.automatic else result.warnings).append(d.line(on_unsupported))
+        change = (d.automatic, d.dest, repr(d.replacement))
+        if change not in said_changes:
+            said_changes.add(change)
+            (result.notices if d.automatic else result.warnings).append(d.line(on_unsupported))
     if stream is not None:
         said = _ALREADY_SAID.setdefault(stream, set())
         for prefix, lines in (("notice", result.notices), ("warning", result.warnings)):

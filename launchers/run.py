@@ -22,6 +22,7 @@ from mmrun.backend.selection import argv_option
 from mmrun.backend.vocabulary import framework_name
 from mmrun.launchers import launch_args, script_target
 from mmrun.launchers.ascend_env import check_ascend_env
+from mmrun.launchers.console import shows_mindspore_logs
 from mmrun.launchers.guardian import Guardian
 from mmrun.launchers.option_rules import Note, Refusal, Translation, to_msrun, to_torchrun
 from mmrun.launchers.options import LAUNCHER_OF, MSRUN, TORCHRUN
@@ -62,6 +63,7 @@ class Plan:
     framework_source: str = ""  # words for messages: where the choice came from
     watchdog_seconds: float = 0.0
     script_path: Path | None = None  # None: not found here (a dry run for another machine)
+    quiet_mindspore: bool = False  # msrun: MindSpore's own INFO/WARNING lines stay in the worker logs (console.py)
 
 
 def _resolve_nproc(value: str) -> str:
@@ -152,6 +154,10 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
         if path.split(os.pathsep)[0] != bin_dir:
             plan.env_set["PATH"] = os.pathsep.join([bin_dir, path])
         plan.wait_for_msrun_workers = str(translation.value("join")) != "True"
+        try:
+            plan.quiet_mindspore = not shows_mindspore_logs(env)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
 
     probe = dict(env)
     reason = guard_torch_npu_autoload(probe)  # torch_npu installed without CANN breaks `import torch`
@@ -313,7 +319,7 @@ def execute(plan: Plan) -> int:
     except OSError as error:  # no process left to fork: the job still runs, reaped by mmrun itself
         _say(f"warning: no guardian ({error.strerror}): a kill -9 of mmrun would leave the job running")
     try:
-        supervisor = Supervisor(plan.command, env, run_id, stop_when=stop_when)
+        supervisor = Supervisor(plan.command, env, run_id, stop_when=stop_when, quiet_mindspore=plan.quiet_mindspore)
         code = supervisor.run()
         if plan.wait_for_msrun_workers and code == 0 and supervisor.stopped_with is None:
             wait_for_workers(run_id, stop_when=lambda: stop_when() is not None)

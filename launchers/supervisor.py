@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from mmrun.common.processes import set_parent_death_signal
+from mmrun.launchers.console import Relay
 
 RUN_ID_VARIABLE = "MMRUN_RUN_ID"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -88,8 +89,10 @@ class Supervisor:
     """
 
     def __init__(self, command: list[str], env: dict[str, str], run_id: str, shutdown_grace: float = 10.0,
-                 stop_when: Callable[[], int | None] | None = None, poll: float = 0.25):
+                 stop_when: Callable[[], int | None] | None = None, poll: float = 0.25,
+                 quiet_mindspore: bool = False):
         self.command = command
+        self.quiet_mindspore = quiet_mindspore  # leave MindSpore's own INFO/WARNING lines off the console (console.py)
         self.env = {**env, RUN_ID_VARIABLE: run_id}
         self.run_id = run_id
         self.shutdown_grace = shutdown_grace
@@ -115,7 +118,10 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED_SIGNALS}
         try:
             # A new session: the launcher's own signal handling cannot reach mmrun, and the group is ours to kill.
-            self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+            pipe = subprocess.PIPE if self.quiet_mindspore else None
+            self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True, preexec_fn=_die_with_parent,
+                                            stdout=pipe, stderr=pipe)
+            relays = [Relay(self.process.stdout, 1), Relay(self.process.stderr, 2)] if self.quiet_mindspore else []
             deadline: float | None = None
             while True:
                 try:
@@ -134,6 +140,8 @@ class Supervisor:
                 deadline = deadline or time.monotonic() + self.shutdown_grace
                 if time.monotonic() > deadline:  # the launcher did not stop its workers in time
                     os.killpg(self.process.pid, signal.SIGKILL)
+            for relay in relays:  # the launcher's last lines; a process it left holding the pipe cannot hold mmrun
+                relay.join(timeout=2.0)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

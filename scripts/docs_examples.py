@@ -66,7 +66,7 @@ REGENERATE = "python scripts/update_docs.py"
 
 # What every example starts from, so that a page does not depend on the shell it was generated in: the
 # interpreter's bin/ first (an activated venv), a fixed locale and terminal width, a fixed hash seed, and
-# nothing else inherited except HOME.
+# nothing else inherited except HOME (and PYTHONPATH, see environment()).
 BASE_ENV = {
     "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/sbin", "/usr/local/bin",
                              "/usr/sbin", "/usr/bin", "/sbin", "/bin"]),
@@ -240,6 +240,20 @@ def load_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
     return examples
 
 
+def imported_checkout() -> Path:
+    """The folder of the `mmrun` package this interpreter imports (through PYTHONPATH, or the installed one)."""
+    import mmrun
+
+    return Path(mmrun.__file__).parent
+
+
+def check_imports_this_checkout() -> None:
+    """The examples must run the code of the checkout whose pages they write, not another installed one."""
+    if imported_checkout().resolve() != REPO.resolve():
+        raise ExampleError(f"the examples would run mmrun from {imported_checkout()}, not this checkout {REPO}; "
+                           f"put a folder holding a link mmrun -> {REPO} first on PYTHONPATH")
+
+
 def _placeholders(tmp: Path) -> list[tuple[str, str]]:
     """Built-in: the paths of this machine become <tmp>, <site-packages>, <venv>, <repo> (longest first, resolved
     too)."""
@@ -247,7 +261,7 @@ def _placeholders(tmp: Path) -> list[tuple[str, str]]:
     # Every site-packages folder the interpreter reads (a venv may reach another one through a .pth file).
     packages = {*site.getsitepackages(), *(p for p in sys.path if Path(p).name in ("site-packages", "dist-packages"))}
     places = [(tmp, "<tmp>"), *((Path(p), "<site-packages>") for p in sorted(packages)),
-              (Path(sys.prefix), "<venv>"), (REPO, "<repo>")]
+              (Path(sys.prefix), "<venv>"), (REPO, "<repo>"), (imported_checkout(), "<repo>")]
     for path, name in places:
         for variant in {str(path), str(path.resolve())}:
             pairs.setdefault(variant, name)
@@ -276,6 +290,10 @@ def _script(steps: Iterable[Step], mark: str) -> str:
 
 def environment(example: Example, tmp: Path) -> dict[str, str]:
     env = dict(BASE_ENV, HOME=os.environ.get("HOME", str(tmp)))
+    if os.environ.get("PYTHONPATH"):
+        # How a checkout other than the installed one is imported (a git worktree): the examples run the code
+        # the generator checked with check_imports_this_checkout().
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     for key, value in example.env:
         env[key] = value.replace("{tmp}", str(tmp)).replace("{repo}", str(REPO))
     return env
@@ -283,6 +301,7 @@ def environment(example: Example, tmp: Path) -> dict[str, str]:
 
 def run_example(example: Example) -> list[tuple[Step, str, int]]:
     """Run the steps in a fresh folder; (step, normalised output, exit status) for each."""
+    check_imports_this_checkout()
     tmp = Path(tempfile.mkdtemp(prefix="mmrun-docs-"))
     session = Path(tempfile.mkdtemp(prefix="mmrun-docs-session-"))
     try:

@@ -92,3 +92,13 @@ def test_steps_must_be_a_list_and_exit_a_number(tmp_path):
         _load(_spec(tmp_path, base + "    steps: echo hi\n"))
     with pytest.raises(TableError, match="exit is the step's expected exit status"):
         _load(_spec(tmp_path, base + "    steps: [{run: echo hi, exit: two}]\n"))
+
+
+def test_an_example_imports_the_checkout_whose_pages_it_writes():
+    # A git worktree is imported through PYTHONPATH (the installed mmrun may be another checkout): the examples'
+    # fixed environment passes it on, and the generator refuses to run the code of another checkout.
+    docs_examples.check_imports_this_checkout()
+    example = docs_examples.Example(page="docs/development.md", name="t", steps=(
+        docs_examples.Step(run="python -c 'import mmrun, pathlib; print(pathlib.Path(mmrun.__file__).parent)'"),))
+    assert docs_examples.produce(example) == ("```console\n$ python -c 'import mmrun, pathlib; "
+                                              "print(pathlib.Path(mmrun.__file__).parent)'\n<repo>\n```\n")

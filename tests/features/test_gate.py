@@ -183,12 +183,15 @@ def test_warn_runs_fallbacks_off_prints_each_line_once_and_still_stops_on_unsupp
     assert [line.split(" (")[0] for line in printed] == [
         # mmrun's trainer computes attention the same way with or without the flag: a notice, not a warning
         "notice: [mmrun trainer] --use-flash-attn",
-        "notice: [stack] --distributed-backend nccl", "notice: [mmrun trainer] --distributed-backend nccl",
+        # both layers substitute gloo for nccl: one line, the stack's, which cites its source
+        "notice: [stack] --distributed-backend nccl",
         "warning: [stack] --use-flash-attn",
         "warning: [mmrun trainer] --recompute-granularity full",  # the stack says nothing: no source for torch on CPU
     ]
-    assert "using --distributed-backend gloo instead" in printed[2]
-    assert "is not supported with the pytorch backend on cpu; running with it off" in printed[4]
+    assert "using --distributed-backend gloo instead" in printed[1] and "Source: PyTorch documentation" in printed[1]
+    assert sum("--distributed-backend nccl" in line for line in printed) == 1
+    assert [d.layer for d in result.changed if d.dest == "distributed_backend"] == ["stack", "trainer"]
+    assert "is not supported with the pytorch backend on cpu; running with it off" in printed[3]
     result.apply(args)
     assert (args.use_flash_attn, args.recompute_granularity, args.distributed_backend) == (False, None, "gloo")
     args.context_parallel_size = 2  # megatron-core runs it on PyTorch; mmrun's MindSpore engines cannot

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mmrun.launchers.console import MINDSPORE_LOGS_VAR, is_mindspore_log_line
+
 
 FRAMEWORKS = ["pytorch", "mindspore"]
 pytestmark = pytest.mark.slow
@@ -154,3 +156,21 @@ def test_msrun_single_worker_that_never_initialises(job_env, tmp_path, jobs):
                        str(jobs.workers / "record_env.py")], job_env, tmp_path, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "rank_0.json").read_text())["WORLD_SIZE"] == "1"
+
+
+def _mindspore_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if is_mindspore_log_line(line.encode())]
+
+
+def test_mindspore_own_log_lines_stay_in_the_worker_logs_unless_asked(job_env, tmp_path, jobs):
+    args = ["--ai-framework", "mindspore", "--nproc-per-node", "2", "--master-port", "0",
+            str(jobs.workers / "record_env.py")]
+    quiet = jobs.run(args, job_env, tmp_path)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert not _mindspore_lines(quiet.stdout + quiet.stderr), (quiet.stdout + quiet.stderr)[-2000:]
+    assert "Start worker process with rank id:1" in quiet.stdout  # msrun's own lines still shown
+    kept = "".join(p.read_text(errors="replace") for p in sorted((tmp_path / "msrun_log").glob("worker_*.log")))
+    assert _mindspore_lines(kept), kept[-2000:]  # MindSpore's cluster-forming WARNINGs, where msrun wrote them
+    shown = jobs.run(args, {**job_env, MINDSPORE_LOGS_VAR: "console"}, tmp_path)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert _mindspore_lines(shown.stdout + shown.stderr), (shown.stdout + shown.stderr)[-2000:]
