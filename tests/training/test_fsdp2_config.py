@@ -184,3 +184,18 @@ def test_mm_token_type_ids_are_transformers_token_types():
 
     ids = np.array([[1, 3, 5, 5, 4, 9, 3, 6, 6, 4, 0]])
     assert token_types(ids, image_token_id=5, video_token_id=6).tolist() == [[0, 0, 1, 1, 0, 0, 0, 2, 2, 0, 0]]
+
+
+@pytest.mark.slow
+def test_fp16_is_refused_by_the_torch_engines(tmp_path):
+    """FSDP2 and pretrain_transformers.py's DDP have no loss scaler and no fp32 main params: --fp16 would train
+    something else than asked, so it stops at startup, one line, exit 2 (bf16 and fp32 train)."""
+    (tmp_path / "f.yaml").write_text("sharding_size: auto\n")
+    entry = Path(__file__).resolve().parents[2] / "models" / "pretrain_gpt.py"
+    run = subprocess.run([sys.executable, str(entry), "--mock-data", "--train-iters", "1", "--use-torch-fsdp2",
+                          "--fsdp2-config-path", str(tmp_path / "f.yaml"), "--fp16"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 2 and errors == [
+        "error: --fp16 is not supported by the torch-fsdp2 engine (no loss scaling, no fp32 main params). Received: "
+        "--fp16; use --bf16 (MindSpeed-MM's FSDP2 configs train in bf16) or fp32"], run.stderr[-2000:]

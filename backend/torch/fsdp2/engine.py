@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from mmrun.backend.errors import UsageError
 from mmrun.backend.train_step_shared import StepResult
 from mmrun.training.engines.base import ParallelLayout, ShardState
 from mmrun.training.errors import TrainingError
@@ -93,6 +94,11 @@ class TorchNativeEngine:
 
     # ----------------------------------------------------------------------------------- set-up
     def initialize(self, args: Any) -> ParallelLayout:
+        if args.fp16:
+            # No loss scaler and no fp32 main params here: fp16 would silently lose small updates and overflow.
+            raise UsageError(f"--fp16 is not supported by the {self.name} engine (no loss scaling, no fp32 main "
+                             "params). Received: --fp16; use --bf16 (MindSpeed-MM's FSDP2 configs train in bf16) "
+                             "or fp32")
         from mmrun.backend.torch import process_group
 
         process_group.start(args.distributed_backend, single_process_group=True,
