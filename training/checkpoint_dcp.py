@@ -35,7 +35,10 @@ def is_dcp_dir(path: str | Path) -> bool:
 
 def find_dcp(root: str | Path, ckpt_step: int | None = None) -> Path | None:
     """The DCP iteration directory --load names (--ckpt-step, else the tracker's), None if it is not DCP."""
-    iteration = ckpt_step if ckpt_step is not None else read_tracker(root)
+    try:
+        iteration = ckpt_step if ckpt_step is not None else read_tracker(root)
+    except CheckpointError:
+        return None  # a broken tracker: the safetensors path reports it, with what to do (find_checkpoint)
     if iteration is None:
         return None
     path = iteration_dir(root, iteration)

@@ -36,6 +36,12 @@ def fused_attention(q: Any, k: Any, v: Any, causal: bool, dropout_p: float, scal
                                       scalar_value=scale, input_layout="BNSD")
 
 
+def varlen_attention(q: Any, k: Any, v: Any, cu_seqlens: Any, scale: float) -> Any:
+    """None on MindSpore: no variable-length kernel is wired (flash_attention_score's TND layout on Ascend is not
+    used yet); ops.varlen_attention then runs one attention per run of equal-length segments, as on torch."""
+    return None
+
+
 def hash_dropout(x: Any, multiplier: int, offset: int, threshold: int, scale: float) -> Any:
     """Always None on MindSpore: the hash is compiled into the graph by ops.dropout (no separate kernel)."""
     return None

@@ -6,6 +6,7 @@ TrainStep and TrainingProbe; each run is a fresh process (one framework per proc
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,11 @@ WORKER = Path(__file__).parent / "workers" / "probe_gpt.py"
 
 
 def probe(framework: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(WORKER), framework, str(out), *extra], capture_output=True, text=True,
-                            timeout=120)
-    return result
+    # The worker picks its framework itself: a choice this test process made earlier (backend.select exports
+    # MMRUN_AI_FRAMEWORK for child processes) must not reach it.
+    env = {k: v for k, v in os.environ.items() if k != "MMRUN_AI_FRAMEWORK"}
+    return subprocess.run([sys.executable, str(WORKER), framework, str(out), *extra], capture_output=True, text=True,
+                          timeout=120, env=env)
 
 
 @pytest.fixture(scope="module")

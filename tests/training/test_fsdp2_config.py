@@ -192,7 +192,7 @@ def test_fp16_is_refused_by_the_torch_engines(tmp_path):
     something else than asked, so it stops at startup, one line, exit 2 (bf16 and fp32 train)."""
     (tmp_path / "f.yaml").write_text("sharding_size: auto\n")
     entry = Path(__file__).resolve().parents[2] / "models" / "pretrain_gpt.py"
-    run = subprocess.run([sys.executable, str(entry), "--mock-data", "--train-iters", "1", "--use-torch-fsdp2",
+    run = subprocess.run([sys.executable, str(entry), "--ai-framework", "pytorch", "--mock-data", "--train-iters", "1", "--use-torch-fsdp2",
                           "--fsdp2-config-path", str(tmp_path / "f.yaml"), "--fp16"], capture_output=True, text=True,
                          cwd=tmp_path, timeout=120)
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]

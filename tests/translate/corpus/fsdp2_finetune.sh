@@ -1,6 +1,7 @@
 #!/bin/bash
 # corpus: a PyTorch FSDP2 fine-tune (MSAdapter has no DTensor/FSDP2, so the MindSpore backend cannot shard with it)
 # corpus-reported: --use-torch-fsdp2
+# corpus-refused: --use-torch-fsdp2
 # corpus-unknown: --ckpt-format torch_dist
 NPUS_PER_NODE=16
 MASTER_ADDR=localhost
