@@ -11,26 +11,6 @@ def _x(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def run(backend, fn, arrays, grad=True):
-    """fn(ops, *tensors) -> tensor; returns (output, gradients of sum(output * w)) as numpy."""
-    be = backend
-    tensors = [be.tensors.from_numpy(a) for a in arrays]
-    out = fn(be.ops, *tensors)
-    if not grad:
-        return be.tensors.to_numpy(out), []
-    weights = be.tensors.from_numpy(np.random.default_rng(1).standard_normal(tuple(out.shape)).astype(np.float32))
-    if be.__name__.endswith("torch"):
-        for t in tensors:
-            t.requires_grad_(True)
-        out = fn(be.ops, *tensors)
-        (out * weights).sum().backward()
-        return be.tensors.to_numpy(out), [be.tensors.to_numpy(t.grad) for t in tensors]
-    import mindspore as ms
-    grads = ms.grad(lambda *ts: be.ops.sum(fn(be.ops, *ts) * weights), tuple(range(len(tensors))))(*tensors)
-    grads = grads if isinstance(grads, tuple) else (grads,)
-    return be.tensors.to_numpy(out), [be.tensors.to_numpy(g) for g in grads]
-
-
 def attention_heads(ops, qkv):
     """split -> reshape -> transpose, as in the GPT attention: the path where mint.split views got wrong grads."""
     q, k, v = ops.split(qkv, 8, dim=2)
@@ -62,10 +42,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_op_matches_torch(bt, bm, name):
+def test_op_matches_torch(bt, bm, op_grads, name):
     fn, arrays = CASES[name]
-    out_t, grads_t = run(bt, fn, arrays)
-    out_m, grads_m = run(bm, fn, arrays)
+    out_t, grads_t = op_grads(bt, fn, arrays)
+    out_m, grads_m = op_grads(bm, fn, arrays)
     assert out_t.shape == out_m.shape
     np.testing.assert_allclose(out_m, out_t, rtol=1e-5, atol=2e-6)
     for g_t, g_m in zip(grads_t, grads_m):
