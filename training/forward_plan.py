@@ -89,9 +89,11 @@ class ForwardPlan:
         self.jit = jit
         self.jit_required = jit_required
         self.notice = notice or (lambda message: print(message, file=sys.stderr, flush=True))
-        self.template: _Template | None = None
-        # Non-partial loss functions (closures; eager only), replayed in capture order: TrainStep
-        # computes the micro-batches in the order they were captured.
+        self.template: _Template | None = None  # the first micro-batch's: a compiled step replays only this one
+        # Eager steps replay each micro-batch's own template and loss closure in capture order (TrainStep
+        # computes the micro-batches in the order they were captured): a text-only micro-batch of a VLM
+        # passes pixel_values=None where the others pass a tensor.
+        self._templates: collections.deque = collections.deque()
         self._closures: collections.deque = collections.deque()
 
     def capture(self, data_iterator: Iterator) -> tuple:
@@ -131,14 +133,17 @@ class ForwardPlan:
             self._closures.append(loss)  # its tensors are constants of this micro-batch
         if self.template is None:
             self.template = template
-        elif self.template != template and is_partial:
+        elif self.template != template and self.jit:
             raise TrainingError("every micro-batch must call the model and loss_func with the same arguments "
-                                "(tensors in the same places); forward_step changed them between micro-batches")
+                                "(tensors in the same places) to compile the step; forward_step changed them "
+                                "between micro-batches: run without --ms-jit, or keep the arguments the same")
+        if not self.jit:
+            self._templates.append(template)
         return tuple(flat)
 
     def loss(self, model: Any, *flat: Any) -> Any:
         """TrainStep's loss_fn: the recorded model call, then the loss function, as one scalar."""
-        t = self.template
+        t = self.template if self.jit else self._templates.popleft()
         args = _resolve(t.model_args, flat)
         kwargs = {k: v for (k, _), v in zip(t.model_kwargs, _resolve(tuple(e for _, e in t.model_kwargs), flat))}
         output = model(*args, **kwargs)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mmrun.data.multimodal.demo import make_demo
 from mmrun.launchers.supervisor import processes_with
 from mmrun.training.checkpoint_layout import TRACKER_FILE
 
@@ -163,4 +164,72 @@ def mcore_runs(tmp_path_factory):
         @staticmethod
         def ckpt(name: str) -> Path:
             return base / name / "ckpt"
+    return Runs()
+
+
+# ----------------------------------------------------------------------- the vision-language model
+
+VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
+MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+# The training arguments of the runs below (MindSpeed-MM's flags; the model comes from model.json).
+VLM_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "128", "--lr", "2e-3",
+            "--lr-decay-style", "cosine", "--lr-warmup-iters", "1", "--weight-decay", "0", "--clip-grad", "1.0",
+            "--seed", "42", "--log-interval", "1", "--eval-iters", "0", "--train-iters", "10",
+            "--mm-model", str(MODEL_JSON)]
+
+
+@pytest.fixture(scope="session")
+def vlm(tmp_path_factory, tk):
+    """vlm(name) -> Run of one training of the demo (VLM_RUNS below, or a run a test module registers with
+    `vlm.add(name, framework, processes, extra arguments)`), each trained once per session and shared: the
+    parallel layouts' tests compare against the one-process runs here. `vlm.args` are the common arguments."""
+    base = tmp_path_factory.mktemp("vlm")
+    demo = make_demo(str(base / "demo"), num_samples=24, seed=7)
+    done: dict[str, object] = {}
+    fsdp2_file = base / "fsdp2.yaml"
+    fsdp2_file.write_text("sharding_size: auto\nsub_modules_to_wrap: ['visual.blocks.{*}', 'model.layers.{*}']\n")
+    runs = {
+        # name: (framework, processes, extra arguments)
+        "pytorch": ("pytorch", 1, ["--save-interval", "5"]),
+        "mindspore": ("mindspore", 1, ["--save-interval", "5"]),
+        "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4", "--num-workers", "1"]),  # same LR schedule; decoded in workers
+        # torch's FSDP2 over mmrun's own Qwen2-VL, full shard of the ViT blocks and the decoder layers; one sample
+        # per micro-batch, so rank 1's second micro-batch of iteration 2 is the demo's text-only sample 7
+        "pytorch-fsdp2": ("pytorch", 2, ["--train-iters", "3", "--micro-batch-size", "1", "--calculate-per-token-loss",
+                                         "--use-torch-fsdp2", "--fsdp2-config-path", str(fsdp2_file)]),
+        "per-token": ("pytorch", 1, ["--train-iters", "3", "--calculate-per-token-loss"]),
+        "per-token-dp2": ("pytorch", 2, ["--train-iters", "3", "--calculate-per-token-loss"]),
+        "bf16": ("pytorch", 1, ["--bf16", "--exit-interval", "3"]),
+        # one sample per rank and step: at iteration 4 rank 1 holds only the demo's text-only sample 7, so its
+        # whole batch has no image (the ViT still runs, on a blank image that counts zero times)
+        "text-rank-dp1": ("pytorch", 1, ["--train-iters", "4", "--micro-batch-size", "1", "--global-batch-size", "2"]),
+        "text-rank-dp2": ("pytorch", 2, ["--train-iters", "4", "--micro-batch-size", "1", "--global-batch-size", "2"]),
+    }
+
+    class Runs:
+        data_json = demo["data_json"]
+        model_dir = demo["model_dir"]
+        args = tuple(VLM_ARGS)
+        entry = VLM_ENTRY
+
+        @staticmethod
+        def add(name: str, framework: str, processes: int, extra: list[str]) -> None:
+            if runs.setdefault(name, (framework, processes, extra)) != (framework, processes, extra):
+                raise ValueError(f"vlm run {name!r} is registered twice with different arguments")
+
+        def __call__(self, name: str, extra: list[str] | None = None, framework: str | None = None):
+            if name not in done:
+                fw, nproc, args = runs.get(name, (framework or "pytorch", 1, []))
+                out = base / name
+                done[name] = tk.run_training(out, [*VLM_ARGS, "--mm-data", self.data_json, *args, *(extra or []),
+                                                   "--save", str(out / "ckpt")],
+                                             framework=fw, nproc=nproc, timeout=600, entry=VLM_ENTRY)
+                assert done[name].returncode == 0, done[name].output[-4000:]
+            return done[name]
+
+        @staticmethod
+        def ckpt(name: str) -> Path:
+            return base / name / "ckpt"
+
+        base_dir = base
     return Runs()

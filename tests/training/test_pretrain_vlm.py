@@ -14,62 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmrun.data.multimodal.demo import make_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
 MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
 ITERS = 10
-# The training arguments of the runs below (MindSpeed-MM's flags; the model comes from model.json).
-VLM_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "128", "--lr", "2e-3",
-            "--lr-decay-style", "cosine", "--lr-warmup-iters", "1", "--weight-decay", "0", "--clip-grad", "1.0",
-            "--seed", "42", "--log-interval", "1", "--eval-iters", "0", "--train-iters", str(ITERS),
-            "--mm-model", str(MODEL_JSON)]
 TOLERANCE = 1e-5  # the issue's bar: per-iteration loss within 1e-5 between frameworks and layouts
-
-
-@pytest.fixture(scope="session")
-def vlm(tmp_path_factory, tk):
-    """vlm(name) -> Run of one training of the demo, each trained once per session."""
-    base = tmp_path_factory.mktemp("vlm")
-    demo = make_demo(str(base / "demo"), num_samples=24, seed=7)
-    done: dict[str, object] = {}
-    fsdp2_file = base / "fsdp2.yaml"
-    fsdp2_file.write_text("sharding_size: auto\nsub_modules_to_wrap: ['visual.blocks.{*}', 'model.layers.{*}']\n")
-    runs = {
-        # name: (framework, processes, extra arguments)
-        "pytorch": ("pytorch", 1, ["--save-interval", "5"]),
-        "mindspore": ("mindspore", 1, ["--save-interval", "5"]),
-        "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4", "--num-workers", "1"]),  # same LR schedule; decoded in workers
-        # torch's FSDP2 over mmrun's own Qwen2-VL, full shard of the ViT blocks and the decoder layers; one sample
-        # per micro-batch, so rank 1's second micro-batch of iteration 2 is the demo's text-only sample 7
-        "pytorch-fsdp2": ("pytorch", 2, ["--train-iters", "3", "--micro-batch-size", "1", "--calculate-per-token-loss",
-                                         "--use-torch-fsdp2", "--fsdp2-config-path", str(fsdp2_file)]),
-        "per-token": ("pytorch", 1, ["--train-iters", "3", "--calculate-per-token-loss"]),
-        "per-token-dp2": ("pytorch", 2, ["--train-iters", "3", "--calculate-per-token-loss"]),
-        "bf16": ("pytorch", 1, ["--bf16", "--exit-interval", "3"]),
-    }
-
-    class Runs:
-        data_json = demo["data_json"]
-        model_dir = demo["model_dir"]
-
-        def __call__(self, name: str, extra: list[str] | None = None, framework: str | None = None):
-            if name not in done:
-                fw, nproc, args = runs.get(name, (framework or "pytorch", 1, []))
-                out = base / name
-                done[name] = tk.run_training(out, [*VLM_ARGS, "--mm-data", self.data_json, *args, *(extra or []),
-                                                   "--save", str(out / "ckpt")],
-                                             framework=fw, nproc=nproc, timeout=600, entry=VLM_ENTRY)
-                assert done[name].returncode == 0, done[name].output[-4000:]
-            return done[name]
-
-        @staticmethod
-        def ckpt(name: str) -> Path:
-            return base / name / "ckpt"
-
-        base_dir = base
-    return Runs()
+# (the runs themselves, and their training arguments `vlm.args`, are conftest.py's `vlm` fixture)
 
 
 def _close(a: dict[int, float], b: dict[int, float], iterations) -> float:
@@ -88,7 +39,7 @@ def test_pytorch_and_mindspore_train_the_same_losses(vlm):
 @pytest.mark.slow
 def test_a_mindspore_checkpoint_resumes_on_pytorch(vlm, tk):
     copy = tk.resume_copy(vlm.ckpt("mindspore"), vlm.base_dir / "ms-ckpt-at-5", 5)
-    resumed = tk.run_training(vlm.base_dir / "resume", [*VLM_ARGS, "--mm-data", vlm.data_json, "--load", str(copy)],
+    resumed = tk.run_training(vlm.base_dir / "resume", [*vlm.args, "--mm-data", vlm.data_json, "--load", str(copy)],
                               framework="pytorch", nproc=1, timeout=300, entry=VLM_ENTRY)
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert "saved by mindspore; resuming on pytorch" in resumed.output
@@ -101,6 +52,15 @@ def test_a_mindspore_checkpoint_resumes_on_pytorch(vlm, tk):
 @pytest.mark.slow
 def test_two_data_parallel_ranks_equal_one(vlm):
     one, two = vlm("pytorch").losses(), vlm("pytorch-dp2").losses()
+    assert _close(one, two, range(1, 5)) <= TOLERANCE, (one, two)
+
+
+@pytest.mark.slow
+def test_a_rank_whose_batch_has_no_image_trains_like_one_process(vlm):
+    """Issue 23's check: at iteration 4 rank 1's only sample is text; it still runs the ViT (a blank image with
+    zero weight), so the gradient all-reduce matches and DP=2 equals DP=1 on the same samples."""
+    one, two = vlm("text-rank-dp1").losses(), vlm("text-rank-dp2").losses()
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
     assert _close(one, two, range(1, 5)) <= TOLERANCE, (one, two)
 
 
@@ -208,8 +168,8 @@ MM_2B_FLAGS = ["--use-mcore-models", "--tensor-model-parallel-size", "1", "--pip
 def test_mindspeed_mm_launch_line_is_judged_by_the_gate_not_crashed(vlm, tk):
     """On a CPU the fused kernels and FlashAttention of MindSpeed-MM's script are refused at startup, one line
     each, before any model exists; with --on-unsupported warn the same line trains."""
-    warmup = VLM_ARGS.index("--lr-warmup-iters")  # the script gives --lr-warmup-fraction instead
-    common = [*VLM_ARGS[:warmup], *VLM_ARGS[warmup + 2:], "--mm-data", vlm.data_json, *MM_2B_FLAGS, "--train-iters", "1"]
+    warmup = vlm.args.index("--lr-warmup-iters")  # the script gives --lr-warmup-fraction instead
+    common = [*vlm.args[:warmup], *vlm.args[warmup + 2:], "--mm-data", vlm.data_json, *MM_2B_FLAGS, "--train-iters", "1"]
     refused = tk.run_training(vlm.base_dir / "mm-line", common, nproc=None, entry=VLM_ENTRY)
     assert refused.returncode == 2, refused.output[-2000:]
     errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
@@ -235,10 +195,10 @@ def test_bad_inputs_stop_with_one_line_and_exit_2(vlm, tk, tmp_path):
     cases = {
         "no model.json": (["--mm-data", vlm.data_json, "--train-iters", "1"],
                           "error: --mm-model is required"),
-        "ids disagree": ([*VLM_ARGS, "--mm-model", _model_json_with(tmp_path, img_context_token_id=7),
+        "ids disagree": ([*vlm.args, "--mm-model", _model_json_with(tmp_path, img_context_token_id=7),
                           "--mm-data", vlm.data_json],
                          "img_context_token_id is 7 but the tokenizer of --mm-data gives <|image_pad|> the id 5"),
-        "tensor parallel": ([*VLM_ARGS, "--mm-data", vlm.data_json, "--tensor-model-parallel-size", "2"],
+        "tensor parallel": ([*vlm.args, "--mm-data", vlm.data_json, "--tensor-model-parallel-size", "2"],
                             "trains with data parallelism only"),
     }
     for name, (args, message) in cases.items():
