@@ -23,7 +23,6 @@ How it differs in form (not in result) from transformers:
 """
 from __future__ import annotations
 
-import zlib
 from typing import Any, Mapping
 
 import numpy as np
@@ -39,7 +38,6 @@ IGNORE_INDEX = -100
 # The three parts `freeze` switches, by parameter-name prefix (MindSpeed-MM's names for them).
 VISION_PROJECTOR_PREFIX = "visual.merger."
 VISION_ENCODER_PREFIX = "visual."
-NORM_MODULES = frozenset({"norm1", "norm2", "ln_q", "input_layernorm", "post_attention_layernorm", "norm"})
 TRUNCATION_HINT = ("the sequence cut-off (--seq-length) probably truncated an image or video; raise --seq-length "
                    "or lower image_max_pixels / video_max_pixels")
 
@@ -368,26 +366,15 @@ def _host(value: Any) -> np.ndarray | None:
 
 # ------------------------------------------------------------------------------------------ weights
 
-def _is_norm(name: str) -> bool:
-    parts = name.split(".")
-    return len(parts) >= 2 and parts[-2] in NORM_MODULES
-
-
 def init_weights(model: Qwen2VLForConditionalGeneration, seed: int, std: float | None = None) -> None:
-    """Deterministic, framework-independent init: each weight N(0, std) drawn by numpy from (seed, its
-    name), so PyTorch and MindSpore start from identical weights whatever their parameter order; norm
-    weights 1, biases 0. std defaults to the text config's initializer_range (transformers' default init)."""
+    """Deterministic, framework-independent init (mm_layout.initial_value: each weight N(0, std) drawn by numpy
+    from (seed, its name), norm weights 1, biases 0), so PyTorch and MindSpore, and every tensor/pipeline-parallel
+    layout, start from identical weights whatever their parameter order. std defaults to the text config's
+    initializer_range (transformers' default init)."""
+    from mmrun.models.qwen2_vl.mm_layout import initial_value
+
     std = model.config.text.initializer_range if std is None else std
-    state = {}
-    for name, param in model.named_parameters():
-        shape = tuple(param.shape)
-        if _is_norm(name):
-            state[name] = np.ones(shape, np.float32)
-        elif name.endswith(".bias"):
-            state[name] = np.zeros(shape, np.float32)
-        else:
-            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-            state[name] = (std * rng.standard_normal(shape)).astype(np.float32)
+    state = {name: initial_value(name, tuple(param.shape), seed, std) for name, param in model.named_parameters()}
     model.load_state_dict(tensors.state_dict_from_numpy(state))
 
 

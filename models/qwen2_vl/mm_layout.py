@@ -1,0 +1,443 @@
+"""Qwen2-VL / Qwen2.5-VL split over tensor- and pipeline-parallel ranks, with MindSpeed-MM's parameter names.
+
+The one definition of the parallel VLM's tensors, framework-free (numpy): `mmrun convert` writes checkpoints
+with it, and both parallel engines (megatron-core on PyTorch, Megatron's design on MindSpore) name, shape and
+initialise their parameters from it, so a checkpoint written by either loads in the other.
+
+Names are MindSpeed-MM's (its mm-convert `hf_to_mm`), which are megatron-core's local-spec names under three
+prefixes; layer numbers are local to each pipeline stage (from 0), as megatron-core and mm-convert write them:
+
+    image_encoder.encoder.patch_embed.proj.weight          (D, 1176) replicated: HF's Conv3d kernel (D, 3, 2, 14, 14),
+                                                            flattened as mmrun's models keep it (same bytes)
+    image_encoder.encoder.blocks.layers.N.input_layernorm / pre_mlp_layernorm     HF norm1 / norm2
+    image_encoder.encoder.blocks.layers.N.self_attention.linear_qkv   HF attn.qkv, rows per head [q_h k_h v_h]
+    image_encoder.encoder.blocks.layers.N.self_attention.linear_proj  HF attn.proj
+    image_encoder.encoder.blocks.layers.N.mlp.linear_fc1 / linear_fc2 HF mlp.fc1 / fc2; Qwen2.5-VL: [gate; up] / down
+    image_encoder.projector.layernorm                      HF merger.ln_q
+    image_encoder.projector.encoder.linear_fc1 / linear_fc2                       HF merger.mlp.0 / mlp.2
+    text_decoder.embedding.word_embeddings.weight          HF model.embed_tokens
+    text_decoder.decoder.layers.N.input_layernorm / pre_mlp_layernorm             HF input / post_attention_layernorm
+    text_decoder.decoder.layers.N.self_attention.linear_qkv  HF q/k/v_proj fused per query group g: [q heads of g; k_g; v_g]
+    text_decoder.decoder.layers.N.self_attention.linear_proj HF o_proj
+    text_decoder.decoder.layers.N.mlp.linear_fc1 / linear_fc2                     HF [gate_proj; up_proj] / down_proj
+    text_decoder.decoder.final_layernorm                   HF model.norm
+    text_decoder.output_layer.weight                       HF lm_head; with tied embeddings and 2+ stages, the last
+                                                           stage's copy of the word embeddings (as megatron-core)
+
+Tensor parallelism (megatron-core's): column-parallel tensors split on dim 0 (the fused QKV gives each rank whole
+query groups / heads; a fused gate/up gives rank r [gate_r; up_r]), row-parallel weights on dim 1 with their biases
+replicated, embeddings and the output layer on the vocabulary; norms and the patch embedding are replicated.
+
+Pipeline parallelism: `vit_pp_layers` / `llm_pp_layers` hold one layer count per stage (MindSpeed-MM's model.json
+`pipeline_num_layers`, mm-convert's `--cfg.parallel_config.vit_pp_layers` / `llm_pp_layers`). mmrun keeps the whole
+ViT and its projector on the first stage, next to the word embeddings, and every stage holds at least one decoder
+layer: the vision features then never cross stages, and each stage sends the same [seq, batch, hidden] activations.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from mmrun.backend.errors import UsageError
+from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+
+VISION = "image_encoder.encoder."
+VISION_LAYERS = VISION + "blocks.layers."
+PROJECTOR = "image_encoder.projector."
+TEXT = "text_decoder."
+TEXT_LAYERS = TEXT + "decoder.layers."
+WORD_EMBEDDINGS = TEXT + "embedding.word_embeddings.weight"
+OUTPUT_LAYER = TEXT + "output_layer.weight"
+PARTS = ("vit", "llm")
+
+# How a tensor splits over tensor-parallel ranks.
+COLUMN, ROW, GLU, REPLICATED = "column", "row", "glu", "replicated"
+
+# HF module (inside a ViT block / decoder layer) -> MindSpeed-MM module, for the tensors renamed one to one.
+_VISION_BLOCK_RENAMES = {"norm1": "input_layernorm", "norm2": "pre_mlp_layernorm",
+                         "attn.proj": "self_attention.linear_proj", "mlp.fc1": "mlp.linear_fc1",
+                         "mlp.fc2": "mlp.linear_fc2", "mlp.down_proj": "mlp.linear_fc2"}
+_TEXT_LAYER_RENAMES = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "pre_mlp_layernorm",
+                       "self_attn.o_proj": "self_attention.linear_proj", "mlp.down_proj": "mlp.linear_fc2"}
+_TOP_RENAMES = {"visual.patch_embed.proj": VISION + "patch_embed.proj", "visual.merger.ln_q": PROJECTOR + "layernorm",
+                "visual.merger.mlp.0": PROJECTOR + "encoder.linear_fc1",
+                "visual.merger.mlp.2": PROJECTOR + "encoder.linear_fc2",
+                "model.embed_tokens": TEXT + "embedding.word_embeddings", "model.norm": TEXT + "decoder.final_layernorm",
+                "lm_head": TEXT + "output_layer"}
+_HF_NORM_MODULES = frozenset({"norm1", "norm2", "ln_q", "input_layernorm", "post_attention_layernorm", "norm"})
+_NORM_MODULES = ("layernorm",)  # every MindSpeed-MM norm module name ends so: input_/pre_mlp_/final_layernorm, layernorm
+
+
+class LayoutError(UsageError):
+    """Sizes or per-stage layer counts that the model cannot be split into (one line; exit 2)."""
+
+
+# ------------------------------------------------------------------------------------------ the model's tensors
+
+def hf_shapes(config: Qwen2VLConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the model in mmrun's (Hugging Face hub) names, with its shape, in checkpoint order."""
+    v, t = config.vision, config.text
+    d, f, merged = v.hidden_size, v.intermediate_size, v.hidden_size * v.spatial_merge_size ** 2
+    h, i, hd = t.hidden_size, t.intermediate_size, t.head_dim
+    norm = ("weight",) if config.is_qwen2_5 else ("weight", "bias")
+    shapes: dict[str, tuple[int, ...]] = {"visual.patch_embed.proj.weight": (d, v.patch_dim)}
+    for n in range(v.depth):
+        block = f"visual.blocks.{n}."
+        shapes.update({f"{block}{m}.{p}": (d,) for m in ("norm1", "norm2") for p in norm})
+        shapes.update({block + "attn.qkv.weight": (3 * d, d), block + "attn.qkv.bias": (3 * d,),
+                       block + "attn.proj.weight": (d, d), block + "attn.proj.bias": (d,)})
+        if config.is_qwen2_5:
+            for m in ("gate_proj", "up_proj"):
+                shapes.update({f"{block}mlp.{m}.weight": (f, d), f"{block}mlp.{m}.bias": (f,)})
+            shapes.update({block + "mlp.down_proj.weight": (d, f), block + "mlp.down_proj.bias": (d,)})
+        else:
+            shapes.update({block + "mlp.fc1.weight": (f, d), block + "mlp.fc1.bias": (f,),
+                           block + "mlp.fc2.weight": (d, f), block + "mlp.fc2.bias": (d,)})
+    shapes.update({f"visual.merger.ln_q.{p}": (d,) for p in norm})
+    shapes.update({"visual.merger.mlp.0.weight": (merged, merged), "visual.merger.mlp.0.bias": (merged,),
+                   "visual.merger.mlp.2.weight": (h, merged), "visual.merger.mlp.2.bias": (h,)})
+    shapes["model.embed_tokens.weight"] = (t.vocab_size, h)
+    q, kv = t.num_attention_heads * hd, t.num_key_value_heads * hd
+    for n in range(t.num_hidden_layers):
+        layer = f"model.layers.{n}."
+        for m, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            shapes.update({f"{layer}self_attn.{m}.weight": (rows, h), f"{layer}self_attn.{m}.bias": (rows,)})
+        shapes.update({layer + "self_attn.o_proj.weight": (h, q), layer + "input_layernorm.weight": (h,),
+                       layer + "post_attention_layernorm.weight": (h,), layer + "mlp.gate_proj.weight": (i, h),
+                       layer + "mlp.up_proj.weight": (i, h), layer + "mlp.down_proj.weight": (h, i)})
+    shapes["model.norm.weight"] = (h,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (t.vocab_size, h)
+    return shapes
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """How one MindSpeed-MM tensor is made of Hugging Face tensors: `sources` joined by `fuse`."""
+
+    sources: tuple[str, ...]
+    fuse: str  # "copy", "qkv" (interleave rows per group), "concat" (gate; up)
+    groups: int = 1  # qkv: query groups (text) or heads (vision)
+
+
+def _recipes(config: Qwen2VLConfig) -> dict[str, _Recipe]:
+    """MindSpeed-MM name -> recipe, for the whole model (global layer numbers), in MindSpeed-MM's order."""
+    v, t = config.vision, config.text
+    out: dict[str, _Recipe] = {}
+    hf = hf_shapes(config)
+
+    def rename(hf_name: str, table: Mapping[str, str], hf_prefix: str, mm_prefix: str) -> None:
+        module, _, param = hf_name[len(hf_prefix):].rpartition(".")
+        out[f"{mm_prefix}{table[module]}.{param}"] = _Recipe((hf_name,), "copy")
+
+    out[VISION + "patch_embed.proj.weight"] = _Recipe(("visual.patch_embed.proj.weight",), "copy")
+    for n in range(v.depth):
+        block, mm = f"visual.blocks.{n}.", f"{VISION_LAYERS}{n}."
+        for p in ("weight", "bias"):
+            if f"{block}norm1.{p}" in hf:
+                rename(f"{block}norm1.{p}", _VISION_BLOCK_RENAMES, block, mm)
+            out[f"{mm}self_attention.linear_qkv.{p}"] = _Recipe((f"{block}attn.qkv.{p}",), "qkv", v.num_heads)
+            rename(f"{block}attn.proj.{p}", _VISION_BLOCK_RENAMES, block, mm)
+            if f"{block}norm2.{p}" in hf:
+                rename(f"{block}norm2.{p}", _VISION_BLOCK_RENAMES, block, mm)
+            if config.is_qwen2_5:
+                out[f"{mm}mlp.linear_fc1.{p}"] = _Recipe((f"{block}mlp.gate_proj.{p}", f"{block}mlp.up_proj.{p}"),
+                                                         "concat")
+                rename(f"{block}mlp.down_proj.{p}", _VISION_BLOCK_RENAMES, block, mm)
+            else:
+                rename(f"{block}mlp.fc1.{p}", _VISION_BLOCK_RENAMES, block, mm)
+                rename(f"{block}mlp.fc2.{p}", _VISION_BLOCK_RENAMES, block, mm)
+    for name in hf:
+        if name.startswith(("visual.merger.", "model.embed_tokens.")):
+            module, _, param = name.rpartition(".")
+            out[f"{_TOP_RENAMES[module]}.{param}"] = _Recipe((name,), "copy")
+    for n in range(t.num_hidden_layers):
+        layer, mm = f"model.layers.{n}.", f"{TEXT_LAYERS}{n}."
+        rename(layer + "input_layernorm.weight", _TEXT_LAYER_RENAMES, layer, mm)
+        for p in ("weight", "bias"):
+            out[f"{mm}self_attention.linear_qkv.{p}"] = _Recipe(
+                tuple(f"{layer}self_attn.{m}_proj.{p}" for m in "qkv"), "qkv", t.num_key_value_heads)
+        rename(layer + "self_attn.o_proj.weight", _TEXT_LAYER_RENAMES, layer, mm)
+        rename(layer + "post_attention_layernorm.weight", _TEXT_LAYER_RENAMES, layer, mm)
+        out[f"{mm}mlp.linear_fc1.weight"] = _Recipe((layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
+                                                    "concat")
+        rename(layer + "mlp.down_proj.weight", _TEXT_LAYER_RENAMES, layer, mm)
+    out[TEXT + "decoder.final_layernorm.weight"] = _Recipe(("model.norm.weight",), "copy")
+    if not config.tie_word_embeddings:
+        out[OUTPUT_LAYER] = _Recipe(("lm_head.weight",), "copy")
+    return out
+
+
+def _fuse(recipe: _Recipe, parts: Sequence[np.ndarray]) -> np.ndarray:
+    if recipe.fuse == "copy":
+        return parts[0]
+    if recipe.fuse == "concat":
+        return np.concatenate(parts, axis=0)
+    g = recipe.groups
+    if len(parts) == 1:  # the ViT's qkv: [Q; K; V], each `heads` row blocks -> per head [q_h; k_h; v_h]
+        q, k, vv = np.split(parts[0], 3, axis=0)
+    else:
+        q, k, vv = parts
+    blocks = [x.reshape(g, x.shape[0] // g, *x.shape[1:]) for x in (q, k, vv)]
+    return np.concatenate(blocks, axis=1).reshape(-1, *q.shape[1:])
+
+
+def _unfuse(recipe: _Recipe, fused: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> list[np.ndarray]:
+    if recipe.fuse == "copy":
+        return [fused]
+    if recipe.fuse == "concat":
+        return np.split(fused, 2, axis=0)
+    g = recipe.groups
+    if len(recipe.sources) == 1:
+        q_rows = kv_rows = fused.shape[0] // 3
+    else:
+        q_rows, kv_rows = shapes[recipe.sources[0]][0], shapes[recipe.sources[1]][0]
+    grouped = fused.reshape(g, (q_rows + 2 * kv_rows) // g, *fused.shape[1:])
+    q, k, vv = np.split(grouped, [q_rows // g, (q_rows + kv_rows) // g], axis=1)
+    q, k, vv = (x.reshape(-1, *fused.shape[1:]) for x in (q, k, vv))
+    return [np.concatenate([q, k, vv], axis=0)] if len(recipe.sources) == 1 else [q, k, vv]
+
+
+def hf_to_mm(config: Qwen2VLConfig, read_hf: Callable[[str], np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+    """The whole model in MindSpeed-MM's names, one tensor at a time (`read_hf(name)` gives an HF tensor, any
+    dtype: bf16 bits travel untouched), so memory holds a few tensors, never the model."""
+    for name, recipe in _recipes(config).items():
+        yield name, np.ascontiguousarray(_fuse(recipe, [read_hf(s) for s in recipe.sources]))
+
+
+def mm_to_hf(config: Qwen2VLConfig, read_mm: Callable[[str], np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
+    """The inverse of hf_to_mm, one MindSpeed-MM tensor read at a time; yields HF names in checkpoint order
+    of the MindSpeed-MM tensors (hf_shapes gives the canonical order)."""
+    shapes = hf_shapes(config)
+    for name, recipe in _recipes(config).items():
+        for source, part in zip(recipe.sources, _unfuse(recipe, read_mm(name), shapes)):
+            yield source, np.ascontiguousarray(part)
+
+
+# ------------------------------------------------------------------------------------------ the split
+
+def _even_split(total: int, stages: int) -> tuple[int, ...]:
+    base, extra = divmod(total, stages)
+    return tuple(base + (1 if s >= stages - extra else 0) for s in range(stages))  # the remainder on later stages
+
+
+@dataclass(frozen=True)
+class VLMLayout:
+    """One Qwen2-VL model split over `tp` tensor-parallel ranks and len(llm_pp_layers) pipeline stages."""
+
+    config: Qwen2VLConfig
+    tp: int
+    vit_pp_layers: tuple[int, ...]
+    llm_pp_layers: tuple[int, ...]
+
+    @classmethod
+    def build(cls, config: Qwen2VLConfig, tp: int = 1, pp: int = 1, vit_pp_layers: Sequence[int] | None = None,
+              llm_pp_layers: Sequence[int] | None = None) -> "VLMLayout":
+        """The layout, checked (LayoutError names what does not fit). Per-stage lists default to the whole ViT
+        on stage 0 and the decoder layers split evenly (the remainder on the later stages)."""
+        vit = tuple(vit_pp_layers) if vit_pp_layers is not None else (config.vision.depth,) + (0,) * (pp - 1)
+        llm = tuple(llm_pp_layers) if llm_pp_layers is not None else _even_split(config.text.num_hidden_layers, pp)
+        layout = cls(config, int(tp), tuple(int(n) for n in vit), tuple(int(n) for n in llm))
+        layout.check(pp)
+        return layout
+
+    @property
+    def pp(self) -> int:
+        return len(self.llm_pp_layers)
+
+    def check(self, pp: int | None = None) -> None:
+        """One-line LayoutError for the first thing the split cannot hold."""
+        v, t = self.config.vision, self.config.text
+        pp = self.pp if pp is None else pp
+        for what, layers, total, flag in (("vision", self.vit_pp_layers, v.depth, "image_encoder.vision_encoder"),
+                                          ("text", self.llm_pp_layers, t.num_hidden_layers, "text_decoder")):
+            if len(layers) != pp:
+                raise LayoutError(f"{flag}.pipeline_num_layers {list(layers)} has {len(layers)} entries for "
+                                  f"{pp} pipeline stages (--pipeline-model-parallel-size {pp}); give one per stage")
+            if sum(layers) != total or min(layers) < 0:
+                raise LayoutError(f"{flag}.pipeline_num_layers {list(layers)} sums to {sum(layers)}, but the {what} "
+                                  f"model has {total} layers; make the counts add up to {total}")
+        if any(self.vit_pp_layers[1:]):
+            raise LayoutError(f"image_encoder.vision_encoder.pipeline_num_layers {list(self.vit_pp_layers)} puts ViT "
+                              f"layers after the first stage; mmrun keeps the whole ViT on stage 0: give "
+                              f"{[v.depth] + [0] * (pp - 1)}")
+        if min(self.llm_pp_layers) < 1:
+            raise LayoutError(f"text_decoder.pipeline_num_layers {list(self.llm_pp_layers)} leaves a stage without "
+                              "decoder layers; give every stage at least one")
+        needs = {"vision num_attention_heads": v.num_heads, "vision ffn_hidden_size": v.intermediate_size,
+                 "projector ffn_hidden_size": v.hidden_size * v.spatial_merge_size ** 2,
+                 "text num_attention_heads": t.num_attention_heads, "text num_query_groups": t.num_key_value_heads,
+                 "text ffn_hidden_size": t.intermediate_size, "vocab_size": t.vocab_size}
+        for what, size in needs.items():
+            if self.tp < 1 or size % self.tp:
+                raise LayoutError(f"{what} {size} is not divisible by --tensor-model-parallel-size {self.tp}; "
+                                  f"use a tensor-parallel size that divides it")
+
+    # ------------------------------------------------------------------ stages
+
+    def stage_layers(self, part: str, pp_rank: int) -> range:
+        """Global layer indices of `part` ("vit" or "llm") on pipeline stage `pp_rank`."""
+        counts = {"vit": self.vit_pp_layers, "llm": self.llm_pp_layers}[part]
+        start = sum(counts[:pp_rank])
+        return range(start, start + counts[pp_rank])
+
+    @property
+    def ties_output_copy(self) -> bool:
+        """Tied embeddings over 2+ stages: the last stage holds its own copy as output_layer (megatron-core)."""
+        return self.config.tie_word_embeddings and self.pp > 1
+
+    def _stage_of(self, name: str) -> tuple[int, str]:
+        """(pipeline stage, local name) of a global MindSpeed-MM name."""
+        for prefix, part in ((VISION_LAYERS, "vit"), (TEXT_LAYERS, "llm")):
+            if name.startswith(prefix):
+                index, _, rest = name[len(prefix):].partition(".")
+                layer = int(index)
+                for stage in range(self.pp):
+                    layers = self.stage_layers(part, stage)
+                    if layer in layers:
+                        return stage, f"{prefix}{layer - layers.start}.{rest}"
+                raise KeyError(name)
+        if name.startswith(TEXT + "decoder.final_layernorm.") or name == OUTPUT_LAYER:
+            return self.pp - 1, name
+        return 0, name  # the ViT's and projector's other tensors, the word embeddings
+
+    def locate(self, name: str) -> list[tuple[int, str]]:
+        """Where a global tensor lives: [(pipeline stage, local name)], two places for tied embeddings over
+        2+ stages (the last stage's copy is its output_layer)."""
+        places = [self._stage_of(name)]
+        if name == WORD_EMBEDDINGS and self.ties_output_copy:
+            places.append((self.pp - 1, OUTPUT_LAYER))
+        return places
+
+    def global_name(self, pp_rank: int, local_name: str) -> str:
+        """The inverse of locate for one place (the tied copy maps to itself: it is no tensor of the HF model)."""
+        for prefix, part in ((VISION_LAYERS, "vit"), (TEXT_LAYERS, "llm")):
+            if local_name.startswith(prefix):
+                index, _, rest = local_name[len(prefix):].partition(".")
+                return f"{prefix}{self.stage_layers(part, pp_rank).start + int(index)}.{rest}"
+        return local_name
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The whole model (TP=1) in global MindSpeed-MM names and order; the tied copy excluded."""
+        hf = hf_shapes(self.config)
+        return {name: _fused_shape(recipe, hf) for name, recipe in _recipes(self.config).items()}
+
+    def rank_shapes(self, tp_rank: int, pp_rank: int) -> dict[str, tuple[int, ...]]:
+        """What rank (tp_rank, pp_rank) holds: local name -> shard shape, in the model's order."""
+        del tp_rank  # every tensor-parallel rank holds the same shapes
+        out: dict[str, tuple[int, ...]] = {}
+        for name, shape in self.full_shapes().items():
+            for stage, local in self.locate(name):
+                if stage == pp_rank:
+                    out[local] = self.shard_shape(name, shape)
+        if self.ties_output_copy and pp_rank == self.pp - 1:
+            out[OUTPUT_LAYER] = out.pop(OUTPUT_LAYER)  # the copy sits last, where an untied output layer would
+        return out
+
+    # ------------------------------------------------------------------ tensor parallelism
+
+    def split_kind(self, name: str) -> str:
+        """COLUMN, ROW, GLU or REPLICATED: how megatron-core splits this tensor over tensor-parallel ranks."""
+        module, _, param = name.rpartition(".")
+        if module.endswith(("word_embeddings", "output_layer", "linear_qkv", "projector.encoder.linear_fc1")):
+            return COLUMN
+        if module.endswith("mlp.linear_fc1"):
+            return GLU if (module.startswith(TEXT) or self.config.is_qwen2_5) else COLUMN
+        if module.endswith(("linear_proj", "linear_fc2")):
+            return ROW if param == "weight" else REPLICATED
+        return REPLICATED
+
+    def partition_dim(self, name: str) -> int | None:
+        """The dim split over tensor-parallel ranks (GLU tensors: dim 0, per half), None when replicated."""
+        return {COLUMN: 0, GLU: 0, ROW: 1}.get(self.split_kind(name))
+
+    def is_sequence_parallel(self, name: str) -> bool:
+        """Replicated tensors that see only this rank's part of the sequence under --sequence-parallel, whose
+        gradients megatron-core sums over the TP group: the norms and the row-parallel layers' biases."""
+        module = name.rpartition(".")[0]
+        return module.endswith(_NORM_MODULES) or self.split_kind(name) == REPLICATED and module.endswith(
+            ("linear_proj", "linear_fc2"))
+
+    def shard_shape(self, name: str, shape: Sequence[int]) -> tuple[int, ...]:
+        dim = self.partition_dim(name)
+        shape = tuple(shape)
+        if dim is None or self.tp == 1:
+            return shape
+        return shape[:dim] + (shape[dim] // self.tp,) + shape[dim + 1:]
+
+    def shard(self, name: str, array: np.ndarray, tp_rank: int) -> np.ndarray:
+        """This tensor-parallel rank's part of a whole tensor (a name local to a stage or global)."""
+        kind = self.split_kind(name)
+        if kind == REPLICATED or self.tp == 1:
+            return array
+        if kind == GLU:
+            gate, up = np.split(array, 2, axis=0)
+            return np.concatenate([np.split(gate, self.tp, axis=0)[tp_rank], np.split(up, self.tp, axis=0)[tp_rank]])
+        return np.ascontiguousarray(np.split(array, self.tp, axis=self.partition_dim(name))[tp_rank])
+
+    def join(self, name: str, shards: Sequence[np.ndarray]) -> np.ndarray:
+        """The whole tensor from every tensor-parallel rank's part, in rank order (shard's inverse)."""
+        if len(shards) != self.tp:
+            raise LayoutError(f"{name}: {len(shards)} tensor-parallel shards for --tensor-model-parallel-size "
+                              f"{self.tp}")
+        kind = self.split_kind(name)
+        if kind == REPLICATED or self.tp == 1:
+            return shards[0]
+        if kind == GLU:
+            halves = [np.split(s, 2, axis=0) for s in shards]
+            return np.concatenate([h[0] for h in halves] + [h[1] for h in halves], axis=0)
+        return np.concatenate(shards, axis=self.partition_dim(name))
+
+    # ------------------------------------------------------------------ one rank's tensors
+
+    def rank_state(self, read_mm: Callable[[str], np.ndarray], tp_rank: int, pp_rank: int) -> dict[str, np.ndarray]:
+        """Rank (tp_rank, pp_rank)'s tensors from whole global tensors (`read_mm(global name)`)."""
+        out = {}
+        for local in self.rank_shapes(tp_rank, pp_rank):
+            source = WORD_EMBEDDINGS if (local == OUTPUT_LAYER and self.ties_output_copy) else \
+                self.global_name(pp_rank, local)
+            out[local] = self.shard(local, read_mm(source), tp_rank)
+        return out
+
+
+def _fused_shape(recipe: _Recipe, hf: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+    first = hf[recipe.sources[0]]
+    if recipe.fuse == "copy" or len(recipe.sources) == 1:
+        return first
+    return (sum(hf[s][0] for s in recipe.sources),) + first[1:]
+
+
+def _mm_reader(config: Qwen2VLConfig, read_hf: Callable[[str], np.ndarray]) -> Callable[[str], np.ndarray]:
+    recipes = _recipes(config)
+    return lambda name: _fuse(recipes[name], [read_hf(s) for s in recipes[name].sources])
+
+
+def rank_state_from_hf(layout: VLMLayout, read_hf: Callable[[str], np.ndarray], tp_rank: int,
+                       pp_rank: int) -> dict[str, np.ndarray]:
+    """Rank (tp_rank, pp_rank)'s tensors from a Hugging Face model's (`read_hf(hf name)`), e.g. --load of an HF
+    directory under tensor/pipeline parallelism."""
+    return layout.rank_state(_mm_reader(layout.config, read_hf), tp_rank, pp_rank)
+
+
+def initial_value(name: str, shape: Sequence[int], seed: int, std: float) -> np.ndarray:
+    """The initial value of HF tensor `name`: models/qwen2_vl/modeling.py's init_weights rule (norm weights 1,
+    biases 0, others N(0, std) drawn by numpy from (seed, name)), so every framework and layout starts equal."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in _HF_NORM_MODULES:
+        return np.ones(tuple(shape), np.float32)
+    if name.endswith(".bias"):
+        return np.zeros(tuple(shape), np.float32)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    return (std * rng.standard_normal(tuple(shape))).astype(np.float32)
+
+
+def initial_state(layout: VLMLayout, seed: int, tp_rank: int, pp_rank: int,
+                  std: float | None = None) -> dict[str, np.ndarray]:
+    """Rank (tp_rank, pp_rank)'s initial tensors: exactly the one-process model's init_weights(model, seed, std)
+    values, fused and sharded, so a tensor/pipeline-parallel run starts from the data-parallel run's weights."""
+    std = layout.config.text.initializer_range if std is None else std
+    shapes = hf_shapes(layout.config)
+    return rank_state_from_hf(layout, lambda name: initial_value(name, shapes[name], seed, std), tp_rank, pp_rank)
