@@ -34,8 +34,9 @@ import numpy as np
 from mmrun.backend.train_step_shared import StepResult  # noqa: F401 - the step's result type, one definition
 from mmrun.training.checkpoint_layout import rank_dir_name
 
-# How a checkpoint's tensors are named: mmrun's GPT names, or megatron-core's GPTModel names for one rank.
-MODEL_NAMES = ("mmrun-gpt", "megatron-core")
+# How a checkpoint's tensors are named: mmrun's GPT names, megatron-core's GPTModel names for one rank, or
+# MindSpeed-MM's names of the vision-language model for one (TP, PP) rank (models/qwen2_vl/mm_layout.py).
+MODEL_NAMES = ("mmrun-gpt", "megatron-core", "mindspeed-mm")
 
 
 @dataclass(frozen=True)
