@@ -14,9 +14,8 @@
 
 No framework is imported here: the loop loads the chosen one (`mmrun.backend`) when it runs.
 """
-from mmrun.training.engines import core_gpt_model
 from mmrun.training.global_vars import get_args, get_tokenizer, print_rank_0
-from mmrun.training.parallel import get_batch_on_this_cp_rank, is_first_or_last_pipeline_stage, model_vp_stage
+from mmrun.training.parallel import core_gpt_model, get_batch_on_this_cp_rank, is_first_or_last_pipeline_stage, model_vp_stage
 from mmrun.training.arguments import ModelSource
 from mmrun.training.pretrain import ModelType, TrainingResult, pretrain
 

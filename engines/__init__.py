@@ -7,14 +7,14 @@ ENGINES lists them, first match wins; adding an engine is one row here and a cla
 
 | engine | framework | chosen when | module |
 |---|---|---|---|
-| torch-fsdp2 | pytorch | --use-torch-fsdp2 (the FSDP2 file: --fsdp2-config-path; docs/fsdp2.md) | backend/torch/fsdp2/engine.py |
-| torch-ddp | pytorch | an entry that trains a torch model as it is (models/pretrain_transformers.py sets args.torch_ddp) | backend/torch/fsdp2/engine.py |
-| megatron-core | pytorch | --use-mcore-models, or any of: --tensor-/--pipeline-/--context-parallel-size > 1, virtual pipeline stages, --use-distributed-optimizer, --transformer-impl transformer_engine | backend/torch/megatron_core/engine.py |
-| mindspore-parallel | mindspore | --use-mcore-models, --tensor-/--pipeline-model-parallel-size > 1 (with or without --sequence-parallel); refuses --fp16/--bf16, virtual pipeline stages, --context-parallel-size > 1, --use-distributed-optimizer, Transformer Engine | backend/mindspore/parallel/trainer_engine.py |
-| mmrun | pytorch, mindspore | otherwise (data parallelism) | training/engines/portable.py |
+| torch-fsdp2 | pytorch | --use-torch-fsdp2 (the FSDP2 file: --fsdp2-config-path; docs/fsdp2.md) | engines/torch/fsdp2/engine.py |
+| torch-ddp | pytorch | an entry that trains a torch model as it is (models/pretrain_transformers.py sets args.torch_ddp) | engines/torch/fsdp2/engine.py |
+| megatron-core | pytorch | --use-mcore-models, or any of: --tensor-/--pipeline-/--context-parallel-size > 1, virtual pipeline stages, --use-distributed-optimizer, --transformer-impl transformer_engine | engines/torch/megatron_core/engine.py |
+| mindspore-parallel | mindspore | --use-mcore-models, --tensor-/--pipeline-model-parallel-size > 1 (with or without --sequence-parallel); refuses --fp16/--bf16, virtual pipeline stages, --context-parallel-size > 1, --use-distributed-optimizer, Transformer Engine | engines/mindspore/parallel/engine.py |
+| mmrun | pytorch, mindspore | otherwise (data parallelism) | engines/portable.py |
 
 A parallel flag without --use-mcore-models turns it on, with one notice: mmrun's GPT does not split layers,
-and megatron-core's GPTModel (on MindSpore: the same architecture and names rebuilt in models/megatron_gpt.py)
+and megatron-core's GPTModel (on MindSpore: the same architecture and names rebuilt in engines/mindspore/parallel/gpt.py)
 built from the same arguments starts from the same weights (models/convert_gpt.py), so the run trains the
 same network on either framework (docs/parallelism.md, docs/parallelism-mindspore.md). Megatron-LM itself
 builds mcore models unless --use-legacy-models is given.
@@ -24,10 +24,11 @@ from __future__ import annotations
 import argparse
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
-from mmrun.training.arguments import ArgumentsError
-from mmrun.training.engines.base import MODEL_NAMES, Engine, ParallelLayout, ShardState  # noqa: F401
+from mmrun.engines.base import (MODEL_NAMES, ArgumentsError, Engine, ModelConfigError, ParallelLayout,  # noqa: F401
+                                ShardState, TrainingError)
 
 
 @dataclass(frozen=True)
@@ -40,19 +41,19 @@ class EngineRow:
 
 
 ENGINES: tuple[EngineRow, ...] = (
-    EngineRow("torch-fsdp2", ("pytorch",), False, "mmrun.backend.torch.fsdp2.engine:create_fsdp2", "use_torch_fsdp2"),
-    EngineRow("torch-ddp", ("pytorch",), False, "mmrun.backend.torch.fsdp2.engine:create_ddp", "torch_ddp"),
-    EngineRow("megatron-core", ("pytorch",), True, "mmrun.backend.torch.megatron_core.engine:MegatronCoreEngine"),
+    EngineRow("torch-fsdp2", ("pytorch",), False, "mmrun.engines.torch.fsdp2.engine:create_fsdp2", "use_torch_fsdp2"),
+    EngineRow("torch-ddp", ("pytorch",), False, "mmrun.engines.torch.fsdp2.engine:create_ddp", "torch_ddp"),
+    EngineRow("megatron-core", ("pytorch",), True, "mmrun.engines.torch.megatron_core.engine:MegatronCoreEngine"),
     EngineRow("mindspore-parallel", ("mindspore",), True,
-              "mmrun.backend.mindspore.parallel.trainer_engine:MindSporeParallelEngine"),
-    EngineRow("mmrun", ("pytorch", "mindspore"), False, "mmrun.training.engines.portable:PortableEngine"),
+              "mmrun.engines.mindspore.parallel.engine:MindSporeParallelEngine"),
+    EngineRow("mmrun", ("pytorch", "mindspore"), False, "mmrun.engines.portable:PortableEngine"),
 )
 
 
 # What each parallel engine trains, for the notice in create().
 GPT_MODEL_OF = {
     "megatron-core": "megatron-core's GPTModel",
-    "mindspore-parallel": "megatron-core's GPTModel rebuilt on MindSpore (models/megatron_gpt.py)",
+    "mindspore-parallel": "megatron-core's GPTModel rebuilt on MindSpore (engines/mindspore/parallel/gpt.py)",
 }
 
 
@@ -105,15 +106,57 @@ def create(args: argparse.Namespace, framework: str, log: Callable[[str], None])
     return getattr(importlib.import_module(module), cls)(args, framework, log)
 
 
-def core_gpt_model(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> Any:
-    """megatron-core's GPTModel for this stage from the run's arguments, starting from mmrun's GPT weights
-    (backend/torch/megatron_core/gpt.py). For an entry's model_provider under --use-mcore-models."""
-    from mmrun.training.global_vars import get_args
+# ------------------------------------------------------------------------------------------------- facades
+# What the floors above (training, the entries) need of one framework's engine code, reached through here so that
+# they never import mmrun.engines.<framework> or mmrun.backend.<framework> themselves (tests/test_layers.py).
 
-    args = get_args()
+def core_gpt_model(args: argparse.Namespace, pre_process: bool = True, post_process: bool = True,
+                   vp_stage: int | None = None) -> Any:
+    """megatron-core's GPTModel for this stage from the run's arguments, starting from mmrun's GPT weights
+    (engines/torch/megatron_core/gpt.py). mmrun.training.core_gpt_model passes the run's arguments."""
     if args.ai_framework != "pytorch":
         raise RuntimeError(f"megatron-core's GPTModel is a PyTorch model. Received: --ai-framework {args.ai_framework}; "
-                           "on MindSpore the mindspore-parallel engine builds it (models/megatron_gpt.py) without calling model_provider")
-    from mmrun.backend.torch.megatron_core.gpt import gpt_model
+                           "on MindSpore the mindspore-parallel engine builds it (engines/mindspore/parallel/gpt.py) "
+                           "without calling model_provider")
+    from mmrun.engines.torch.megatron_core.gpt import gpt_model
 
     return gpt_model(args, pre_process, post_process, vp_stage)
+
+
+def start_process_group(args: argparse.Namespace, framework: str) -> None:
+    """Megatron's initialize_megatron hands --distributed-timeout-minutes to init_process_group: torch only
+    (MindSpore's communication has no such timeout; backend.init_distributed starts it there)."""
+    if framework == "pytorch":
+        from mmrun.backend.torch import process_group
+
+        process_group.start(args.distributed_backend, timeout_minutes=args.distributed_timeout_minutes)
+
+
+def transformers_model(model_cfg: Mapping[str, Any]) -> Any:
+    """The transformers model of MindSpeed-MM's model.json section (engines/torch/transformers_models.py);
+    raises ModelConfigError."""
+    from mmrun.engines.torch.transformers_models import build_model
+
+    return build_model(model_cfg)
+
+
+def dcp_state(source: str | Path) -> dict[str, Any]:
+    """A --ckpt-format torch_dcp checkpoint read whole in one process, every tensor as numpy (PyTorch reads it)."""
+    from mmrun.engines.torch.fsdp2.export import read_numpy
+
+    return read_numpy(source)
+
+
+def dcp_to_hf(hf_config: dict[str, Any], source: str | Path, out: str | Path) -> Path:
+    """A torch_dcp checkpoint's model written by transformers as a Hugging Face directory at `out`."""
+    from mmrun.engines.torch.fsdp2.export import save_hf
+
+    return save_hf(hf_config, source, out)
+
+
+def mindspore_gpt_step(args: argparse.Namespace, jit: bool | None = None) -> Any:
+    """megatron-core's GPT rebuilt on MindSpore for this rank with its AdamW and 1F1B train step
+    (engines/mindspore/parallel/gpt.py build_engine); call after mmrun.backend.init_distributed()."""
+    from mmrun.engines.mindspore.parallel.gpt import build_engine
+
+    return build_engine(args, jit=jit)
