@@ -1,4 +1,9 @@
-"""Training engines: what runs the model for mmrun's training loop (the seam is base.py's `Engine`).
+"""mmrun.engines: what runs the model for mmrun's training loop (the seam is base.py's `Engine`).
+
+The floor between the models and the training loop: an engine may import the backend (any of it), models,
+data and common; engines/torch/ and engines/mindspore/ import their framework (never each other's); nothing
+here imports mmrun.training or the launchers. Training and the entries use this registry and base.py only,
+and reach one framework's engine code through the facades at the end of this module (tests/test_layers.py).
 
     engine = engines.create(args, framework, log)    # picks by ENGINES, below
     layout = engine.initialize(args)                  # ... see base.py for the whole sequence

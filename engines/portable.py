@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from mmrun.engines.base import ParallelLayout, ShardState, StepResult
-from mmrun.engines.base import TrainingError
+from mmrun.engines.base import ParallelLayout, ShardState, StepResult, TrainingError
 from mmrun.precision.timers import NO_TIMERS
 from mmrun.engines.forward_plan import ForwardPlan, scalar_loss
 

@@ -7,8 +7,9 @@
   `checkpoint_layout` (Megatron's names on disk: the tracker, iter_XXXXXXX, mp_rank_XX[_YYY])
 - `training_log`: Megatron's log lines, the --metrics-file, a parser for both
 - `global_vars`: `get_args()`, `get_tokenizer()`, `print_rank_0()` for the callbacks
-- `engines`: what runs the model (mmrun's own for data parallelism; megatron-core on PyTorch for tensor,
-  pipeline, context parallelism and the distributed optimizer), behind one small seam (engines/base.py)
+- what runs the model is the floor below, `mmrun.engines` (mmrun's own for data parallelism; megatron-core
+  on PyTorch for tensor, pipeline, context parallelism and the distributed optimizer), picked through its
+  registry behind one small seam (engines/base.py); training never imports an engine's framework code
 - `parallel`: Megatron's pipeline/context-parallel helpers for an entry's get_batch
 - `checkpoint_reshard`, `convert_checkpoint`: checkpoints across layouts and engines (models/convert_gpt.py)
 

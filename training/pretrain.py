@@ -35,8 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 from mmrun import engines
 from mmrun.training import checkpointing, global_vars, parallel
 from mmrun.training.arguments import ArgumentsError, ModelSource, parse_args
-from mmrun.engines.base import Engine, ParallelLayout
-from mmrun.engines.base import TrainingError
+from mmrun.engines.base import Engine, ParallelLayout, TrainingError
 from mmrun.precision import determinism
 from mmrun.precision.monitor import MonitorError, RunMonitor
 from mmrun.precision.training_probe import AnomalyStop, TrainingProbe

@@ -30,8 +30,7 @@ import torch.distributed as dist
 
 from mmrun.backend.errors import UsageError
 from mmrun.backend.train_step_shared import StepResult
-from mmrun.engines.base import ParallelLayout, ShardState
-from mmrun.engines.base import TrainingError
+from mmrun.engines.base import ParallelLayout, ShardState, TrainingError
 
 
 def _report_pairs(result: Any) -> dict[str, tuple[float, float]]:

@@ -34,8 +34,7 @@ from mmrun.backend import object_codec
 from mmrun.backend.train_step_shared import StepResult
 from mmrun.backend.torch.megatron_core import runtime
 from mmrun.engines.torch.megatron_core import optimizer_state
-from mmrun.engines.base import ParallelLayout, ShardState
-from mmrun.engines.base import TrainingError
+from mmrun.engines.base import ParallelLayout, ShardState, TrainingError
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
