@@ -1,4 +1,4 @@
-"""mmrun.backend: the one place that imports torch, torch_npu or mindspore.
+"""mmrun.backend: the ground floor that imports torch, torch_npu or mindspore (with engines/<framework>/ above it).
 
 The framework is chosen once per process (`--ai-framework` in sys.argv, else MMRUN_AI_FRAMEWORK,
 else pytorch; see selection.py) and imported only when something needs it, so launcher commands

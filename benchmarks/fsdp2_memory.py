@@ -4,7 +4,7 @@
 Every measurement is a real job of models/pretrain_transformers.py started through `mmrun` on N processes (a
 transformers Qwen2ForCausalLM built from a config, Megatron's mock samples), once under DDP and once under
 FSDP2 (`sharding_size: auto`, every decoder layer a unit), the same global batch. The bytes are the engine's
-own count of the tensors rank 0 holds after the first step (backend/torch/fsdp2/engine.py logs them: its
+own count of the tensors rank 0 holds after the first step (engines/torch/fsdp2/engine.py logs them: its
 shards under FSDP2, whole tensors under DDP); the step time is the median of the job's --metrics-file after
 --warmup steps. Both are reported as FSDP2 / DDP ratios: full shard should hold about 1/N of DDP's state.
 

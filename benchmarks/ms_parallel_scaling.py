@@ -3,7 +3,7 @@
 (a benchmark, not a test).
 
 Every row is a real job started through `mmrun --ai-framework mindspore` (msrun): this file, run by msrun with
---as-rank, builds megatron_gpt.build_engine from Megatron-style arguments and times ParallelTrainStep on random
+--as-rank, builds engines/mindspore/parallel/gpt.py build_engine from Megatron-style arguments and times ParallelTrainStep on random
 tokens. All rows train the same model on the same global batch per step (so the same tokens per step); the
 time of a step is the slowest rank's median over the iterations after --warmup (the first ones compile the
 mindspore.jit graphs). Reported per row: tokens/s for the whole job, tokens/s per process, and that against
@@ -46,7 +46,7 @@ def worker(args: argparse.Namespace) -> None:
     from mmrun import backend
 
     backend.init_distributed()
-    from mmrun.models.megatron_gpt import build_engine
+    from mmrun.engines.mindspore.parallel.gpt import build_engine
 
     layers, hidden, heads, seq, micro, micro_batches = SIZES[args.size]
     vocab = 1024

@@ -235,10 +235,10 @@ def _check_framework_installed(plan: Plan) -> None:
 
 def _check_fsdp2_file(script_args: list[str]) -> None:
     """An FSDP2 file with an unknown key, a bad value, or a conflict with the training flags stops the job
-    here, before any worker starts (training/fsdp2_config.py; module patterns need the model: the
+    here, before any worker starts (engines/fsdp2_config.py; module patterns need the model: the
     workers check those before the first step)."""
     from mmrun.training.arguments import ArgumentsError
-    from mmrun.training.fsdp2_config import check_launch
+    from mmrun.training.yaml_launch import check_launch
 
     try:
         check_launch(script_args)

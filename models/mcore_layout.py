@@ -222,9 +222,14 @@ class GPTLayout:
     def init_rank(self, seed: int, init_method_std: float, tp: int, pp: int, tp_rank: int,
                   pp_rank: int) -> dict[str, np.ndarray]:
         """This rank's shard of `init_full(seed)` (convert_gpt.initial_shard: one whole parameter in memory at a
-        time), the weights the PyTorch megatron-core engine starts from (backend/torch/megatron_core/gpt.py)."""
+        time), the weights the PyTorch megatron-core engine starts from (engines/torch/megatron_core/gpt.py)."""
         self.check_parallel_sizes(tp, pp)
         drawn = cg.initial_shard(self._shape(), cg.Layout(tp, pp), tp_rank, pp_rank, vocab_size=self.vocab_size,
                                  max_position_embeddings=self.max_position_embeddings,
                                  ffn_hidden_size=self.ffn_hidden_size, seed=seed, std=init_method_std)
         return self._in_rank_order(drawn, pp, pp_rank)
+
+
+def causal_position_ids(batch: int, seq: int) -> np.ndarray:
+    """Position ids 0..seq-1 for each of `batch` causal sequences (a GPT batch without packing)."""
+    return np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)).copy()

@@ -1,5 +1,5 @@
 """Train megatron-core's GPT on MindSpore with tensor, pipeline and data parallelism, on random tokens: the
-engine (mmrun.models.megatron_gpt.build_engine) driven directly, as a trainer drives it.
+engine (mmrun.engines.mindspore_gpt_step: engines/mindspore/parallel/gpt.py build_engine) driven directly, as a trainer drives it.
 
     mmrun --ai-framework mindspore --nproc-per-node 2 models/megatron_gpt_demo.py --tensor-model-parallel-size 2
     mmrun --ai-framework mindspore --nproc-per-node 4 models/megatron_gpt_demo.py \\
@@ -62,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     from mmrun.backend.errors import BackendError
 
     info = backend.init_distributed()  # under msrun, the scheduler process stops here
-    from mmrun.models.mcore_layout import LayoutError
-    from mmrun.models.megatron_gpt import build_engine, causal_position_ids
+    from mmrun.engines import mindspore_gpt_step
+    from mmrun.models.mcore_layout import LayoutError, causal_position_ids
 
     try:
-        engine = build_engine(args, jit=not args.no_jit)
+        engine = mindspore_gpt_step(args, jit=not args.no_jit)
     except (BackendError, LayoutError) as err:
         # Every rank says it: the launcher shows the log of whichever rank stopped first.
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@
 Without --use-torch-fsdp2 the model trains replicated under torch's DDP. model.json (or the YAML's
 `model` section): `init_from_hf_path` (a local Hugging Face directory: config and weights), or
 `hf_config` (a config.json mapping: random weights from --seed), `model_id` (a class registered with
-`mmrun.backend.torch.transformers_models.register_model`, MindSpeed-MM's ModelHub), `freeze` (module
+`mmrun.engines.torch.transformers_models.register_model`, MindSpeed-MM's ModelHub), `freeze` (module
 prefixes whose parameters do not train). data.json (or `data`): `dataset_param.dataset_type`:
 `mock` (Megatron's mock GPT samples: --seq-length tokens, --vocab-size), `megatron` (--data-path,
 the indexed format), or `huggingface` (MindSpeed-MM's Qwen2-VL data.json: mllm_format JSON + images,
@@ -63,7 +63,7 @@ _MODEL_CONFIG: dict[str, Any] = {}  # the built model's config.json (the data pi
 def extra_args(parser):
     # --mm-model (model.json: init_from_hf_path or hf_config, model_id, freeze) and --mm-data (data.json:
     # dataset_param.dataset_type) are declared by the feature table (features/catalogue.yaml, mindspeed-mm-model).
-    # Engine choice: torch's DDP unless --use-torch-fsdp2 (training/engines/__init__.py).
+    # Engine choice: torch's DDP unless --use-torch-fsdp2 (engines/__init__.py).
     parser.set_defaults(torch_ddp=True)
     return parser
 
@@ -87,12 +87,12 @@ def _section(name: str) -> dict[str, Any]:
 
 def model_provider(pre_process=True, post_process=True, vp_stage=None):
     """The transformers model of model.json (MindSpeed-MM's TransformersModel through its ModelHub)."""
-    from mmrun.backend.torch.transformers_models import ModelConfigError, build_model
+    from mmrun import engines
 
     cfg = _section("model")
     try:
-        model = build_model(cfg)
-    except ModelConfigError as err:
+        model = engines.transformers_model(cfg)
+    except engines.ModelConfigError as err:
         raise ArgumentsError(str(err)) from None
     _MODEL_CONFIG.clear()
     _MODEL_CONFIG.update(model.config.to_dict())

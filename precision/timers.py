@@ -4,7 +4,7 @@
     with timers.phase("forward-backward"): ...     # a no-op for a phase above the level
     timers.block(min_max)                           # Megatron's "(min, max) time across ranks (ms):" lines
 
-The train step and the engine call `phase` (backend/<framework>/train_step.py, training/engines/portable.py);
+The train step and the engine call `phase` (backend/<framework>/train_step.py, engines/portable.py);
 `NO_TIMERS` is what they hold when timing is off: one attribute read and a shared null context per phase.
 On an accelerator a phase ends with a device synchronisation (as Megatron's Timer.stop), so level 2 costs time.
 """

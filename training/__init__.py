@@ -7,16 +7,16 @@
   `checkpoint_layout` (Megatron's names on disk: the tracker, iter_XXXXXXX, mp_rank_XX[_YYY])
 - `training_log`: Megatron's log lines, the --metrics-file, a parser for both
 - `global_vars`: `get_args()`, `get_tokenizer()`, `print_rank_0()` for the callbacks
-- `engines`: what runs the model (mmrun's own for data parallelism; megatron-core on PyTorch for tensor,
-  pipeline, context parallelism and the distributed optimizer), behind one small seam (engines/base.py)
+- what runs the model is the floor below, `mmrun.engines` (mmrun's own for data parallelism; megatron-core
+  on PyTorch for tensor, pipeline, context parallelism and the distributed optimizer), picked through its
+  registry behind one small seam (engines/base.py); training never imports an engine's framework code
 - `parallel`: Megatron's pipeline/context-parallel helpers for an entry's get_batch
 - `checkpoint_reshard`, `convert_checkpoint`: checkpoints across layouts and engines (models/convert_gpt.py)
 
 No framework is imported here: the loop loads the chosen one (`mmrun.backend`) when it runs.
 """
-from mmrun.training.engines import core_gpt_model
 from mmrun.training.global_vars import get_args, get_tokenizer, print_rank_0
-from mmrun.training.parallel import get_batch_on_this_cp_rank, is_first_or_last_pipeline_stage, model_vp_stage
+from mmrun.training.parallel import core_gpt_model, get_batch_on_this_cp_rank, is_first_or_last_pipeline_stage, model_vp_stage
 from mmrun.training.arguments import ModelSource
 from mmrun.training.pretrain import ModelType, TrainingResult, pretrain
 

@@ -31,6 +31,7 @@ from mmrun.backend.errors import UsageError
 from mmrun.backend.vocabulary import FRAMEWORKS, framework_name
 from mmrun.common.yaml_tables import check_keys, load_yaml
 from mmrun.data.tokenizers import TOKENIZER_BUILDERS
+from mmrun.engines.base import ArgumentsError  # one definition, below the engines that raise it too
 
 PROG = "pretrain_gpt.py"
 FLAGS_TABLE = Path(__file__).with_name("megatron_flags.yaml")
@@ -67,11 +68,6 @@ exit status: 0 done, 2 usage error (bad or unsupported argument), 1 anything els
 Docs: docs/training.md (flags mmrun ignores or refuses are listed there).
 """
 
-
-class ArgumentsError(ValueError):
-    """A usage error in the training arguments: one line, says what was received and what to do."""
-
-    exit_code = 2
 
 
 class _Parser(argparse.ArgumentParser):

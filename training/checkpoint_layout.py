@@ -16,6 +16,8 @@ import re
 import stat
 from pathlib import Path
 
+from mmrun.engines.base import rank_dir_name  # one definition, below the engines that name their shards
+
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 RELEASE = "release"
 # Megatron formats the iteration with {:07d}, which grows past 7 digits after iteration 9,999,999.
@@ -28,10 +30,6 @@ class CheckpointError(RuntimeError):
     exit_code = 2
 
 
-def rank_dir_name(tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1, expert_rank: int | None = None) -> str:
-    """Megatron's directory for one model-parallel rank: `mp_rank_00`, `mp_rank_01_003`, `mp_rank_00_001_002`."""
-    name = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-    return name if expert_rank is None else f"{name}_{expert_rank:03d}"
 
 
 RANK_DIR = rank_dir_name()  # data parallelism (mmrun's engine): one model shard

@@ -19,7 +19,7 @@ import numpy as np
 from mmrun.models.convert_gpt import ConversionError, GPTShape, Layout, join, mcore_to_mmrun, mmrun_to_mcore, shard
 from mmrun.training.checkpoint_layout import CheckpointError, rank_dir_name
 from mmrun.training.checkpoint_store import LoadedCheckpoint, read_sibling
-from mmrun.training.engines.base import ParallelLayout, ShardState
+from mmrun.engines.base import ParallelLayout, ShardState
 
 
 def saved_layout(meta: Mapping[str, Any]) -> tuple[str, Layout]:

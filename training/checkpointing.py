@@ -56,7 +56,7 @@ from mmrun.training.checkpoint_store import (KILL_DURING_SAVE_VAR, SAVE_STEPS, C
                                              LoadedCheckpoint, RankFiles, check_save_dir, find_checkpoint,
                                              read_checkpoint, read_sibling, recover_interrupted_saves,
                                              write_checkpoint, write_checkpoint_shards)
-from mmrun.training.engines.base import ShardState
+from mmrun.engines.base import ShardState
 
 CHECKPOINT_VERSION = 3.0  # Megatron's checkpoint_version, recorded for tools that look for it
 

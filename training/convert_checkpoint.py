@@ -28,7 +28,7 @@ from mmrun.training.checkpoint_layout import CheckpointError, iteration_dir, ran
 from mmrun.training.checkpoint_reshard import WholeCheckpoint, describe, for_rank, read_whole, shape_of
 from mmrun.training.checkpoint_store import (CheckpointSaveError, RankFiles, single_process, find_checkpoint,
                                              recover_interrupted_saves, write_checkpoint_shards)
-from mmrun.training.engines.base import MODEL_NAMES
+from mmrun.engines.base import MODEL_NAMES
 
 EXAMPLES = """\
 examples:

@@ -9,7 +9,8 @@ on MindSpore (mmrun's GPT: `--load ckpt_st` under --ai-framework mindspore) or u
 `hf`: config.json + model.safetensors written by transformers itself from the config the checkpoint
 kept (a transformers model trained by models/pretrain_transformers.py), for `from_pretrained`.
 
-One process, no process group: DCP's shards are read whole (backend/torch/fsdp2/dcp.py). Exit status:
+One process, no process group: DCP's shards are read whole (backend/torch/fsdp2/dcp.py, through
+mmrun.engines' facade: this module imports no framework). Exit status:
 0 converted, 2 usage error (no checkpoint, not DCP, no model config for hf), 1 a write failure.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from mmrun import engines
 from mmrun.training.arguments import spellings
 from mmrun.training.checkpoint_dcp import find_dcp, is_dcp_dir, read_meta
 from mmrun.training.checkpoint_layout import CheckpointError, iteration_dir
@@ -49,26 +51,18 @@ def _source(load: str, ckpt_step: int | None) -> Path:
     return found
 
 
-def _numpy(tensor: Any) -> Any:
-    import torch
-
-    t = tensor.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
-
-
 def to_safetensors(source: Path, save: str, log: Any = print) -> Path:
-    from mmrun.backend.torch.fsdp2.dcp import read_whole
     from mmrun.training.checkpoint_store import write_checkpoint
 
     meta = read_meta(source)
-    state = read_whole(source)
-    model = {k: _numpy(v) for k, v in state["model"].items()}
+    state = engines.dcp_state(source)  # torch reads it; numpy comes back
+    model = dict(state["model"])
     optimizer = None
     if "optim" in state:
         tensors, step = {}, 0
         for name, values in state["optim"]["state"].items():
             for key in ("exp_avg", "exp_avg_sq"):
-                tensors[f"{name}.{key}"] = _numpy(values[key])
+                tensors[f"{name}.{key}"] = values[key]
             step = int(float(values.get("step", step)))
         optimizer = {"step": step, "lr": float(state["optim"]["param_groups"][0]["lr"]), "tensors": tensors}
     out_meta = {k: v for k, v in meta.items() if k not in ("ckpt_format", "fsdp2", "optimizer", "hf_config")}
@@ -78,8 +72,6 @@ def to_safetensors(source: Path, save: str, log: Any = print) -> Path:
 
 
 def to_hf(source: Path, save: str) -> Path:
-    from mmrun.backend.torch.fsdp2.dcp import read_whole
-    from mmrun.backend.torch.transformers_models import save_hf_directory
     from mmrun.common.atomic_write import replace_directory
 
     meta = read_meta(source)
@@ -91,7 +83,7 @@ def to_hf(source: Path, save: str) -> Path:
     # transformers writes its own files: into a temporary directory, swapped in when complete.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        save_hf_directory(meta["hf_config"], read_whole(source)["model"], tmp)
+        engines.dcp_to_hf(meta["hf_config"], source, tmp)
         tmp.chmod(0o755)
         return replace_directory(tmp, out)
     finally:

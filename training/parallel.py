@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mmrun.training.engines.base import ParallelLayout
+from mmrun import engines
+from mmrun.engines.base import ParallelLayout
 
 _LAYOUT: ParallelLayout = ParallelLayout()
 
@@ -78,3 +79,11 @@ def get_batch_on_this_cp_rank(batch: Mapping[str, Any]) -> dict[str, Any]:
         chunks = np.split(array, 2 * cp, axis=dim)
         out[key] = np.concatenate([chunks[rank], chunks[2 * cp - 1 - rank]], axis=dim)
     return out
+
+
+def core_gpt_model(pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None) -> Any:
+    """megatron-core's GPTModel for this stage from the run's arguments, starting from mmrun's GPT weights
+    (mmrun.engines.core_gpt_model). For an entry's model_provider under --use-mcore-models."""
+    from mmrun.training.global_vars import get_args
+
+    return engines.core_gpt_model(get_args(), pre_process, post_process, vp_stage)

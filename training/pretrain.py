@@ -4,7 +4,7 @@
 
 In order (the call flow of Megatron-LM's megatron/training/training.py, as MindSpeed-MM's model migration
 guide, MindSpeed MM模型迁移指南 "核心接口调用流程", draws it): parse and check the arguments, gate the features for this
-framework and device, pick the engine (training/engines/: mmrun's own for data parallelism on both
+framework and device, pick the engine (engines/: mmrun's own for data parallelism on both
 frameworks, megatron-core on PyTorch for tensor, pipeline, context parallelism and the distributed
 optimizer), start communication and the engine's parallel state, build the tokenizer, seed,
 `model_provider()` -> model (per pipeline stage), the optimizer + Megatron's LR schedule, `--load`,
@@ -13,8 +13,8 @@ the engine's step over the micro-batches: `forward_step(data_iterator, model)` c
 returns `(output_tensor, partial(loss_func, loss_mask))`. Validation every --eval-interval, checkpoints
 every --save-interval, and a final validation and test loss.
 
-What the loop owns and what the engine owns: training/engines/base.py. With mmrun's engine the
-callbacks meet the framework's autograd through training/forward_plan.py (forward_step is recorded,
+What the loop owns and what the engine owns: engines/base.py. With mmrun's engine the
+callbacks meet the framework's autograd through engines/forward_plan.py (forward_step is recorded,
 then replayed inside the train step); on MindSpore the step is compiled with mindspore.jit unless
 --no-ms-jit is given (or forward_step returns a closure: then PyNative, with one notice).
 
@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from mmrun.training import checkpointing, engines, global_vars, parallel
+from mmrun import engines
+from mmrun.training import checkpointing, global_vars, parallel
 from mmrun.training.arguments import ArgumentsError, ModelSource, parse_args
-from mmrun.training.engines.base import Engine, ParallelLayout
-from mmrun.training.errors import TrainingError
+from mmrun.engines.base import Engine, ParallelLayout, TrainingError
 from mmrun.precision import determinism
 from mmrun.precision.monitor import MonitorError, RunMonitor
 from mmrun.precision.training_probe import AnomalyStop, TrainingProbe
@@ -235,11 +235,7 @@ def initialize(args: argparse.Namespace) -> _Job:
     say = (lambda message: print(message, flush=True)) if rank == 0 else (lambda message: None)
     engine = engines.create(args, framework, say)
     determinism.apply(args, framework, say)  # before communication starts (HCCL reads its switch then)
-    if framework == "pytorch":
-        from mmrun.backend.torch import process_group
-
-        # Megatron's initialize_megatron hands --distributed-timeout-minutes to init_process_group; torch only.
-        process_group.start(args.distributed_backend, timeout_minutes=args.distributed_timeout_minutes)
+    engines.start_process_group(args, framework)
     info = backend.init_distributed(args.distributed_backend)
     if info.world_size != args.world_size:
         raise TrainingError(f"the launcher reports {info.world_size} processes but the arguments were checked for "

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from mmrun.common.yaml_tables import TableError, load_yaml
-from mmrun.training.arguments import ArgumentsError
+from mmrun.engines.base import ArgumentsError
+from mmrun.engines.fsdp2_config import FSDP2Config, check_with_training_args, given_from_argv, load_fsdp2_config
 
 SECTIONS = ("gpt_args", "data", "model")
 
@@ -68,3 +69,18 @@ def read_yaml_launch(path: str | Path) -> YamlLaunch:
             raise ArgumentsError(f"{path}: {section} must be a mapping (what {section}.json holds). "
                                  f"Received: {type(data[section]).__name__}")
     return YamlLaunch(to_argv(data["gpt_args"]), dict(data.get("data") or {}), dict(data.get("model") or {}))
+
+
+def check_launch(script_args: Sequence[str]) -> FSDP2Config | None:
+    """What the launcher checks before it starts any worker: the FSDP2 file of `--use-torch-fsdp2
+    --fsdp2-config-path F` (Megatron flags), or of `gpt_args.fsdp2_config_path` in a single YAML given
+    as the entry's first argument. None when the job uses no FSDP2 file."""
+    given = given_from_argv(script_args)
+    if script_args and str(script_args[0]).endswith((".yaml", ".yml")) and Path(script_args[0]).is_file():
+        given = {**gpt_args_of(script_args[0]), **given}  # the single-YAML form
+    path = given.get("fsdp2_config_path")
+    if not given.get("use_torch_fsdp2") or not path:
+        return None
+    config = load_fsdp2_config(path)
+    check_with_training_args(config, given)
+    return config

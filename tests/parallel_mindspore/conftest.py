@@ -16,7 +16,7 @@ import pytest
 WORKERS = Path(__file__).parent / "workers"
 _DROPPED = ("MMRUN_", "MS_", "PET_", "TORCHELASTIC_")
 _DROPPED_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK_ID",
-                  "RANK_SIZE", "DEVICE_ID", "PYTHONPATH"}
+                  "RANK_SIZE", "DEVICE_ID"}  # PYTHONPATH stays: it names the checkout under test
 
 
 def job_env() -> dict[str, str]:

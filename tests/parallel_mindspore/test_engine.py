@@ -33,7 +33,7 @@ def _batches(seed: int, count: int = 2):
 
 @pytest.fixture(scope="module")
 def engine():
-    from mmrun.models.megatron_gpt import build_engine
+    from mmrun.engines.mindspore.parallel.gpt import build_engine
 
     return build_engine(_args(), jit=False)
 
@@ -63,7 +63,7 @@ def test_steps_train_and_evaluate_matches_the_loss(engine):
 def test_state_dict_round_trip_gives_the_same_step():
     from mmrun.backend.mindspore import optim
     from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
-    from mmrun.models.megatron_gpt import build_engine
+    from mmrun.engines.mindspore.parallel.gpt import build_engine
 
     first = build_engine(_args(), jit=False)
     first(_batches(1))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mmrun.training import engines, parallel
+from mmrun import engines
+from mmrun.training import parallel
 from mmrun.training.arguments import ArgumentsError, parse_args
-from mmrun.training.engines.base import Engine, ParallelLayout
+from mmrun.engines.base import Engine, ParallelLayout
 
 BASE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--micro-batch-size", "2", "--train-iters", "2", "--lr", "1e-3", "--mock-data"]
@@ -52,7 +53,7 @@ def test_on_mindspore_the_notice_names_the_mindspore_model():
     said: list[str] = []
     engine = engines.create(args, "mindspore", said.append)
     assert engine.name == "mindspore-parallel" and args.use_mcore_models
-    assert len(said) == 1 and "megatron-core's GPTModel rebuilt on MindSpore (models/megatron_gpt.py)" in said[0]
+    assert len(said) == 1 and "megatron-core's GPTModel rebuilt on MindSpore (engines/mindspore/parallel/gpt.py)" in said[0]
 
 
 @pytest.mark.parametrize("extra, flag", [
@@ -79,7 +80,7 @@ def test_the_mindspore_parallel_engine_refuses_in_one_line(extra, flag):
 
 
 def test_both_engines_implement_the_seam():
-    from mmrun.training.engines.portable import PortableEngine
+    from mmrun.engines.portable import PortableEngine
 
     assert isinstance(PortableEngine(args_of(), "pytorch", print), Engine)
     methods = {name for name in dir(Engine) if not name.startswith("_")}

@@ -1,4 +1,4 @@
-"""ForwardPlan (training/forward_plan.py): forward_step recorded and replayed; MindSpore's jit needs the
+"""ForwardPlan (engines/forward_plan.py): forward_step recorded and replayed; MindSpore's jit needs the
 loss as functools.partial, and a closure falls back to PyNative with one notice unless --ms-jit insists."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from mmrun.training.errors import TrainingError
-from mmrun.training.forward_plan import ForwardPlan
+from mmrun.engines.base import TrainingError
+from mmrun.engines.forward_plan import ForwardPlan
 
 
 def _loss_func(mask, output):

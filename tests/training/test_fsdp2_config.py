@@ -1,4 +1,4 @@
-"""The FSDP2 file (training/fsdp2_config.py): keys and defaults, the pattern syntax, every one-line error,
+"""The FSDP2 file (engines/fsdp2_config.py): keys and defaults, the pattern syntax, every one-line error,
 the single-YAML launch form, and the launcher refusing a bad file before any worker starts. No torch."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.training.fsdp2_config import (KEYS, FSDP2ConfigError, check_launch, check_with_training_args,
+from mmrun.engines.fsdp2_config import (KEYS, FSDP2ConfigError, check_with_training_args,
                                          config_from_mapping, given_from_argv, match_pattern, parse_pattern,
                                          plan_modules)
-from mmrun.training.yaml_launch import read_yaml_launch, to_argv
+from mmrun.training.yaml_launch import check_launch, read_yaml_launch, to_argv
 
 # mmrun's GPT (2 layers) and a transformers Qwen2-VL's module paths, as named_modules() gives them.
 GPT = ["", "wte", "wpe", "drop", "h", "h.0", "h.0.attn", "h.0.mlp", "h.1", "h.1.attn", "h.1.mlp", "ln_f"]

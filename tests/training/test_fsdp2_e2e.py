@@ -118,7 +118,7 @@ def test_fsdp2_equals_one_process_and_its_dcp_checkpoints_resume_anywhere(tmp_pa
     from transformers import AutoModelForCausalLM
 
     from mmrun.backend.torch.fsdp2.dcp import read_whole
-    from mmrun.backend.torch.transformers_models import build_model
+    from mmrun.engines.torch.transformers_models import build_model
 
     assert convert(["--load", str(tmp_path / "hf_ckpt"), "--save", str(tmp_path / "hf"), "--to", "hf"]) == 0
     trained = build_model({"hf_config": QWEN2})

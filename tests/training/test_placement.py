@@ -37,7 +37,7 @@ def stepped():
     from mmrun import backend
     from mmrun.models import pretrain_gpt
     from mmrun.training.arguments import parse_args
-    from mmrun.training.forward_plan import ForwardPlan
+    from mmrun.engines.forward_plan import ForwardPlan
 
     pretrain = importlib.import_module("mmrun.training.pretrain")  # the package exports the function under this name
     args = parse_args(TINY + ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"])

@@ -12,6 +12,6 @@ design instead, on any device MindSpore runs on:
     engine          ParallelTrainStep: the 1F1B schedule, megatron-core's gradient finalization, the norm over
                     model-parallel ranks, clipping and AdamW
 
-The model that uses them is mmrun.models.megatron_gpt (megatron-core's GPTModel, its parameter names and
+The model that uses them is mmrun.engines.mindspore.parallel.gpt (megatron-core's GPTModel, its parameter names and
 shards). MindSpore only: not part of the portable backend face (PyTorch's engine is megatron-core itself).
 """

@@ -4,7 +4,7 @@
     result = step([(tokens, position_ids, labels, loss_mask), ...])   # one tuple per micro-batch
     result.loss, result.grad_norm, result.lr                           # the same floats on every rank
 
-`model` is this rank's pipeline stage (models/megatron_gpt.GPTModel or anything with the same call and
+`model` is this rank's pipeline stage (engines/mindspore/parallel/gpt.py GPTModel or anything with the same call and
 `parameter_roles()`); every rank gets every micro-batch and uses what its stage needs (tokens and positions on
 the first stage, labels and the loss mask on the last). The step, in megatron-core's order:
 

@@ -1,4 +1,4 @@
-"""The MindSpore engine (models/megatron_gpt.py + backend/mindspore/parallel) trained under msrun on the same
+"""The MindSpore engine (engines/mindspore/parallel/gpt.py + backend/mindspore/parallel) trained under msrun on the same
 weights and micro-batches as mcore_reference.py; writes the same result files."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def main() -> None:
     from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
     from mmrun.backend.mindspore.parallel.groups import initialize_model_parallel
     from mmrun.models.gpt import GPTConfig
-    from mmrun.models.megatron_gpt import GPTModel, init_weights
+    from mmrun.engines.mindspore.parallel.gpt import GPTModel, init_weights
 
     state = initialize_model_parallel(args.tp, args.pp, args.sequence_parallel)
     sizes = setup.SIZES

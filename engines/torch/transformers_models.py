@@ -21,15 +21,11 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from mmrun.engines.base import ModelConfigError  # noqa: F401 - raised here, caught by the entry
+
 MODEL_HUB: dict[str, type] = {}
 
 MODEL_KEYS = ("model_id", "init_from_hf_path", "hf_config", "torch_dtype", "freeze")
-
-
-class ModelConfigError(ValueError):
-    """model.json (or the YAML's model section) cannot build a model: one line, what to do."""
-
-    exit_code = 2
 
 
 def register_model(name: str) -> Callable[[type], type]:
@@ -87,7 +83,7 @@ def build_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
         cls = model_class(model_cfg, config)
     except KeyError:
         raise ModelConfigError(f"model: no transformers class for model_type {config.model_type!r}; register one with "
-                               "mmrun.backend.torch.transformers_models.register_model and name it in model_id") from None
+                               "mmrun.engines.torch.transformers_models.register_model and name it in model_id") from None
     dtype = getattr(torch, str(model_cfg.get("torch_dtype", "float32")))
     path = model_cfg.get("init_from_hf_path")
     if path:

@@ -16,7 +16,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from mmrun.training.fsdp2_config import FSDP2Config, ModulePlan
+from mmrun.engines.fsdp2_config import FSDP2Config, ModulePlan
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from mmrun.training.errors import TrainingError
+from mmrun.engines.base import TrainingError
 
 
 def _is_tensor(value: Any) -> bool:

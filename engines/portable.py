@@ -4,7 +4,7 @@ The model is whatever `model_provider(pre_process=True, post_process=True)` retu
 models/pretrain_gpt.py), moved to this process's device and cast for --fp16/--bf16 (Megatron's
 Float16Module: fp32 main params live in the optimizer). The step is the portable `TrainStep` (backward,
 gradient all-reduce over every rank, clipping, AdamW with Megatron's no-decay rule, mmrun's loss scaler),
-fed by training/forward_plan.py: `forward_step` runs outside autograd and its model call and loss are
+fed by engines/forward_plan.py: `forward_step` runs outside autograd and its model call and loss are
 replayed inside the step (compiled with mindspore.jit on MindSpore unless --no-ms-jit).
 """
 from __future__ import annotations
@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from mmrun.training.engines.base import ParallelLayout, ShardState, StepResult
-from mmrun.training.errors import TrainingError
+from mmrun.engines.base import ParallelLayout, ShardState, StepResult, TrainingError
 from mmrun.precision.timers import NO_TIMERS
-from mmrun.training.forward_plan import ForwardPlan, scalar_loss
+from mmrun.engines.forward_plan import ForwardPlan, scalar_loss
 
 
 def report_pairs(result: Any) -> dict[str, tuple[float, float]]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from mmrun.common.yaml_tables import TableError, load_yaml
-from mmrun.training.arguments import ArgumentsError
+from mmrun.engines.base import ArgumentsError
 
 
 class FSDP2ConfigError(ArgumentsError):
@@ -226,23 +226,6 @@ def given_from_argv(argv: Sequence[str]) -> dict[str, Any]:
             else:
                 given[dest] = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
     return given
-
-
-def check_launch(script_args: Sequence[str]) -> FSDP2Config | None:
-    """What the launcher checks before it starts any worker: the FSDP2 file of `--use-torch-fsdp2
-    --fsdp2-config-path F` (Megatron flags), or of `gpt_args.fsdp2_config_path` in a single YAML given
-    as the entry's first argument. None when the job uses no FSDP2 file."""
-    given = given_from_argv(script_args)
-    if script_args and str(script_args[0]).endswith((".yaml", ".yml")) and Path(script_args[0]).is_file():
-        from mmrun.training.yaml_launch import gpt_args_of  # the single-YAML form
-
-        given = {**{k: v for k, v in gpt_args_of(script_args[0]).items()}, **given}
-    path = given.get("fsdp2_config_path")
-    if not given.get("use_torch_fsdp2") or not path:
-        return None
-    config = load_fsdp2_config(path)
-    check_with_training_args(config, given)
-    return config
 
 
 # ----------------------------------------------------------------------------------- module patterns

@@ -1,13 +1,13 @@
 """The torch-native engine: the entry's torch model sharded by FSDP2 (`--use-torch-fsdp2
 --fsdp2-config-path F`), or replicated by torch's DDP (models trained as they are, without FSDP2).
 
-What mmrun's loop gets from it (training/engines/base.py's seam):
+What mmrun's loop gets from it (engines/base.py's seam):
 
 - initialize: a process group always (DeviceMesh needs one, also for one process), the layout: every
   rank is a data-parallel rank (FSDP2 shards parameters, not the batch);
 - build: model_provider()'s torch module on this device; FSDP2: the file's patterns resolved against
   the model's own module paths (errors name the pattern and what exists, before any step), then
-  backend/torch/fsdp2/sharding.py; the optimizer is torch's AdamW over the (sharded) parameters with
+  engines/torch/fsdp2/sharding.py; the optimizer is torch's AdamW over the (sharded) parameters with
   Megatron's no-decay rule, the reference single-tensor kernel on the CPU like mmrun's own engine, so
   the losses equal one unsharded process;
 - train_step: the entry's forward_step per micro-batch, called directly (no replay: the model is torch),
@@ -30,8 +30,7 @@ import torch.distributed as dist
 
 from mmrun.backend.errors import UsageError
 from mmrun.backend.train_step_shared import StepResult
-from mmrun.training.engines.base import ParallelLayout, ShardState
-from mmrun.training.errors import TrainingError
+from mmrun.engines.base import ParallelLayout, ShardState, TrainingError
 
 
 def _report_pairs(result: Any) -> dict[str, tuple[float, float]]:
@@ -73,7 +72,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class TorchNativeEngine:
-    """training/engines/base.py's Engine for torch modules: FSDP2 (`fsdp2=True`) or DDP."""
+    """engines/base.py's Engine for torch modules: FSDP2 (`fsdp2=True`) or DDP."""
 
     model_names = "mmrun-gpt"  # set in build(): mmrun's GPT names, or "transformers" for other modules
 
@@ -106,7 +105,7 @@ class TorchNativeEngine:
         world, rank = dist.get_world_size(), dist.get_rank()
         self.layout = ParallelLayout(world_size=world, dp=world, dp_rank=rank)
         if self.fsdp2:
-            from mmrun.training.fsdp2_config import check_with_training_args, load_fsdp2_config
+            from mmrun.engines.fsdp2_config import check_with_training_args, load_fsdp2_config
 
             if not getattr(args, "fsdp2_config_path", None):
                 self.config = load_config_defaults()
@@ -154,8 +153,8 @@ class TorchNativeEngine:
 
     def _shard(self, model: torch.nn.Module, precision: str | None) -> None:
         from mmrun.backend.torch import device
-        from mmrun.backend.torch.fsdp2.sharding import apply_fsdp2, build_mesh, ignored_parameters
-        from mmrun.training.fsdp2_config import plan_modules
+        from mmrun.engines.torch.fsdp2.sharding import apply_fsdp2, build_mesh, ignored_parameters
+        from mmrun.engines.fsdp2_config import plan_modules
 
         world = dist.get_world_size()
         if self.model_names == "mmrun-gpt":
@@ -366,7 +365,7 @@ class TorchNativeEngine:
 
 def load_config_defaults() -> Any:
     """--use-torch-fsdp2 without a file: every key at its default (the root alone is one unit)."""
-    from mmrun.training.fsdp2_config import config_from_mapping
+    from mmrun.engines.fsdp2_config import config_from_mapping
 
     return config_from_mapping({}, "--use-torch-fsdp2 (no --fsdp2-config-path: defaults)")
 

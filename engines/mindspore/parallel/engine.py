@@ -1,11 +1,11 @@
-"""The MindSpore tensor/pipeline/sequence-parallel engine behind the trainer's engine seam (training/engines/base.py).
+"""The MindSpore tensor/pipeline/sequence-parallel engine behind the trainer's engine seam (engines/base.py).
 
 What mmrun's training loop (training/pretrain.py) gets from this package, in the shape of the PyTorch
-megatron-core engine (backend/torch/megatron_core/engine.py):
+megatron-core engine (engines/torch/megatron_core/engine.py):
 
 - parallel state: `groups.initialize_model_parallel(tp, pp, sequence_parallel)` (megatron-core's rank order,
   MindSpore communication groups);
-- the model: megatron-core's GPTModel architecture on MindSpore (models/megatron_gpt.py), this rank's pipeline
+- the model: megatron-core's GPTModel architecture on MindSpore (engines/mindspore/parallel/gpt.py), this rank's pipeline
   stage and tensor-parallel shard, named as megatron-core's `state_dict()` names it on this rank, starting from
   the weights the PyTorch engine starts from (models/convert_gpt.py `initial_shard`: mmrun's GPT init for --seed,
   this rank's shard), so one seed gives one network on both frameworks and every TP/PP split;
@@ -31,7 +31,7 @@ import numpy as np
 
 from mmrun.backend.errors import UsageError
 from mmrun.backend.train_step_shared import StepResult
-from mmrun.training.engines.base import ParallelLayout, ShardState
+from mmrun.engines.base import ParallelLayout, ShardState
 
 # (what the run asked for, why this engine cannot) -> the refusal; checked in this order.
 _REFUSED: tuple[tuple[Callable[[Any], str | None], str], ...] = (
@@ -62,7 +62,7 @@ def refusal(args: Any) -> str | None:
 
 
 class MindSporeParallelEngine:
-    """training/engines/base.py's Engine on MindSpore's tensor/pipeline/sequence parallelism (module docstring)."""
+    """engines/base.py's Engine on MindSpore's tensor/pipeline/sequence parallelism (module docstring)."""
 
     name = "mindspore-parallel"
     model_names = "megatron-core"
@@ -91,10 +91,10 @@ class MindSporeParallelEngine:
         return self.layout
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
-        from mmrun.models.megatron_gpt import build_engine
+        from mmrun.engines.mindspore.parallel.gpt import build_engine
 
         args = self.args
-        self.log("building GPT model (megatron-core's GPTModel on MindSpore: models/megatron_gpt.py; the entry's "
+        self.log("building GPT model (megatron-core's GPTModel on MindSpore: engines/mindspore/parallel/gpt.py; the entry's "
                  "model_provider is not called) ...")
         # Its initial weights are the PyTorch megatron-core engine's for this rank (convert_gpt.initial_shard).
         self.step = build_engine(args, jit=not args.no_ms_jit)

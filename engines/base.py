@@ -32,11 +32,34 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime
 import numpy as np
 
 from mmrun.backend.train_step_shared import StepResult  # noqa: F401 - the step's result type, one definition
-from mmrun.training.checkpoint_layout import rank_dir_name
 
 # How a checkpoint's tensors are named: mmrun's GPT names, megatron-core's GPTModel names for one rank, or
 # MindSpeed-MM's names of the vision-language model for one (TP, PP) rank (models/qwen2_vl/mm_layout.py).
 MODEL_NAMES = ("mmrun-gpt", "megatron-core", "mindspeed-mm")
+
+
+class TrainingError(RuntimeError):
+    """The callbacks or the data do not fit the loop (one line, says what to change); exit 1."""
+
+
+class ArgumentsError(ValueError):
+    """A usage error in the training arguments: one line, says what was received and what to do.
+    Defined here, below both, because engines refuse arguments too; mmrun.training.arguments re-exports it."""
+
+    exit_code = 2
+
+
+class ModelConfigError(ValueError):
+    """model.json (or the YAML's model section) cannot build a model: one line, what to do."""
+
+    exit_code = 2
+
+
+def rank_dir_name(tp_rank: int = 0, pp_rank: int = 0, pp_size: int = 1, expert_rank: int | None = None) -> str:
+    """Megatron's directory for one model-parallel rank: `mp_rank_00`, `mp_rank_01_003`, `mp_rank_00_001_002`
+    (a shard's name; mmrun.training.checkpoint_layout re-exports it with the rest of the checkpoint layout)."""
+    name = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return name if expert_rank is None else f"{name}_{expert_rank:03d}"
 
 
 @dataclass(frozen=True)
@@ -91,9 +114,9 @@ class ShardState:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the training loop drives. Implementations: training/engines/portable.py (mmrun's own, both
-    frameworks, data parallelism), backend/torch/megatron_core/engine.py (megatron-core, PyTorch) and
-    backend/mindspore/parallel/trainer_engine.py (tensor/pipeline parallelism, MindSpore)."""
+    """What the training loop drives. Implementations: engines/portable.py (mmrun's own, both
+    frameworks, data parallelism), engines/torch/megatron_core/engine.py (megatron-core, PyTorch) and
+    engines/mindspore/parallel/engine.py (tensor/pipeline parallelism, MindSpore)."""
 
     name: str  # shown in the log: "mmrun", "megatron-core"
     model_names: str  # one of MODEL_NAMES: how checkpoint tensors are named

@@ -109,7 +109,7 @@ def layer_spec(args: Any, config: Any, vp_stage: int | None) -> Any:
         return get_gpt_layer_with_transformer_engine_spec()
     spec = get_gpt_layer_local_spec()
     if config.context_parallel_size > 1:
-        from mmrun.backend.torch.megatron_core.context_parallel import ContextParallelAttention
+        from mmrun.engines.torch.megatron_core.context_parallel import ContextParallelAttention
 
         attention = spec.submodules.self_attention
         attention = dataclasses.replace(attention, submodules=dataclasses.replace(

@@ -32,9 +32,9 @@ import torch
 
 from mmrun.backend import object_codec
 from mmrun.backend.train_step_shared import StepResult
-from mmrun.backend.torch.megatron_core import optimizer_state, runtime
-from mmrun.training.engines.base import ParallelLayout, ShardState
-from mmrun.training.errors import TrainingError
+from mmrun.backend.torch.megatron_core import runtime
+from mmrun.engines.torch.megatron_core import optimizer_state
+from mmrun.engines.base import ParallelLayout, ShardState, TrainingError
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -72,7 +72,7 @@ def _report_tensor(value: Any) -> torch.Tensor:
 
 
 class MegatronCoreEngine:
-    """training/engines/base.py's Engine on megatron-core (see the module docstring)."""
+    """engines/base.py's Engine on megatron-core (see the module docstring)."""
 
     name = "megatron-core"
     model_names = "megatron-core"

@@ -34,7 +34,7 @@ from mmrun.backend.mindspore.parallel.layers import (ColumnParallelLinear, RowPa
                                                      VocabParallelEmbedding)
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
 from mmrun.models.gpt import GPTConfig
-from mmrun.models.mcore_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, GPTLayout, LayoutError
+from mmrun.models.mcore_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, GPTLayout, LayoutError, causal_position_ids
 
 # megatron-core's attention_mask_func fills masked scores with -10000.0, not -inf.
 MASKED_SCORE = -10000.0
@@ -251,10 +251,6 @@ def init_weights(model: GPTModel, seed: int, init_method_std: float) -> None:
     model.load_rank_state_dict(model.layout.init_rank(seed, init_method_std, state.tensor_model_parallel_size,
                                                       state.pipeline_model_parallel_size, state.tp_rank,
                                                       state.pp_rank))
-
-
-def causal_position_ids(batch: int, seq: int) -> np.ndarray:
-    return np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)).copy()
 
 
 def build_engine(args: Any, jit: bool | None = None) -> ParallelTrainStep:

@@ -1,0 +1,193 @@
+"""The floors of the package and the one direction of imports between them (issue 23, item 5).
+
+Each module gets a floor by its path (FLOORS, most specific pattern wins); an import of mmrun code may go to
+the same floor or one below, never above, and framework code (backend/<framework>/, engines/<framework>/) is
+imported only from that framework's own folders or from the neutral part of its own package (the backend's
+selection, the engine registry). Lazy imports inside functions count: they run too. The AST is read, nothing
+is imported, so the whole walk takes well under a second.
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "mmrun"
+SKIP_DIRS = {"tests", "docs", "scripts", "benchmarks", ".venv", "build", "dist", ".git", "__pycache__"}
+
+# (path pattern, floor, level): lower levels are imported by higher ones, never the reverse. The most specific
+# pattern (the longest) that matches a module's path decides its floor. Entries sit in models/ because users run
+# them by path, but they are the top floor.
+FLOORS: tuple[tuple[str, str, int], ...] = (
+    ("__init__.py", "root", 0),  # the version only
+    ("common/*", "common", 0),
+    ("backend/*", "backend", 1),
+    ("data/*", "data", 2),
+    ("precision/*", "precision", 2),
+    ("features/*", "features", 2),
+    ("models/*", "models", 3),
+    ("engines/*", "engines", 4),
+    ("training/*", "training", 5),
+    ("models/pretrain_*.py", "entries", 6),
+    ("models/*_demo.py", "entries", 6),
+    ("models/convert_cli.py", "entries", 6),
+    ("launchers/*", "launchers", 6),
+    ("analyse/*", "analyse", 6),
+    ("__main__.py", "launchers", 6),
+    # `mmrun convert`'s converters write mmrun checkpoints (training's store): the entries' floor.
+    ("models/*/convert.py", "entries", 6),
+    # Standard library only, so any floor may call them: the worker side of the launcher's watchdog (the loop
+    # beats it each step) and the per-phase timers the backends' train steps carry.
+    ("launchers/heartbeat.py", "stdlib-only", 0),
+    ("precision/timers.py", "stdlib-only", 0),
+)
+# Known upward imports, each with its reason; the test fails when one disappears, so the list only shrinks.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("backend/torch/profiler.py", "mmrun.precision.profiling"):
+        "the profiler fills precision's Report/OpRow types; precision.profiling calls the backend back",
+    ("backend/mindspore/profiler.py", "mmrun.precision.profiling"):
+        "the profiler fills precision's Report/OpRow types; precision.profiling calls the backend back",
+}
+# Folders that import one framework; each may be imported only from itself (never from the other framework's),
+# from the neutral part of the package it sits in (backend/ selects its framework folder), or from the engine
+# registry (engines/*.py: the facades through which training and the entries reach one framework's code).
+FRAMEWORK_GATES = ("engines",)
+FRAMEWORK_DIRS: dict[str, str] = {
+    "backend/torch/": "torch", "backend/mindspore/": "mindspore",
+    "engines/torch/": "torch", "engines/mindspore/": "mindspore",
+}
+
+
+@dataclass(frozen=True)
+class Floor:
+    name: str
+    level: int
+    framework: str | None  # "torch", "mindspore", or None for framework-neutral code
+    package: str  # top folder: backend, engines, models, ...
+
+
+def floor_of(path: str) -> Floor:
+    """The floor of a module given its path relative to the repository root (posix form)."""
+    matches = [(len(pattern), name, level) for pattern, name, level in FLOORS if fnmatch.fnmatch(path, pattern)]
+    if not matches:
+        raise LookupError(f"{path}: no floor in tests/test_layers.py FLOORS; add a row for its folder")
+    _, name, level = max(matches)
+    framework = next((fw for prefix, fw in FRAMEWORK_DIRS.items() if path.startswith(prefix)), None)
+    return Floor(name, level, framework, path.split("/")[0] if "/" in path else "")
+
+
+def module_path(module: str, root: Path = ROOT) -> str | None:
+    """mmrun.a.b -> 'a/b.py' or 'a/b/__init__.py' (whichever exists), None if it is no module of ours."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    rel = "/".join(parts[1:])
+    for candidate in ((f"{rel}.py", f"{rel}/__init__.py") if rel else ("__init__.py",)):
+        if (root / candidate).is_file():
+            return candidate
+    return None
+
+
+def imports_of(source: str, path: str) -> list[tuple[int, str]]:
+    """Every mmrun module `source` imports (top level and inside functions), as (line, dotted name).
+    `from mmrun.x import y` names mmrun.x.y when y is a module, else mmrun.x (resolved by the caller)."""
+    package = [PACKAGE, *path.split("/")[:-1]]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == PACKAGE]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from . import x / from ..a import b
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != PACKAGE:
+                continue
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def target_of(name: str, root: Path = ROOT) -> tuple[str, str] | None:
+    """(dotted module, path) of the longest prefix of `name` that is a module of ours."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        module = ".".join(parts[:end])
+        path = module_path(module, root)
+        if path:
+            return module, path
+    return None
+
+
+def violations(source: str, path: str, root: Path = ROOT) -> list[str]:
+    """`path:line imports X (floor Y above floor Z)` for every import of `source` that goes up a floor, or into
+    another framework's code, or into a framework's folder from outside its own package."""
+    here = floor_of(path)
+    found: list[str] = []
+    seen = set()
+    for line, name in imports_of(source, path):
+        target = target_of(name, root)
+        if target is None or target[1] == path or (line, target[0]) in seen or (path, target[0]) in ALLOWED:
+            continue
+        seen.add((line, target[0]))
+        module, target_path = target
+        there = floor_of(target_path)
+        if there.level > here.level:
+            found.append(f"{path}:{line} imports {module} (floor {there.name} above floor {here.name})")
+        elif there.framework and here.framework and there.framework != here.framework:
+            found.append(f"{path}:{line} imports {module} ({there.framework} code from {here.framework} code)")
+        elif (there.framework and not here.framework and here.package != there.package
+              and here.package not in FRAMEWORK_GATES):
+            found.append(f"{path}:{line} imports {module} ({there.framework} code of {there.package}/ from "
+                         f"floor {here.name}: go through {there.package}'s neutral API)")
+    return found
+
+
+def package_modules(root: Path = ROOT) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
+                  if not SKIP_DIRS.intersection(p.relative_to(root).parts[:-1]))
+
+
+def test_imports_go_down_the_floors():
+    found = []
+    for path in package_modules():
+        found += violations((ROOT / path).read_text(encoding="utf-8"), path)
+    assert not found, "imports against the floors (tests/test_layers.py FLOORS):\n" + "\n".join(found)
+
+
+def test_allowed_exceptions_still_exist():
+    for (path, module), reason in ALLOWED.items():
+        assert module in {name for _, name in imports_of((ROOT / path).read_text(encoding="utf-8"), path)} or any(
+            name.startswith(module + ".") for _, name in imports_of((ROOT / path).read_text(encoding="utf-8"), path)), (
+            f"{path} no longer imports {module}: drop it from ALLOWED ({reason})")
+
+
+def test_every_module_has_a_floor():
+    for path in package_modules():
+        floor_of(path)  # raises with the path when a new folder has no row
+
+
+def test_checker_catches_planted_violations():
+    planted = ("from mmrun.training.pretrain import pretrain\n"
+               "def later():\n"
+               "    from mmrun.engines.mindspore.parallel import engine\n"
+               "    from mmrun.common import atomic_write\n")
+    found = violations(planted, "engines/torch/megatron_core/engine.py")
+    assert found == [
+        "engines/torch/megatron_core/engine.py:1 imports mmrun.training.pretrain (floor training above floor engines)",
+        "engines/torch/megatron_core/engine.py:3 imports mmrun.engines.mindspore.parallel.engine "
+        "(mindspore code from torch code)",
+    ]
+    relative = violations("from ..torch import device\n", "backend/mindspore/ops.py")
+    assert relative == ["backend/mindspore/ops.py:1 imports mmrun.backend.torch.device (torch code from mindspore code)"]
+    portable = violations("from mmrun.backend.torch import nn\n", "models/gpt.py")
+    assert portable and "go through backend's neutral API" in portable[0]
+    assert violations("from mmrun.engines import create\n", "training/pretrain.py") == []
+
+
+if __name__ == "__main__":
+    for module in package_modules():
+        for line in violations((ROOT / module).read_text(encoding="utf-8"), module):
+            print(line)
