@@ -167,13 +167,18 @@ class Qwen2VisionTransformer(nn.Module):
         return merged
 
     def _rotary(self, positions: np.ndarray) -> tuple[Any, Any]:
-        """cos, sin (patches, 1, head_dim) fp32: the row angles, then the column angles, twice (rotate_half's halves)."""
-        angles = ops.reshape(tensors.cast(tensors.from_numpy(positions), "float32"), (-1, 2, 1)) * ops.reshape(
-            tensors.from_numpy(self.inv_freq), (1, 1, -1))
-        half = ops.reshape(angles, (positions.shape[0], -1))  # [row freqs | column freqs]
-        full = ops.cat([half, half], dim=-1)
-        n = positions.shape[0]
-        return ops.reshape(ops.cos(full), (n, 1, -1)), ops.reshape(ops.sin(full), (n, 1, -1))
+        return vision_rotary(positions, self.inv_freq)
+
+
+def vision_rotary(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[Any, Any]:
+    """The ViT's 2-D rotary: cos, sin (patches, 1, head_dim) fp32 from (patches, 2) (row, column) positions: the
+    row angles, then the column angles, twice (rotate_half's halves). Shared with the parallel ViTs."""
+    angles = ops.reshape(tensors.cast(tensors.from_numpy(positions), "float32"), (-1, 2, 1)) * ops.reshape(
+        tensors.from_numpy(inv_freq), (1, 1, -1))
+    half = ops.reshape(angles, (positions.shape[0], -1))  # [row freqs | column freqs]
+    full = ops.cat([half, half], dim=-1)
+    n = positions.shape[0]
+    return ops.reshape(ops.cos(full), (n, 1, -1)), ops.reshape(ops.sin(full), (n, 1, -1))
 
 
 # ------------------------------------------------------------------------------------------ text

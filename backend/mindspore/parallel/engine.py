@@ -6,7 +6,11 @@
 
 `model` is this rank's pipeline stage (engines/mindspore/parallel/gpt.py GPTModel or anything with the same call and
 `parameter_roles()`); every rank gets every micro-batch and uses what its stage needs (tokens and positions on
-the first stage, labels and the loss mask on the last). The step, in megatron-core's order:
+the first stage, labels and the loss mask on the last). A micro-batch is `fields` long: the model's inputs, then
+labels and loss_mask; the model is called `model(*inputs, hidden_in, labels)` on every stage (a stage that is not
+the first gets `hidden_in` from the previous one and may read the inputs too: a VLM's text layers read their
+M-RoPE positions on every stage). Micro-batches may differ in shape (a VLM's batches are padded to their own
+longest sample): each pipeline message is sized from its own micro-batch. The step, in megatron-core's order:
 
 1. forward and backward over the micro-batches: one after the other without pipeline parallelism, else
    Megatron's 1F1B schedule (warm-up forwards, one-forward-one-backward, cool-down backwards) with activations
@@ -96,12 +100,15 @@ class ParallelTrainStep(ms.nn.Cell):
 
     def __init__(self, model: ms.nn.Cell, optimizer: optim.AdamW, state: ParallelState, clip_grad: float = 1.0,
                  lr_scheduler: Any = None, increment: int = 1, jit: bool | None = None,
-                 loss_func: Callable[[Any, Any], Any] | None = None) -> None:
+                 loss_func: Callable[[Any, Any], Any] | None = None,
+                 fields: Sequence[str] = MICRO_BATCH_FIELDS, hidden_size: int | None = None) -> None:
         super().__init__(auto_prefix=False)
         self.model, self.optimizer, self.state = model, optimizer, state
         self.clip_grad = float(clip_grad)
         self.lr_scheduler, self.increment = lr_scheduler, increment
         self.loss_func = loss_func or megatron_loss
+        self.fields = tuple(fields)
+        self.hidden_size = int(hidden_size or model.config.hidden_size)  # of the messages between stages
         self.jit = DEFAULT_JIT if jit is None else bool(jit)
         self.first, self.last = state.is_first_stage, state.is_last_stage
         self.names = list(optimizer.names)
@@ -144,51 +151,50 @@ class ParallelTrainStep(ms.nn.Cell):
 
     # ------------------------------------------------------------------ what gets differentiated
 
-    def _whole_loss(self, tokens, position_ids, labels, loss_mask, scale):
-        loss = self.loss_func(self.model(tokens, position_ids, None, labels), loss_mask)
+    def _whole_loss(self, inputs, labels, loss_mask, scale):
+        loss = self.loss_func(self.model(*inputs, None, labels), loss_mask)
         return loss * scale, loss
 
-    def _last_loss(self, hidden_in, labels, loss_mask, scale):
-        loss = self.loss_func(self.model(None, None, hidden_in, labels), loss_mask)
+    def _last_loss(self, hidden_in, inputs, labels, loss_mask, scale):
+        loss = self.loss_func(self.model(*inputs, hidden_in, labels), loss_mask)
         return loss * scale, loss
 
-    def _first_dot(self, tokens, position_ids, output_grad):
-        return mint.sum(self.model(tokens, position_ids, None, None) * output_grad)
+    def _first_dot(self, inputs, output_grad):
+        return mint.sum(self.model(*inputs, None, None) * output_grad)
 
-    def _middle_dot(self, hidden_in, output_grad):
-        return mint.sum(self.model(None, None, hidden_in, None) * output_grad)
+    def _middle_dot(self, hidden_in, inputs, output_grad):
+        return mint.sum(self.model(*inputs, hidden_in, None) * output_grad)
 
     # ------------------------------------------------------------------ compiled pieces
 
     def _backward(self, acc, batch, hidden_in, output_grad, scale):
         """Gradients of one micro-batch added to `acc`; returns (loss or 0, input gradient or 0, acc)."""
-        tokens, position_ids, labels, loss_mask = batch
+        inputs, labels, loss_mask = batch[:-2], batch[-2], batch[-1]
         zero = F.cast(0.0, ms.float32)
         if self.first and self.last:
-            (_, loss), grads = self._grad_fn(tokens, position_ids, labels, loss_mask, scale)
+            (_, loss), grads = self._grad_fn(inputs, labels, loss_mask, scale)
             input_grad = zero
         elif self.last:
-            (_, loss), (input_grad, grads) = self._grad_fn(hidden_in, labels, loss_mask, scale)
+            (_, loss), (input_grad, grads) = self._grad_fn(hidden_in, inputs, labels, loss_mask, scale)
         elif self.first:
-            _, grads = self._grad_fn(tokens, position_ids, output_grad)
+            _, grads = self._grad_fn(inputs, output_grad)
             loss, input_grad = zero, zero
         else:
-            _, (input_grad, grads) = self._grad_fn(hidden_in, output_grad)
+            _, (input_grad, grads) = self._grad_fn(hidden_in, inputs, output_grad)
             loss = zero
         return loss, input_grad, tuple([a + F.cast(g, ms.float32) for a, g in zip(acc, grads)])
 
     def _forward(self, batch, hidden_in):
-        return self.model(batch[0], batch[1], hidden_in, None)
+        return self.model(*batch[:-2], hidden_in, None)
 
     def _forward_eval(self, batch, hidden_in):
         # Its own graph: a graph compiled by mindspore.jit keeps the training mode it was compiled in, so
         # sharing _forward with the 1F1B schedule would put eval-mode (no dropout) forwards into training, or
         # dropout into evaluation, whichever ran first.
-        return self.model(batch[0], batch[1], hidden_in, None)
+        return self.model(*batch[:-2], hidden_in, None)
 
     def _evaluate(self, batch, hidden_in):
-        tokens, position_ids, labels, loss_mask = batch
-        return self.loss_func(self.model(tokens, position_ids, hidden_in, labels), loss_mask)
+        return self.loss_func(self.model(*batch[:-2], hidden_in, batch[-2]), batch[-1])
 
     def _squares(self, grads):
         """Sum of squares of the gradients this rank owns for the norm (megatron's grads_for_norm)."""
@@ -208,20 +214,26 @@ class ParallelTrainStep(ms.nn.Cell):
         check_micro_batches(micro_batches)
         batches = []
         for mb in micro_batches:
-            if len(mb) != len(MICRO_BATCH_FIELDS):
-                raise ValueError(f"a micro-batch is ({', '.join(MICRO_BATCH_FIELDS)}). Received {len(mb)} values")
-            batches.append(ms.mutable(tuple(_as_tensor(v) for v in mb)))
-        seq, tp = batches[0][0].shape[-1], self.state.tensor_model_parallel_size
-        if self.state.sequence_parallel and seq % tp:
-            raise UsageError(f"with --sequence-parallel the sequence length ({seq}) must be divisible by "
-                             f"--tensor-model-parallel-size ({tp}); change --seq-length")
+            if len(mb) != len(self.fields):
+                raise ValueError(f"a micro-batch is ({', '.join(self.fields)}). Received {len(mb)} values")
+            # None stays None (a VLM micro-batch without images); compiled graphs take tensors only.
+            values = tuple(None if v is None else _as_tensor(v) for v in mb)
+            batches.append(ms.mutable(values) if self.jit else values)
+            seq, tp = values[0].shape[-1], self.state.tensor_model_parallel_size
+            if self.state.sequence_parallel and seq % tp:
+                raise UsageError(f"with --sequence-parallel the sequence length ({seq}) must be divisible by "
+                                 f"--tensor-model-parallel-size ({tp}); change --seq-length")
         return batches
 
-    def _pipeline(self, batch) -> PipelineP2P:
+    def _message_shape(self, batch) -> tuple[int, int, int]:
+        """[s, b, h] of the activations sent between stages for this micro-batch ([s / tp, b, h] with SP)."""
         b, s = batch[0].shape
         if self.state.sequence_parallel:
             s //= self.state.tensor_model_parallel_size
-        shape = (s, b, self.model.config.hidden_size)
+        return (s, b, self.hidden_size)
+
+    def _pipeline(self, batch) -> PipelineP2P:
+        shape = self._message_shape(batch)
         if self._p2p is None or self._p2p.shape != shape:
             self._p2p = PipelineP2P(self.state, shape)
         return self._p2p
@@ -273,6 +285,9 @@ class ParallelTrainStep(ms.nn.Cell):
             pending.append((i, hidden_in))
             return output
 
+        def shape(i: int) -> tuple[int, int, int]:
+            return self._message_shape(batches[i])
+
         def run_backward(output_grad):
             nonlocal acc, loss_sum
             i, hidden_in = pending.popleft()
@@ -283,23 +298,25 @@ class ParallelTrainStep(ms.nn.Cell):
             return None if self.first else input_grad
 
         for i in range(warmup):
-            p2p.send_forward(run_forward(i, p2p.recv_forward()))
+            p2p.send_forward(run_forward(i, p2p.recv_forward(shape(i))))
         remaining = num - warmup
-        hidden_in = p2p.recv_forward() if remaining > 0 else None
+        hidden_in = p2p.recv_forward(shape(warmup)) if remaining > 0 else None
         for j in range(remaining):
             i = warmup + j
             if self.last:
                 pending.append((i, hidden_in))
                 output_grad = None
             else:
-                output_grad = p2p.send_forward_recv_backward(run_forward(i, hidden_in))
+                # the gradient received belongs to the oldest forward still pending (run_forward appended i)
+                output = run_forward(i, hidden_in)
+                output_grad = p2p.send_forward_recv_backward(output, shape(pending[0][0]))
             input_grad = run_backward(output_grad)
             if j == remaining - 1:
                 p2p.send_backward(input_grad)
             else:
-                hidden_in = p2p.send_backward_recv_forward(input_grad)
+                hidden_in = p2p.send_backward_recv_forward(input_grad, shape(i + 1))
         for _ in range(warmup):
-            p2p.send_backward(run_backward(p2p.recv_backward()))
+            p2p.send_backward(run_backward(p2p.recv_backward(shape(pending[0][0]))))
         return loss_sum, acc
 
     def _finalize(self, grads: list, loss: float) -> tuple[float, tuple[ms.Tensor, ...]]:
@@ -356,7 +373,7 @@ class ParallelTrainStep(ms.nn.Cell):
             loss_sum = 0.0
             p2p = self._pipeline(batches[0]) if self.state.pipeline_model_parallel_size > 1 else None
             for batch in batches:
-                hidden_in = p2p.recv_forward() if p2p is not None else None
+                hidden_in = p2p.recv_forward(self._message_shape(batch)) if p2p is not None else None
                 if self.last:
                     loss_sum += float(self._compiled["evaluate"](batch, hidden_in))
                 else:

@@ -45,10 +45,11 @@ class PipelineP2P:
             from mindspore.communication import GlobalComm
             self.world = GlobalComm.WORLD_COMM_GROUP
 
-    def _buffer(self) -> ms.Tensor:
-        return ms.Tensor(np.zeros(self.shape, dtype=ms.dtype_to_nptype(self.dtype)))
+    def _buffer(self, shape: Sequence[int] | None) -> ms.Tensor:
+        return ms.Tensor(np.zeros(self.shape if shape is None else tuple(shape), dtype=ms.dtype_to_nptype(self.dtype)))
 
-    def _exchange(self, send: ms.Tensor | None, send_to: int | None, recv_from: int | None) -> ms.Tensor | None:
+    def _exchange(self, send: ms.Tensor | None, send_to: int | None, recv_from: int | None,
+                  shape: Sequence[int] | None = None) -> ms.Tensor | None:
         from mindspore.ops import communication as comm
 
         handles = []
@@ -56,33 +57,35 @@ class PipelineP2P:
         if send is not None and send_to is not None:
             handles.append(comm.isend(send, dst=send_to, group=self.world))
         if recv_from is not None:
-            received = self._buffer()
+            received = self._buffer(shape)
             handles.append(comm.irecv(received, src=recv_from, group=self.world))
         for handle in handles:
             handle.wait()
         return received
 
-    # Megatron's names; each is a no-op at the end of the pipeline it would cross.
-    def recv_forward(self) -> ms.Tensor | None:
-        return None if self.state.is_first_stage else self._exchange(None, None, self.state.prev_rank)
+    # Megatron's names; each is a no-op at the end of the pipeline it would cross. `shape`: what is received,
+    # when micro-batches differ in shape (Megatron's --variable-seq-lengths); default the shape given at creation.
+    def recv_forward(self, shape: Sequence[int] | None = None) -> ms.Tensor | None:
+        return None if self.state.is_first_stage else self._exchange(None, None, self.state.prev_rank, shape)
 
     def send_forward(self, output: ms.Tensor) -> None:
         if not self.state.is_last_stage:
             self._exchange(output, self.state.next_rank, None)
 
-    def recv_backward(self) -> ms.Tensor | None:
-        return None if self.state.is_last_stage else self._exchange(None, None, self.state.next_rank)
+    def recv_backward(self, shape: Sequence[int] | None = None) -> ms.Tensor | None:
+        return None if self.state.is_last_stage else self._exchange(None, None, self.state.next_rank, shape)
 
     def send_backward(self, input_grad: ms.Tensor | None) -> None:
         if not self.state.is_first_stage:
             self._exchange(input_grad, self.state.prev_rank, None)
 
-    def send_forward_recv_backward(self, output: ms.Tensor) -> ms.Tensor | None:
+    def send_forward_recv_backward(self, output: ms.Tensor, shape: Sequence[int] | None = None) -> ms.Tensor | None:
         if self.state.is_last_stage:
             return None
-        return self._exchange(output, self.state.next_rank, self.state.next_rank)
+        return self._exchange(output, self.state.next_rank, self.state.next_rank, shape)
 
-    def send_backward_recv_forward(self, input_grad: ms.Tensor | None) -> ms.Tensor | None:
+    def send_backward_recv_forward(self, input_grad: ms.Tensor | None,
+                                   shape: Sequence[int] | None = None) -> ms.Tensor | None:
         if self.state.is_first_stage:
             return None
-        return self._exchange(input_grad, self.state.prev_rank, self.state.prev_rank)
+        return self._exchange(input_grad, self.state.prev_rank, self.state.prev_rank, shape)

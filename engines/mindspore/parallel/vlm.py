@@ -1,0 +1,502 @@
+"""Qwen2-VL / Qwen2.5-VL on MindSpore, tensor-, pipeline- and sequence-parallel: one pipeline stage per process.
+
+The model of models/qwen2_vl/modeling.py (the portable one: the same numerics) rebuilt from Megatron's parallel
+layers (backend/mindspore/parallel), with MindSpeed-MM's parameter names and shards for this (TP, PP) rank
+(models/qwen2_vl/mm_layout.py, the layout megatron-core's VLM on PyTorch and `mmrun convert` use too):
+
+    image_encoder.encoder   patch_embed (Conv3d weight as a matmul), blocks.layers.N: LayerNorm/RMSNorm,
+                            self_attention (linear_qkv column-parallel, per head [q k v]; 2-D vision rotary;
+                            attention inside each image / frame / window; linear_proj row-parallel), mlp
+                            (fc1 column-parallel, [gate_r; up_r] for Qwen2.5-VL; fc2 row-parallel)
+    image_encoder.projector layernorm, 2x2 merge, encoder.linear_fc1 (column) -> GELU -> encoder.linear_fc2 (row)
+    text_decoder            embedding.word_embeddings (vocab-parallel), the ViT's features put on the image
+                            tokens, decoder.layers.N (RMSNorm; GQA with per-group fused [q.. k v] and M-RoPE from
+                            the data pipeline's position ids; SwiGLU with [gate_r; up_r]), final_layernorm,
+                            output_layer (column-parallel; the tied copy on the last stage), vocab-parallel loss
+
+Stage 0 holds the ViT, the projector, the embedding and the first text layers (model.json's per-module
+pipeline_num_layers: ViT [V, 0, ...]); the text layers' activations [s, b, h] go between stages. Sequence
+parallelism splits the text decoder's sequence (as megatron-core's GPT); the ViT runs replicated over the TP
+group with its weights split (its token count is the images', unrelated to the text sequence). A micro-batch
+without images runs the ViT on a blank 2x2 image whose features count zero times, so every rank runs the same
+collectives and the ViT's gradients reduce as with images (as MindSpeed-MM's fake image).
+
+Training is backend/mindspore/parallel/engine.py's ParallelTrainStep (1F1B, gradient finalization, norm,
+AdamW) in PyNative: the inputs change shape with the images. `VLMEngine` is the trainer's engine for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from mmrun.backend.errors import UsageError
+from mmrun.backend.mindspore import nn, ops, tensors
+from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
+from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep, ParameterRoles
+from mmrun.backend.mindspore.parallel.groups import ParallelState
+from mmrun.backend.mindspore.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, divide
+from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
+from mmrun.models.qwen2_vl import vision_layout
+from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
+from mmrun.models.qwen2_vl.modeling import vision_rotary
+from mmrun.models.transformer_blocks import activation, apply_rotary, multimodal_rotary, rotary_inv_freq
+
+IGNORE_INDEX = -100
+# A micro-batch as ParallelTrainStep takes it: the model's inputs, then the (shifted) labels and their mask.
+VLM_FIELDS = ("input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+              "labels", "loss_mask")
+# model.json's freeze switches -> the MindSpeed-MM name prefix of the part they freeze.
+FREEZE_PREFIXES = {"vision_projector": "image_encoder.projector.", "vision_encoder": "image_encoder.encoder.",
+                   "text_decoder": "text_decoder."}
+OUTPUT_LAYER = "text_decoder.output_layer.weight"
+WORD_EMBEDDINGS = "text_decoder.embedding.word_embeddings.weight"
+
+
+def _vision_norm(config: VisionConfig, qwen2_5: bool) -> nn.Module:
+    """As the portable model: Qwen2-VL's ViT LayerNorm, Qwen2.5-VL's RMSNorm, eps 1e-6."""
+    return nn.RMSNorm(config.hidden_size, eps=1e-6) if qwen2_5 else nn.LayerNorm(config.hidden_size, eps=1e-6)
+
+
+class _Weight(nn.Module):
+    """A module holding one weight (the patch embedding's `proj`, a Conv3d in the checkpoint)."""
+
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(tensors.from_numpy(np.zeros(shape, np.float32)))
+
+
+# ------------------------------------------------------------------------------------------ vision
+
+class PatchEmbed(nn.Module):
+    """`proj.weight` (D, 1176): the checkpoint's Conv3d kernel (D, 3, 2, 14, 14) flattened, as mm_layout and the
+    portable model keep it; kernel = stride, so on the processor's flattened patches it is one matmul."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.proj = _Weight(config.hidden_size, config.patch_dim)
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, config: VisionConfig, state: ParallelState) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.heads = divide(config.num_heads, state.tensor_model_parallel_size, "number of vision attention heads")
+        self.linear_qkv = ColumnParallelLinear(config.hidden_size, 3 * config.hidden_size, state)
+        self.linear_proj = RowParallelLinear(config.hidden_size, config.hidden_size, state)
+
+    def forward(self, x, cos, sin, cu_seqlens: np.ndarray):
+        qkv, _ = self.linear_qkv(x)  # [n, heads/tp * 3 * head_dim], per head [q k v]
+        n = qkv.shape[0]
+        q, k, v = ops.split(ops.reshape(qkv, (n, self.heads, 3 * self.head_dim)), self.head_dim, dim=-1)
+        # transformers rotates the vision q/k in fp32 and casts back (apply_rotary_pos_emb_vision).
+        dtype = q.dtype
+        q = tensors.cast(apply_rotary(tensors.cast(q, "float32"), cos, sin), dtype)
+        k = tensors.cast(apply_rotary(tensors.cast(k, "float32"), cos, sin), dtype)
+        y = ops.varlen_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5)
+        out, _ = self.linear_proj(ops.reshape(y, (n, self.heads * self.head_dim)))
+        return out
+
+
+class VisionMLP(nn.Module):
+    """Qwen2-VL: fc2(act(fc1(x))); Qwen2.5-VL: fc2(act(gate) * up) with fc1 = [gate_r; up_r] on each rank."""
+
+    def __init__(self, config: VisionConfig, state: ParallelState, gated: bool) -> None:
+        super().__init__()
+        self.gated = gated
+        width = config.intermediate_size
+        self.linear_fc1 = ColumnParallelLinear(config.hidden_size, 2 * width if gated else width, state)
+        self.linear_fc2 = RowParallelLinear(width, config.hidden_size, state)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x):
+        h, _ = self.linear_fc1(x)
+        if self.gated:
+            gate, up = ops.split(h, h.shape[-1] // 2, dim=-1)
+            h = self.act(gate) * up
+        else:
+            h = self.act(h)
+        out, _ = self.linear_fc2(h)
+        return out
+
+
+class VisionLayer(nn.Module):
+    def __init__(self, config: VisionConfig, state: ParallelState, qwen2_5: bool) -> None:
+        super().__init__()
+        self.input_layernorm = _vision_norm(config, qwen2_5)
+        self.self_attention = VisionAttention(config, state)
+        self.pre_mlp_layernorm = _vision_norm(config, qwen2_5)
+        self.mlp = VisionMLP(config, state, gated=qwen2_5)
+
+    def forward(self, x, cos, sin, cu_seqlens: np.ndarray):
+        x = x + self.self_attention(self.input_layernorm(x), cos, sin, cu_seqlens)
+        return x + self.mlp(self.pre_mlp_layernorm(x))
+
+
+class VisionBlocks(nn.Module):
+    def __init__(self, config: VisionConfig, state: ParallelState, qwen2_5: bool, num_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([VisionLayer(config, state, qwen2_5) for _ in range(num_layers)])
+
+
+class VisionEncoder(nn.Module):
+    """MindSpeed-MM's image_encoder.encoder: patch embedding and the ViT blocks."""
+
+    def __init__(self, config: VisionConfig, state: ParallelState, qwen2_5: bool, num_layers: int) -> None:
+        super().__init__()
+        self.config, self.qwen2_5 = config, qwen2_5
+        self.patch_embed = PatchEmbed(config)
+        self.blocks = VisionBlocks(config, state, qwen2_5, num_layers)
+        self.inv_freq = rotary_inv_freq(config.head_dim // 2, config.rope_theta)
+
+    def forward(self, pixel_values, grid: np.ndarray):
+        """(patches, 1176) -> (patches, D), in window order for Qwen2.5-VL; also returns that order (or None)."""
+        config = self.config
+        merge, unit = config.spatial_merge_size, config.spatial_merge_size ** 2
+        total = int(vision_layout.patch_counts(grid).sum())
+        if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
+                             f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid_thw")
+        weight = self.patch_embed.proj.weight
+        x = ops.linear(tensors.cast(pixel_values, weight.dtype), weight)
+        positions = vision_layout.rotary_position_ids(grid, merge)
+        frames = vision_layout.frame_cu_seqlens(grid)
+        order = windows = None
+        if self.qwen2_5:
+            order, windows = vision_layout.window_index(grid, merge, config.window_size, config.patch_size)
+            x = ops.reshape(ops.embedding(tensors.from_numpy(order), ops.reshape(x, (total // unit, -1))), (total, -1))
+            positions = positions.reshape(total // unit, unit, 2)[order].reshape(total, 2)
+        cos, sin = vision_rotary(positions, self.inv_freq)
+        for index, layer in enumerate(self.blocks.layers):
+            full = not self.qwen2_5 or index in config.fullatt_block_indexes
+            x = layer(x, cos, sin, frames if full else windows)
+        return x, order
+
+
+class ProjectorMLP(nn.Module):
+    def __init__(self, merged: int, out: int, state: ParallelState) -> None:
+        super().__init__()
+        self.linear_fc1 = ColumnParallelLinear(merged, merged, state)
+        self.linear_fc2 = RowParallelLinear(merged, out, state)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        h, _ = self.linear_fc1(x)
+        out, _ = self.linear_fc2(self.act(h))
+        return out
+
+
+class VisionProjector(nn.Module):
+    """MindSpeed-MM's image_encoder.projector (HF's merger): norm, 2x2 merge, MLP to the text width."""
+
+    def __init__(self, config: VisionConfig, state: ParallelState, qwen2_5: bool) -> None:
+        super().__init__()
+        self.merged = config.hidden_size * config.spatial_merge_size ** 2
+        self.layernorm = _vision_norm(config, qwen2_5)
+        self.encoder = ProjectorMLP(self.merged, config.out_hidden_size, state)
+
+    def forward(self, x):
+        return self.encoder(ops.reshape(self.layernorm(x), (-1, self.merged)))
+
+
+class ImageEncoder(nn.Module):
+    def __init__(self, config: Qwen2VLConfig, state: ParallelState, num_layers: int) -> None:
+        super().__init__()
+        self.encoder = VisionEncoder(config.vision, state, config.is_qwen2_5, num_layers)
+        self.projector = VisionProjector(config.vision, state, config.is_qwen2_5)
+
+    def forward(self, pixel_values, grid: np.ndarray):
+        """-> (merged tokens, text hidden) in the order of the images and their merged tokens."""
+        x, order = self.encoder(pixel_values, grid)
+        merged = self.projector(x)
+        if order is not None:
+            merged = ops.embedding(tensors.from_numpy(np.argsort(order)), merged)  # back to image order
+        return merged
+
+
+# ------------------------------------------------------------------------------------------ text
+
+class TextAttention(nn.Module):
+    """GQA: linear_qkv rows per query group [q heads of the group, k, v] (whole groups per TP rank); causal."""
+
+    def __init__(self, config: Qwen2VLConfig, state: ParallelState) -> None:
+        super().__init__()
+        text, tp = config.text, state.tensor_model_parallel_size
+        self.head_dim = text.head_dim
+        self.groups = divide(text.num_key_value_heads, tp, "number of key/value heads (num_query_groups)")
+        self.per_group = text.num_attention_heads // text.num_key_value_heads
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        qkv_rows = (text.num_attention_heads + 2 * text.num_key_value_heads) * self.head_dim
+        self.linear_qkv = ColumnParallelLinear(text.hidden_size, qkv_rows, state, bias=True)
+        self.linear_proj = RowParallelLinear(text.num_attention_heads * self.head_dim, text.hidden_size, state,
+                                             bias=False)
+
+    def forward(self, x, cos, sin):
+        qkv, _ = self.linear_qkv(x)  # [s, b, groups/tp * (per_group + 2) * head_dim]
+        s, b = qkv.shape[0], qkv.shape[1]
+        d = self.head_dim
+        qkv = ops.reshape(qkv, (s, b, self.groups, (self.per_group + 2) * d))
+        q, k, v = ops.split(qkv, [self.per_group * d, d, d], dim=3)
+        q = ops.permute(ops.reshape(q, (s, b, self.groups * self.per_group, d)), (1, 2, 0, 3))  # [b, heads, s, d]
+        k, v = ops.permute(k, (1, 2, 0, 3)), ops.permute(v, (1, 2, 0, 3))  # [b, groups, s, d]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = ops.scaled_dot_product_attention(q, k, v, causal=True, scale=self.scale)  # GQA: kv heads repeated
+        y = ops.reshape(ops.permute(y, (2, 0, 1, 3)), (s, b, self.groups * self.per_group * d))
+        out, _ = self.linear_proj(y)
+        return out
+
+
+class TextMLP(nn.Module):
+    """SwiGLU: linear_fc1 = [gate_r; up_r] on each rank, silu(gate) * up, linear_fc2 row-parallel."""
+
+    def __init__(self, config: Qwen2VLConfig, state: ParallelState) -> None:
+        super().__init__()
+        text = config.text
+        self.linear_fc1 = ColumnParallelLinear(text.hidden_size, 2 * text.intermediate_size, state, bias=False)
+        self.linear_fc2 = RowParallelLinear(text.intermediate_size, text.hidden_size, state, bias=False)
+        self.act = activation(text.hidden_act)
+
+    def forward(self, x):
+        h, _ = self.linear_fc1(x)
+        gate, up = ops.split(h, h.shape[-1] // 2, dim=-1)
+        out, _ = self.linear_fc2(self.act(gate) * up)
+        return out
+
+
+class TextLayer(nn.Module):
+    def __init__(self, config: Qwen2VLConfig, state: ParallelState) -> None:
+        super().__init__()
+        eps = config.text.rms_norm_eps
+        self.input_layernorm = nn.RMSNorm(config.text.hidden_size, eps=eps)
+        self.self_attention = TextAttention(config, state)
+        self.pre_mlp_layernorm = nn.RMSNorm(config.text.hidden_size, eps=eps)
+        self.mlp = TextMLP(config, state)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attention(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.pre_mlp_layernorm(x))
+
+
+class TextBlock(nn.Module):
+    def __init__(self, config: Qwen2VLConfig, state: ParallelState, num_layers: int, post_process: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([TextLayer(config, state) for _ in range(num_layers)])
+        self.post_process = post_process
+        if post_process:
+            self.final_layernorm = nn.RMSNorm(config.text.hidden_size, eps=config.text.rms_norm_eps)
+
+    def forward(self, x, cos, sin):
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.final_layernorm(x) if self.post_process else x
+
+
+class Embedding(nn.Module):
+    def __init__(self, config: Qwen2VLConfig, state: ParallelState) -> None:
+        super().__init__()
+        self.word_embeddings = VocabParallelEmbedding(config.text.vocab_size, config.text.hidden_size, state)
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, config: Qwen2VLConfig, state: ParallelState, num_layers: int) -> None:
+        super().__init__()
+        self.pre_process, self.post_process = state.is_first_stage, state.is_last_stage
+        tied = config.tie_word_embeddings
+        if self.pre_process:
+            self.embedding = Embedding(config, state)
+        self.decoder = TextBlock(config, state, num_layers, self.post_process)
+        if self.post_process:
+            # Tied on one stage: the output layer reads the word embeddings (no parameter of its own).
+            self.output_layer = ColumnParallelLinear(config.text.hidden_size, config.text.vocab_size, state, bias=False,
+                                                     skip_weight_param_allocation=self.pre_process and tied)
+            self.uses_own_output_weight = not (self.pre_process and tied)
+
+
+# ------------------------------------------------------------------------------------------ one stage
+
+class Qwen2VLStage(nn.Module):
+    """This rank's pipeline stage of the VLM, its tensor-parallel shard, named as mm_layout names it."""
+
+    def __init__(self, config: Qwen2VLConfig, layout: Any, state: ParallelState) -> None:
+        super().__init__()
+        self.config, self.layout, self.state = config, layout, state
+        pp_rank = state.pp_rank
+        self.hidden_size = config.text.hidden_size
+        self.pre_process, self.post_process = state.is_first_stage, state.is_last_stage
+        vit_layers = len(layout.stage_layers("vit", pp_rank))
+        if vit_layers and not self.pre_process:
+            raise UsageError(f"the ViT must be on pipeline stage 0 (mmrun's rule, as megatron-core's): vision "
+                             f"pipeline_num_layers {list(layout.vit_pp_layers)} puts {vit_layers} on stage {pp_rank}; "
+                             "put every vision layer on the first stage ([V, 0, ...])")
+        if self.pre_process:
+            # The ViT's tokens are the images' (not the text sequence): it runs without sequence parallelism.
+            self.image_encoder = ImageEncoder(config, dataclasses.replace(state, sequence_parallel=False), vit_layers)
+            if state.sequence_parallel:
+                self.scatter = ScatterToSequenceParallelRegion(state.group("tp"))
+        self.text_decoder = TextDecoder(config, state, len(layout.stage_layers("llm", pp_rank)))
+        if self.post_process:
+            self.cross_entropy = VocabParallelCrossEntropy(config.text.vocab_size, state)
+        self.inv_freq = rotary_inv_freq(config.text.head_dim, config.text.rope_theta)
+
+    def forward(self, input_ids, position_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                hidden_in=None, labels=None):
+        """First stage: the batch; later ones: hidden_in [s, b, h] (with SP [s / tp, b, h]) and position_ids
+        (3, b, s). Last stage: per-token loss [b, s] with labels (shifted, [b, s]), else logits [s, b, v / tp];
+        other stages: the hidden states for the next."""
+        batch, seq = input_ids.shape
+        cos, sin = multimodal_rotary(position_ids, self.inv_freq, self.config.text.mrope_section, "float32")
+        cos, sin = ops.reshape(cos, (batch, 1, seq, -1)), ops.reshape(sin, (batch, 1, seq, -1))
+        if self.pre_process:
+            x = self.text_decoder.embedding.word_embeddings(input_ids)  # [b, s, h], summed over TP
+            x = self._merge_vision(input_ids, x, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+            x = ops.transpose(x, 0, 1)  # [s, b, h]
+            if self.state.sequence_parallel:
+                x = self.scatter(x)
+        else:
+            x = hidden_in
+        x = self.text_decoder.decoder(x, cos, sin)
+        if not self.post_process:
+            return x
+        decoder = self.text_decoder
+        weight = (decoder.output_layer.weight if decoder.uses_own_output_weight
+                  else decoder.embedding.word_embeddings.weight)
+        logits, _ = decoder.output_layer(x, weight)  # [s, b, v / tp]
+        if labels is None:
+            return logits
+        return ops.transpose(self.cross_entropy(logits, ops.transpose(labels, 0, 1)), 0, 1)
+
+    def _merge_vision(self, input_ids, embeds, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw):
+        """The ViT's features on the image / video pad tokens (the portable model's _merge_vision, one gather)."""
+        config = self.config
+        unit = config.vision.spatial_merge_size ** 2
+        batch, seq, hidden = embeds.shape
+        ids = ops.reshape(input_ids, (batch * seq,))
+        host_ids = tensors.to_numpy(ids)
+        parts, grids, counts = [], [], []
+        for name, token, pixels, grid in (("image", config.image_token_id, pixel_values, image_grid_thw),
+                                          ("video", config.video_token_id, pixel_values_videos, video_grid_thw)):
+            found = int((host_ids == token).sum())
+            if pixels is None:
+                if found:
+                    raise ValueError(f"input_ids hold {found} {name} tokens (id {token}) but no {name} pixel values")
+                continue
+            grid = vision_layout.grid_array(grid)
+            features = int(vision_layout.patch_counts(grid).sum()) // unit
+            if found != features:
+                raise ValueError(f"{name} tokens and features do not match: input_ids hold {found} {name} tokens, "
+                                 f"the {len(grid)} {name}(s) give {features} features")
+            parts.append(pixels)
+            grids.append(grid)
+            counts.append((tensors.cast(ids == token, "int64"), features))
+        if not parts:
+            # No image: the ViT still runs, on one blank 2x2 image whose result counts zero times (module docstring).
+            merge = config.vision.spatial_merge_size
+            blank = self.image_encoder(ops.zeros((unit, config.vision.patch_dim), like=embeds),
+                                       np.array([[1, merge, merge]]))
+            return embeds + tensors.cast(ops.sum(blank), embeds.dtype) * 0.0
+        pixels = parts[0] if len(parts) == 1 else ops.cat(parts, dim=0)
+        vision = self.image_encoder(pixels, np.concatenate(grids, axis=0))
+        position = ops.arange(batch * seq, like=ids)
+        index, before = position, batch * seq
+        for is_token, features in counts:
+            index = index + is_token * (before + ops.cumsum(is_token, 0) - 1 - position)
+            before += features
+        table = ops.cat([ops.reshape(embeds, (batch * seq, hidden)), vision], dim=0)
+        return ops.reshape(ops.embedding(index, table), (batch, seq, hidden))
+
+    # ------------------------------------------------------------------ what the engine needs to know
+
+    def parameter_roles(self) -> ParameterRoles:
+        """Of the parameters the optimizer holds (not frozen): split over TP, replicated but computed from part
+        of the text sequence with SP (the text decoder's norms: gradients summed over TP), the tied embeddings'
+        copies when the first and last stages differ."""
+        names = {n for n, p in self.named_parameters() if p.requires_grad}
+        pp_rank = self.state.pp_rank
+        split = {n for n in names if self.layout.partition_dim(self.layout.global_name(pp_rank, n)) is not None}
+        sequence = {n for n in names - split if self.state.sequence_parallel and n.startswith("text_decoder.decoder.")}
+        tied = None
+        if self.config.tie_word_embeddings and self.state.pipeline_model_parallel_size > 1:
+            tied = WORD_EMBEDDINGS if self.pre_process else OUTPUT_LAYER if self.post_process else None
+            tied = tied if tied in names else None
+        return ParameterRoles(tensor_parallel=frozenset(split), sequence_parallel=frozenset(sequence),
+                              tied_embedding=tied, shared_copy=OUTPUT_LAYER if tied == OUTPUT_LAYER else None)
+
+    def rank_state_dict(self) -> dict[str, np.ndarray]:
+        return {name: tensors.to_numpy(param) for name, param in self.named_parameters()}
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        """This rank's parameters (numpy or tensors, the layout's local names); one-line error on a mismatch."""
+        from mmrun.models.qwen2_vl.mm_layout import LayoutError
+
+        own = dict(self.named_parameters())
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        wrong = sorted(f"{n} {tuple(np.shape(state[n]))} (expected {tuple(own[n].shape)})"
+                       for n in set(own) & set(state) if tuple(np.shape(state[n])) != tuple(own[n].shape))
+        if missing or unexpected or wrong:
+            raise LayoutError(f"the state does not fit (tp, pp) rank ({self.state.tp_rank}, {self.state.pp_rank}): "
+                              f"missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shapes {wrong[:3]}; load the "
+                              "shard saved by the same rank with the same --tensor/--pipeline-model-parallel-size")
+        for name, param in own.items():
+            param.set_data(tensors.from_numpy(np.asarray(tensors.to_numpy(state[name]), dtype=np.float32),
+                                              dtype=param.dtype))
+
+    def freeze(self, switches: dict[str, bool]) -> list[str]:
+        """model.json's freeze switches (MindSpeed-MM's model.freeze): the frozen parts' parameters get no
+        gradient and no optimizer state. Returns the parts frozen."""
+        for name, param in self.named_parameters():
+            part = next(p for p, prefix in FREEZE_PREFIXES.items() if name.startswith(prefix))
+            (nn.freeze if switches.get(part) else nn.unfreeze)([param])
+        return [part for part, on in switches.items() if on]
+
+
+# ------------------------------------------------------------------------------------------ the step
+
+def micro_batch(batch: dict[str, np.ndarray]) -> tuple[Any, ...]:
+    """A collated batch (data/multimodal/collate.py) as VLM_FIELDS: the labels shifted as the portable loss
+    shifts them (token s predicts labels[s + 1]), -100 -> 0 with loss_mask 0, so Megatron's
+    sum(loss * mask) / sum(mask) is the portable model's mean over label tokens."""
+    labels = np.asarray(batch["labels"])
+    shifted = np.full_like(labels, IGNORE_INDEX)
+    shifted[:, :-1] = labels[:, 1:]
+    mask = shifted != IGNORE_INDEX
+    return (batch["input_ids"], batch["position_ids"], batch.get("pixel_values"), batch.get("image_grid_thw"),
+            batch.get("pixel_values_videos"), batch.get("video_grid_thw"),
+            np.where(mask, shifted, 0).astype(np.int64), mask.astype(np.float32))
+
+
+def build_step(args: Any, state: ParallelState, config: Qwen2VLConfig, freeze: dict[str, bool],
+               log: Callable[[str], None] = print) -> ParallelTrainStep:
+    """This rank's stage, starting from the one-process run's initial weights (mm_layout.initial_state for
+    --seed, --init-method-std) or from --load's Hugging Face directory, frozen as model.json says, its AdamW
+    (Megatron's no-decay rule) and its ParallelTrainStep (PyNative)."""
+    from mmrun.backend.mindspore import optim
+    from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+
+    layout = mm_layout.VLMLayout.build(config, tp=state.tensor_model_parallel_size,
+                                       pp=state.pipeline_model_parallel_size,
+                                       vit_pp_layers=getattr(args, "vit_pp_layers", None),
+                                       llm_pp_layers=getattr(args, "llm_pp_layers", None))
+    model = Qwen2VLStage(config, layout, state)
+    if args.load and hf_checkpoint.is_hf_directory(args.load):
+        _, arrays = hf_checkpoint.load_hf_directory(args.load)
+        floats = hf_checkpoint.to_float_arrays(arrays)
+        model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, floats.__getitem__, state.tp_rank,
+                                                                state.pp_rank))
+        log(f" > loaded Hugging Face weights from {args.load}, this rank's shard; training starts at iteration 0")
+        args.load = None
+    else:
+        model.load_rank_state_dict(mm_layout.initial_state(layout, args.seed, state.tp_rank, state.pp_rank,
+                                                           std=args.init_method_std))
+    frozen = model.freeze(freeze)
+    log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
+    optimizer = optim.AdamW(model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
+                            eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
+    return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=False, fields=VLM_FIELDS,
+                             hidden_size=config.text.hidden_size)
+
+
+def read_micro_batches(data_iterator: Iterator, count: int) -> list[tuple[Any, ...]]:
+    """`count` micro-batches from the loader as ParallelTrainStep takes them (StopIteration passes)."""
+    return [micro_batch(next(data_iterator)) for _ in range(count)]
