@@ -50,7 +50,7 @@ ENGINES: tuple[EngineRow, ...] = (
     EngineRow("torch-ddp", ("pytorch",), False, "mmrun.engines.torch.fsdp2.engine:create_ddp", "torch_ddp"),
     EngineRow("megatron-core", ("pytorch",), True, "mmrun.engines.torch.megatron_core.engine:MegatronCoreEngine"),
     EngineRow("mindspore-parallel", ("mindspore",), True,
-              "mmrun.engines.mindspore.parallel.engine:MindSporeParallelEngine"),
+              "mmrun.engines.mindspore.parallel.engine:create"),
     EngineRow("mmrun", ("pytorch", "mindspore"), False, "mmrun.engines.portable:PortableEngine"),
 )
 
@@ -101,7 +101,8 @@ def create(args: argparse.Namespace, framework: str, log: Callable[[str], None])
         raise ArgumentsError(f"{', '.join(parallel_flags(args))} cannot be combined with the {row.name} engine "
                              f"(it shards or replicates the whole model over every rank); drop them, or drop "
                              f"--{row.chosen_by.replace('_', '-')}")
-    if row.wants_parallelism and not getattr(args, "use_mcore_models", False):
+    # An entry whose model comes from a file (--mm-model) trains that model, not the GPT: no notice.
+    if row.wants_parallelism and not getattr(args, "use_mcore_models", False) and not getattr(args, "model_source", None):
         flags = ", ".join(parallel_flags(args))
         model = GPT_MODEL_OF.get(row.name, "megatron-core's GPTModel")
         log(f"notice: {flags}: mmrun's GPT implements none of this, so this run trains {model} (the same network "

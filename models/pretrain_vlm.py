@@ -67,7 +67,9 @@ def _model_source(argv: list[str]) -> ModelSource:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
                          "scripts/finetune_qwen2vl.sh)")
     _MODEL_JSON = read_model_json(known.mm_model, warn=_warn_rank0)
-    return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data")
+    # Tensor/pipeline splits: MindSpore's parallel engine builds them (engines/mindspore/parallel/vlm.py).
+    return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
+                       parallel_frameworks=("mindspore",))
 
 
 def _warn_rank0(message: str) -> None:
@@ -98,6 +100,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
     args = get_args()
     config = Qwen2VLConfig.from_hf_config(_MODEL_JSON.hf_config)
+    check_pipeline_layers(config, pipeline_stages=1)  # this model is the whole network, on one stage
     print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} ...")
     model = Qwen2VLForConditionalGeneration(config)
     init_weights(model, args.seed, args.init_method_std)
@@ -117,6 +120,14 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     frozen = [name for name, on in freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     return model
+
+
+def check_pipeline_layers(config: Any, pipeline_stages: int) -> Any:
+    """model.json's pipeline_num_layers against the run's stages (one-line LayoutError, exit 2); the layout."""
+    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+
+    return VLMLayout.build(config, pp=pipeline_stages, vit_pp_layers=_MODEL_JSON.vit_pp_layers,
+                           llm_pp_layers=_MODEL_JSON.llm_pp_layers)
 
 
 def _structure(hf_config: dict[str, Any]) -> dict[str, Any]:

@@ -88,6 +88,9 @@ class ModelJson:
     freeze: dict[str, bool]
     sizes: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    # pipeline_num_layers per module, one count per pipeline stage (None: not given; the layout's default split)
+    vit_pp_layers: list[int] | None = None
+    llm_pp_layers: list[int] | None = None
 
 
 def _check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str]) -> None:
@@ -111,17 +114,17 @@ def _require(path: str, values: Mapping[str, Any], where: str, keys: tuple[str, 
         raise UsageError(f"{path}: {where} needs {', '.join(missing)}. Received keys: {', '.join(sorted(values))}")
 
 
-def _pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> None:
-    """One stage holds every layer: pipeline_num_layers must be [num_layers] (tensor/pipeline splits of the
-    VLM are not built yet; a list with more stages is refused instead of silently trained on one)."""
+def _pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> list[int] | None:
+    """pipeline_num_layers: one layer count per pipeline stage (None when absent). Their number against
+    --pipeline-model-parallel-size and the ViT-on-stage-0 rule are the layout's checks (mm_layout.VLMLayout)."""
     layers = section.get("pipeline_num_layers")
     if layers is None:
-        return
-    if layers != [section["num_layers"]]:
-        raise UsageError(f"{path}: {where}.pipeline_num_layers {json.dumps(layers)} splits the model over "
-                          f"{len(layers)} pipeline stages, which mmrun's VLM does not do yet. Received: "
-                          f"{json.dumps(layers)}; use [{section['num_layers']}] with "
-                          "--pipeline-model-parallel-size 1")
+        return None
+    if not layers or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in layers) \
+            or sum(layers) != section["num_layers"]:
+        raise UsageError(f"{path}: {where}.pipeline_num_layers must list each pipeline stage's layer count, adding up "
+                         f"to num_layers {section['num_layers']}. Received: {json.dumps(layers)}")
+    return list(layers)
 
 
 def _vision_config(path: str, model_type: str, enc: Mapping[str, Any], proj: Mapping[str, Any],
@@ -175,8 +178,8 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                                    ("text_decoder", text, "text_decoder")):
         _check_section(path, section, values, where, warnings)
     _require(path, text, "text_decoder", ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"))
-    for where, section in (("image_encoder.vision_encoder", enc), ("text_decoder", text)):
-        _pipeline_layers(path, where, section)
+    pipeline = {"vit": _pipeline_layers(path, "image_encoder.vision_encoder", enc),
+                "llm": _pipeline_layers(path, "text_decoder", text)}
     heads = text["num_attention_heads"]
     head_dim = text.get("kv_channels") or text["hidden_size"] // heads
     mrope = text.get("mrope_section") or (text.get("rope_scaling") or {}).get("mrope_section")
@@ -217,7 +220,8 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
              "normalization": "RMSNorm", "position_embedding_type": "mrope",
              "untie_embeddings_and_output_weights": not hf_config["tie_word_embeddings"],
              "make_vocab_size_divisible_by": 1}
-    return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings)
+    return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
+                     vit_pp_layers=pipeline["vit"], llm_pp_layers=pipeline["llm"])
 
 
 def read_model_json(path: str | Path, warn: Callable[[str], None] | None = None) -> ModelJson:

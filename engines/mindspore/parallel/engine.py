@@ -61,6 +61,16 @@ def refusal(args: Any) -> str | None:
     return None
 
 
+def create(args: Any, framework: str, log: Callable[[str], None]) -> "MindSporeParallelEngine":
+    """The engine for this run's model: the GPT's, or the VLM's when the entry's model comes from MindSpeed-MM's
+    model.json (models/pretrain_vlm.py: --mm-model)."""
+    if getattr(args, "model_source", None) == "--mm-model":
+        from mmrun.engines.mindspore.parallel.vlm import MindSporeVLMEngine
+
+        return MindSporeVLMEngine(args, framework, log)
+    return MindSporeParallelEngine(args, framework, log)
+
+
 class MindSporeParallelEngine:
     """engines/base.py's Engine on MindSpore's tensor/pipeline/sequence parallelism (module docstring)."""
 

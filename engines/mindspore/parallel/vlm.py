@@ -39,6 +39,7 @@ from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep, Parameter
 from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.backend.mindspore.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, divide
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
+from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
 from mmrun.models.qwen2_vl.modeling import vision_rotary
@@ -500,3 +501,35 @@ def build_step(args: Any, state: ParallelState, config: Qwen2VLConfig, freeze: d
 def read_micro_batches(data_iterator: Iterator, count: int) -> list[tuple[Any, ...]]:
     """`count` micro-batches from the loader as ParallelTrainStep takes them (StopIteration passes)."""
     return [micro_batch(next(data_iterator)) for _ in range(count)]
+
+
+# ------------------------------------------------------------------------------------------ the trainer's engine
+
+class MindSporeVLMEngine(MindSporeParallelEngine):
+    """The mindspore-parallel engine training this VLM (instead of the GPT) for models/pretrain_vlm.py: the model
+    from --mm-model's model.json, the micro-batches from the multimodal loader, checkpoints with MindSpeed-MM's
+    names per (TP, PP) rank. Everything else (parallel state, refusals, checkpoint shards) is the GPT engine's."""
+
+    model_names = "mindspeed-mm"
+
+    def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
+        from mmrun.models.qwen2_vl.model_json import read_model_json
+
+        args = self.args
+        if getattr(args, "calculate_per_token_loss", False):
+            raise UsageError("the MindSpore tensor/pipeline-parallel VLM engine computes MindSpeed-MM's default loss "
+                             "(the mean over each micro-batch's label tokens) only. Received: "
+                             "--calculate-per-token-loss; drop it, or run with data parallelism only")
+        spec = read_model_json(args.mm_model)
+        config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+        self.log(f"building {config.model_type} model from {spec.path} for (tp, pp) rank ({self.state.tp_rank}, "
+                 f"{self.state.pp_rank}): MindSpeed-MM's names and shards (engines/mindspore/parallel/vlm.py; the "
+                 "entry's model_provider is not called) ...")
+        args.vit_pp_layers, args.llm_pp_layers = spec.vit_pp_layers, spec.llm_pp_layers
+        self.step = build_step(args, self.state, config, spec.freeze, self.log)
+        self.scheduler = scheduler
+        self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
+        self.log("> MindSpore parallel train step: PyNative (the inputs change shape with the images)")
+
+    def _micro_batches(self, data_iterator: Iterator) -> list[tuple[Any, ...]]:
+        return read_micro_batches(data_iterator, self.args.num_micro_batches)
