@@ -142,37 +142,42 @@ class Qwen2VisionTransformer(nn.Module):
         self.inv_freq = rotary_inv_freq(config.head_dim // 2, config.rope_theta)  # numpy: no buffers in the API
 
     def forward(self, pixel_values, grid: np.ndarray):
-        config = self.config
-        merge, unit = config.spatial_merge_size, config.spatial_merge_size ** 2
-        total = int(vision_layout.patch_counts(grid).sum())
-        if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
-            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
-                             f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid_thw")
-        x = self.patch_embed(pixel_values)
-        positions = vision_layout.rotary_position_ids(grid, merge)
-        frames = vision_layout.frame_cu_seqlens(grid)
-        order = windows = None
-        if self.qwen2_5:
-            order, windows = vision_layout.window_index(grid, merge, config.window_size, config.patch_size)
-            # Regroup the patches window by window (whole 2x2 groups move), positions alike.
-            x = ops.reshape(ops.embedding(tensors.from_numpy(order), ops.reshape(x, (total // unit, -1))), (total, -1))
-            positions = positions.reshape(total // unit, unit, 2)[order].reshape(total, 2)
-        cos, sin = self._rotary(positions)
-        for index, block in enumerate(self.blocks):
-            full = not self.qwen2_5 or index in config.fullatt_block_indexes
-            x = block(x, cos, sin, frames if full else windows)
-        merged = self.merger(x)
-        if order is not None:
-            merged = ops.embedding(tensors.from_numpy(np.argsort(order)), merged)  # back to image order
-        return merged
+        return vision_forward(self.config, self.qwen2_5, self.inv_freq, self.patch_embed, self.blocks, self.merger,
+                              pixel_values, grid)
 
-    def _rotary(self, positions: np.ndarray) -> tuple[Any, Any]:
-        return vision_rotary(positions, self.inv_freq)
+
+def vision_forward(config: VisionConfig, qwen2_5: bool, inv_freq: np.ndarray, patch_embed: Any, blocks: Any,
+                   merger: Any, pixel_values: Any, grid: np.ndarray) -> Any:
+    """The ViT + merger's forward around its modules (this model's, or a tensor-parallel ViT's with the same
+    calls: patch_embed(pixels), block(x, cos, sin, cu_seqlens), merger(x)): pixel_values (patches, 1176) and
+    grid (n, 3) numpy -> (patches / 4, text hidden), in the order of the images and their merged tokens."""
+    merge, unit = config.spatial_merge_size, config.spatial_merge_size ** 2
+    total = int(vision_layout.patch_counts(grid).sum())
+    if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
+        raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
+                         f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid_thw")
+    x = patch_embed(pixel_values)
+    positions = vision_layout.rotary_position_ids(grid, merge)
+    frames = vision_layout.frame_cu_seqlens(grid)
+    order = windows = None
+    if qwen2_5:
+        order, windows = vision_layout.window_index(grid, merge, config.window_size, config.patch_size)
+        # Regroup the patches window by window (whole 2x2 groups move), positions alike.
+        x = ops.reshape(ops.embedding(tensors.from_numpy(order), ops.reshape(x, (total // unit, -1))), (total, -1))
+        positions = positions.reshape(total // unit, unit, 2)[order].reshape(total, 2)
+    cos, sin = vision_rotary(positions, inv_freq)
+    for index, block in enumerate(blocks):
+        full = not qwen2_5 or index in config.fullatt_block_indexes
+        x = block(x, cos, sin, frames if full else windows)
+    merged = merger(x)
+    if order is not None:
+        merged = ops.embedding(tensors.from_numpy(np.argsort(order)), merged)  # back to image order
+    return merged
 
 
 def vision_rotary(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[Any, Any]:
     """The ViT's 2-D rotary: cos, sin (patches, 1, head_dim) fp32 from (patches, 2) (row, column) positions: the
-    row angles, then the column angles, twice (rotate_half's halves). Shared with the parallel ViTs."""
+    row angles, then the column angles, twice (rotate_half's halves)."""
     angles = ops.reshape(tensors.cast(tensors.from_numpy(positions), "float32"), (-1, 2, 1)) * ops.reshape(
         tensors.from_numpy(inv_freq), (1, 1, -1))
     half = ops.reshape(angles, (positions.shape[0], -1))  # [row freqs | column freqs]
@@ -262,54 +267,8 @@ class Qwen2VLForConditionalGeneration(nn.Module):
         return {"logits": logits, "loss_dict": loss_dict}
 
     def _merge_vision(self, input_ids, embeds, pixel_values, image_grid, pixel_values_videos, video_grid):
-        """Put the ViT's features where the image / video pad tokens are (sequence length unchanged)."""
-        config = self.config
-        unit = config.vision.spatial_merge_size ** 2
-        batch, seq, hidden = embeds.shape
-        ids = ops.reshape(input_ids, (batch * seq,))
-        parts, grids, counts = [], [], []
-        for name, token, pixels, grid in (("image", config.image_token_id, pixel_values, image_grid),
-                                          ("video", config.video_token_id, pixel_values_videos, video_grid)):
-            is_token = tensors.cast(ids == token, "int64")
-            found = int(tensors.to_numpy(ops.sum(is_token)))
-            if pixels is None:
-                if found:
-                    raise ValueError(f"input_ids hold {found} {name} tokens (id {token}) but no {name} pixel values "
-                                     f"were given; pass pixel_values{'_videos' if name == 'video' else ''} and "
-                                     f"{name}_grid_thw for them")
-                continue
-            if grid is None:
-                raise ValueError(f"{name} pixel values were given without {name}_grid_thw; pass the processor's grid")
-            features = int(vision_layout.patch_counts(grid).sum()) // unit
-            if found != features:
-                raise ValueError(f"{name} tokens and features do not match: input_ids hold {found} {name} tokens "
-                                 f"(id {token}), the {len(grid)} {name}(s) give {features} features; {TRUNCATION_HINT}")
-            parts.append(pixels)
-            grids.append(grid)
-            counts.append((is_token, features))
-        if not parts:
-            if not self.training:
-                return embeds
-            # Training without images still runs the ViT, on one blank 2x2 image whose result counts zero times:
-            # every data-parallel / FSDP rank then runs the same collectives and reduces the same gradients
-            # (MindSpeed-MM's fake image, megatron-core's dummy ViT input); the loss and the weights are unchanged.
-            merge = config.vision.spatial_merge_size
-            blank = self.visual(ops.zeros((unit, config.vision.patch_dim), like=embeds), np.array([[1, merge, merge]]))
-            return embeds + tensors.cast(ops.sum(blank), embeds.dtype) * 0.0
-        # One ViT pass over images and videos together: attention stays within each frame either way.
-        pixels = parts[0] if len(parts) == 1 else ops.cat(
-            [p if p.dtype == parts[0].dtype else tensors.cast(p, parts[0].dtype) for p in parts], dim=0)
-        vision = self.visual(pixels, np.concatenate(grids, axis=0))
-        if vision.dtype != embeds.dtype:
-            vision = tensors.cast(vision, embeds.dtype)
-        # Row r of the result: text row r, or vision row (features before this modality) + (k-th token of it).
-        position = ops.arange(batch * seq, like=ids)
-        index, before = position, batch * seq
-        for is_token, features in counts:
-            index = index + is_token * (before + ops.cumsum(is_token, 0) - 1 - position)
-            before += features
-        table = ops.cat([ops.reshape(embeds, (batch * seq, hidden)), vision], dim=0)
-        return ops.reshape(ops.embedding(index, table), (batch, seq, hidden))
+        return merge_vision(self.config, self.visual, self.training, input_ids, embeds, pixel_values, image_grid,
+                            pixel_values_videos, video_grid)
 
     def _rope_positions(self, input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts):
         """position_ids (3, B, S) on the device from the data pipeline's get_rope_index (host numpy)."""
@@ -335,6 +294,58 @@ class Qwen2VLForConditionalGeneration(nn.Module):
             (nn.freeze if wanted[part] else nn.unfreeze)([param])
             frozen[part] += int(wanted[part])
         return frozen
+
+
+def merge_vision(config: Qwen2VLConfig, visual: Any, training: bool, input_ids, embeds, pixel_values, image_grid,
+                 pixel_values_videos, video_grid):
+    """Put the ViT's features where the image / video pad tokens are (sequence length unchanged). `visual`:
+    (pixels, grid) -> features, this model's ViT or a tensor-parallel one; grids as numpy (grid_array)."""
+    unit = config.vision.spatial_merge_size ** 2
+    batch, seq, hidden = embeds.shape
+    ids = ops.reshape(input_ids, (batch * seq,))
+    parts, grids, counts = [], [], []
+    for name, token, pixels, grid in (("image", config.image_token_id, pixel_values, image_grid),
+                                      ("video", config.video_token_id, pixel_values_videos, video_grid)):
+        is_token = tensors.cast(ids == token, "int64")
+        found = int(tensors.to_numpy(ops.sum(is_token)))
+        if pixels is None:
+            if found:
+                raise ValueError(f"input_ids hold {found} {name} tokens (id {token}) but no {name} pixel values "
+                                 f"were given; pass pixel_values{'_videos' if name == 'video' else ''} and "
+                                 f"{name}_grid_thw for them")
+            continue
+        if grid is None:
+            raise ValueError(f"{name} pixel values were given without {name}_grid_thw; pass the processor's grid")
+        features = int(vision_layout.patch_counts(grid).sum()) // unit
+        if found != features:
+            raise ValueError(f"{name} tokens and features do not match: input_ids hold {found} {name} tokens "
+                             f"(id {token}), the {len(grid)} {name}(s) give {features} features; {TRUNCATION_HINT}")
+        parts.append(pixels)
+        grids.append(grid)
+        counts.append((is_token, features))
+    if not parts:
+        if not training:
+            return embeds
+        # Training without images still runs the ViT, on one blank 2x2 image whose result counts zero times:
+        # every data-parallel / FSDP rank then runs the same collectives and reduces the same gradients
+        # (MindSpeed-MM's fake image, megatron-core's dummy ViT input); the loss and the weights are unchanged.
+        merge = config.vision.spatial_merge_size
+        blank = visual(ops.zeros((unit, config.vision.patch_dim), like=embeds), np.array([[1, merge, merge]]))
+        return embeds + tensors.cast(ops.sum(blank), embeds.dtype) * 0.0
+    # One ViT pass over images and videos together: attention stays within each frame either way.
+    pixels = parts[0] if len(parts) == 1 else ops.cat(
+        [p if p.dtype == parts[0].dtype else tensors.cast(p, parts[0].dtype) for p in parts], dim=0)
+    vision = visual(pixels, np.concatenate(grids, axis=0))
+    if vision.dtype != embeds.dtype:
+        vision = tensors.cast(vision, embeds.dtype)
+    # Row r of the result: text row r, or vision row (features before this modality) + (k-th token of it).
+    position = ops.arange(batch * seq, like=ids)
+    index, before = position, batch * seq
+    for is_token, features in counts:
+        index = index + is_token * (before + ops.cumsum(is_token, 0) - 1 - position)
+        before += features
+    table = ops.cat([ops.reshape(embeds, (batch * seq, hidden)), vision], dim=0)
+    return ops.reshape(ops.embedding(index, table), (batch, seq, hidden))
 
 
 def parameter_part(name: str) -> str:

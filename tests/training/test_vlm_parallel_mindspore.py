@@ -23,21 +23,19 @@ ITERS = 10
 SHORT = 2
 
 
+# The demo's model.json split over two pipeline stages (MindSpeed-MM's pipeline_num_layers per module: the ViT and
+# the first text layer on stage 0, the second text layer on stage 1); the same model as model_tiny.json.
+PP2_JSON = Path(__file__).resolve().parents[2] / "scripts" / "qwen2vl" / "model_tiny_pp2.json"
+
+
 @pytest.fixture(scope="module")
-def runs(vlm, tmp_path_factory):
-    """Registers the MindSpore parallel runs in the `vlm` fixture; model.json with two pipeline stages (ViT and
-    the first text layer on stage 0, the second on stage 1: MindSpeed-MM's pipeline_num_layers per module)."""
-    raw = json.loads(Path(vlm.args[vlm.args.index("--mm-model") + 1]).read_text())
-    raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"] = [2, 0]
-    raw["text_decoder"]["pipeline_num_layers"] = [1, 1]
-    pp2_json = tmp_path_factory.mktemp("vlm_ms_parallel") / "model_pp2.json"
-    pp2_json.write_text(json.dumps(raw))
-    pp2 = ["--mm-model", str(pp2_json), "--pipeline-model-parallel-size", "2"]
+def runs(vlm):
+    """The `vlm` fixture with the MindSpore parallel runs registered."""
+    pp2 = ["--mm-model", str(PP2_JSON), "--pipeline-model-parallel-size", "2"]
     vlm.add("ms-tp2pp2-sp", "mindspore", 4, [*pp2, "--tensor-model-parallel-size", "2", "--sequence-parallel",
                                              "--save-interval", "5"])
     vlm.add("ms-tp2", "mindspore", 2, ["--tensor-model-parallel-size", "2", "--exit-interval", str(SHORT)])
     vlm.add("ms-pp2", "mindspore", 2, [*pp2, "--exit-interval", str(SHORT)])
-    vlm.pp2_json = str(pp2_json)
     return vlm
 
 
@@ -72,7 +70,7 @@ def test_checkpoint_has_the_layouts_names_and_shards_per_rank(runs):
     from mmrun.models.qwen2_vl.mm_layout import VLMLayout
     from mmrun.models.qwen2_vl.model_json import read_model_json
 
-    spec = read_model_json(runs.pp2_json)
+    spec = read_model_json(PP2_JSON)
     layout = VLMLayout.build(Qwen2VLConfig.from_hf_config(spec.hf_config), tp=2, pp=2,
                              vit_pp_layers=spec.vit_pp_layers, llm_pp_layers=spec.llm_pp_layers)
     iteration = runs.ckpt("ms-tp2pp2-sp") / "iter_0000005"
@@ -93,7 +91,7 @@ def test_a_pytorch_tp2_pp2_checkpoint_resumes_on_mindspore(runs, tk):
     if importlib.util.find_spec("mmrun.engines.torch.megatron_core.vlm") is None:
         pytest.skip("needs the PyTorch TP/PP VLM (megatron-core, engines/torch/megatron_core/vlm.py: session vlmpt), "
                     "not on this branch yet")
-    pp2 = ["--mm-model", runs.pp2_json, "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+    pp2 = ["--mm-model", str(PP2_JSON), "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
            "--sequence-parallel"]
     runs.add("pt-tp2pp2-sp", "pytorch", 4, [*pp2, "--save-interval", "5", "--exit-interval", "5"])
     runs("pt-tp2pp2-sp")
@@ -109,7 +107,7 @@ def test_a_pytorch_tp2_pp2_checkpoint_resumes_on_mindspore(runs, tk):
 @pytest.mark.slow
 def test_pipeline_num_layers_that_do_not_fit_are_one_line_errors(runs, tk, tmp_path):
     """model.json's per-stage lists are checked against the run's stages before any model is built."""
-    run = tk.run_training(tmp_path / "bad", [*runs.args, "--mm-data", runs.data_json, "--mm-model", runs.pp2_json],
+    run = tk.run_training(tmp_path / "bad", [*runs.args, "--mm-data", runs.data_json, "--mm-model", str(PP2_JSON)],
                           nproc=None, entry=runs.entry)
     errors = [line for line in run.output.splitlines() if line.startswith("error:")]
     assert run.returncode == 2 and len(errors) == 1, run.output[-2000:]

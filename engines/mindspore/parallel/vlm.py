@@ -42,7 +42,7 @@ from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelR
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
-from mmrun.models.qwen2_vl.modeling import vision_rotary
+from mmrun.models.qwen2_vl.modeling import merge_vision, vision_forward
 from mmrun.models.transformer_blocks import activation, apply_rotary, multimodal_rotary, rotary_inv_freq
 
 IGNORE_INDEX = -100
@@ -78,6 +78,10 @@ class PatchEmbed(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
         self.proj = _Weight(config.hidden_size, config.patch_dim)
+
+    def forward(self, pixel_values):
+        weight = self.proj.weight
+        return ops.linear(tensors.cast(pixel_values, weight.dtype), weight)
 
 
 class VisionAttention(nn.Module):
@@ -152,29 +156,6 @@ class VisionEncoder(nn.Module):
         self.blocks = VisionBlocks(config, state, qwen2_5, num_layers)
         self.inv_freq = rotary_inv_freq(config.head_dim // 2, config.rope_theta)
 
-    def forward(self, pixel_values, grid: np.ndarray):
-        """(patches, 1176) -> (patches, D), in window order for Qwen2.5-VL; also returns that order (or None)."""
-        config = self.config
-        merge, unit = config.spatial_merge_size, config.spatial_merge_size ** 2
-        total = int(vision_layout.patch_counts(grid).sum())
-        if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
-            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
-                             f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid_thw")
-        weight = self.patch_embed.proj.weight
-        x = ops.linear(tensors.cast(pixel_values, weight.dtype), weight)
-        positions = vision_layout.rotary_position_ids(grid, merge)
-        frames = vision_layout.frame_cu_seqlens(grid)
-        order = windows = None
-        if self.qwen2_5:
-            order, windows = vision_layout.window_index(grid, merge, config.window_size, config.patch_size)
-            x = ops.reshape(ops.embedding(tensors.from_numpy(order), ops.reshape(x, (total // unit, -1))), (total, -1))
-            positions = positions.reshape(total // unit, unit, 2)[order].reshape(total, 2)
-        cos, sin = vision_rotary(positions, self.inv_freq)
-        for index, layer in enumerate(self.blocks.layers):
-            full = not self.qwen2_5 or index in config.fullatt_block_indexes
-            x = layer(x, cos, sin, frames if full else windows)
-        return x, order
-
 
 class ProjectorMLP(nn.Module):
     def __init__(self, merged: int, out: int, state: ParallelState) -> None:
@@ -209,12 +190,11 @@ class ImageEncoder(nn.Module):
         self.projector = VisionProjector(config.vision, state, config.is_qwen2_5)
 
     def forward(self, pixel_values, grid: np.ndarray):
-        """-> (merged tokens, text hidden) in the order of the images and their merged tokens."""
-        x, order = self.encoder(pixel_values, grid)
-        merged = self.projector(x)
-        if order is not None:
-            merged = ops.embedding(tensors.from_numpy(np.argsort(order)), merged)  # back to image order
-        return merged
+        """-> (merged tokens, text hidden) in the order of the images and their merged tokens: the portable
+        model's ViT forward (window order, 2-D rotary, segments) around these tensor-parallel modules."""
+        encoder = self.encoder
+        return vision_forward(encoder.config, encoder.qwen2_5, encoder.inv_freq, encoder.patch_embed,
+                              encoder.blocks.layers, self.projector, pixel_values, grid)
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -351,7 +331,11 @@ class Qwen2VLStage(nn.Module):
         cos, sin = ops.reshape(cos, (batch, 1, seq, -1)), ops.reshape(sin, (batch, 1, seq, -1))
         if self.pre_process:
             x = self.text_decoder.embedding.word_embeddings(input_ids)  # [b, s, h], summed over TP
-            x = self._merge_vision(input_ids, x, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+            # The ViT's features on the image / video pad tokens (the portable model's merge: one gather; a
+            # micro-batch without images runs the ViT on a blank image that counts zero times).
+            x = merge_vision(self.config, self.image_encoder, self.training, input_ids, x, pixel_values,
+                             vision_layout.grid_array(image_grid_thw), pixel_values_videos,
+                             vision_layout.grid_array(video_grid_thw))
             x = ops.transpose(x, 0, 1)  # [s, b, h]
             if self.state.sequence_parallel:
                 x = self.scatter(x)
@@ -367,45 +351,6 @@ class Qwen2VLStage(nn.Module):
         if labels is None:
             return logits
         return ops.transpose(self.cross_entropy(logits, ops.transpose(labels, 0, 1)), 0, 1)
-
-    def _merge_vision(self, input_ids, embeds, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw):
-        """The ViT's features on the image / video pad tokens (the portable model's _merge_vision, one gather)."""
-        config = self.config
-        unit = config.vision.spatial_merge_size ** 2
-        batch, seq, hidden = embeds.shape
-        ids = ops.reshape(input_ids, (batch * seq,))
-        host_ids = tensors.to_numpy(ids)
-        parts, grids, counts = [], [], []
-        for name, token, pixels, grid in (("image", config.image_token_id, pixel_values, image_grid_thw),
-                                          ("video", config.video_token_id, pixel_values_videos, video_grid_thw)):
-            found = int((host_ids == token).sum())
-            if pixels is None:
-                if found:
-                    raise ValueError(f"input_ids hold {found} {name} tokens (id {token}) but no {name} pixel values")
-                continue
-            grid = vision_layout.grid_array(grid)
-            features = int(vision_layout.patch_counts(grid).sum()) // unit
-            if found != features:
-                raise ValueError(f"{name} tokens and features do not match: input_ids hold {found} {name} tokens, "
-                                 f"the {len(grid)} {name}(s) give {features} features")
-            parts.append(pixels)
-            grids.append(grid)
-            counts.append((tensors.cast(ids == token, "int64"), features))
-        if not parts:
-            # No image: the ViT still runs, on one blank 2x2 image whose result counts zero times (module docstring).
-            merge = config.vision.spatial_merge_size
-            blank = self.image_encoder(ops.zeros((unit, config.vision.patch_dim), like=embeds),
-                                       np.array([[1, merge, merge]]))
-            return embeds + tensors.cast(ops.sum(blank), embeds.dtype) * 0.0
-        pixels = parts[0] if len(parts) == 1 else ops.cat(parts, dim=0)
-        vision = self.image_encoder(pixels, np.concatenate(grids, axis=0))
-        position = ops.arange(batch * seq, like=ids)
-        index, before = position, batch * seq
-        for is_token, features in counts:
-            index = index + is_token * (before + ops.cumsum(is_token, 0) - 1 - position)
-            before += features
-        table = ops.cat([ops.reshape(embeds, (batch * seq, hidden)), vision], dim=0)
-        return ops.reshape(ops.embedding(index, table), (batch, seq, hidden))
 
     # ------------------------------------------------------------------ what the engine needs to know
 
@@ -467,35 +412,43 @@ def micro_batch(batch: dict[str, np.ndarray]) -> tuple[Any, ...]:
             np.where(mask, shifted, 0).astype(np.int64), mask.astype(np.float32))
 
 
-def build_step(args: Any, state: ParallelState, config: Qwen2VLConfig, freeze: dict[str, bool],
-               log: Callable[[str], None] = print) -> ParallelTrainStep:
-    """This rank's stage, starting from the one-process run's initial weights (mm_layout.initial_state for
-    --seed, --init-method-std) or from --load's Hugging Face directory, frozen as model.json says, its AdamW
-    (Megatron's no-decay rule) and its ParallelTrainStep (PyNative)."""
+def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], None] = print) -> ParallelTrainStep:
+    """This rank's stage of model.json's model (`spec`: models/qwen2_vl/model_json.ModelJson), starting from the
+    one-process run's initial weights (mm_layout.initial_state for --seed, --init-method-std) or from --load's
+    Hugging Face directory, frozen as model.json says, with its AdamW (Megatron's no-decay rule) and its
+    ParallelTrainStep (PyNative)."""
     from mmrun.backend.mindspore import optim
     from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 
+    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
     layout = mm_layout.VLMLayout.build(config, tp=state.tensor_model_parallel_size,
-                                       pp=state.pipeline_model_parallel_size,
-                                       vit_pp_layers=getattr(args, "vit_pp_layers", None),
-                                       llm_pp_layers=getattr(args, "llm_pp_layers", None))
+                                       pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.vit_pp_layers,
+                                       llm_pp_layers=spec.llm_pp_layers)
     model = Qwen2VLStage(config, layout, state)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
-        _, arrays = hf_checkpoint.load_hf_directory(args.load)
+        loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
+        if _structure(loaded) != _structure(config):
+            raise UsageError(f"--load {args.load}: its config.json describes another model than {spec.path}; make "
+                             "model.json match the checkpoint")
         floats = hf_checkpoint.to_float_arrays(arrays)
         model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, floats.__getitem__, state.tp_rank,
                                                                 state.pp_rank))
         log(f" > loaded Hugging Face weights from {args.load}, this rank's shard; training starts at iteration 0")
-        args.load = None
+        args.load = None  # nothing of the loop's own checkpoint layout to resume from
     else:
         model.load_rank_state_dict(mm_layout.initial_state(layout, args.seed, state.tp_rank, state.pp_rank,
                                                            std=args.init_method_std))
-    frozen = model.freeze(freeze)
+    frozen = model.freeze(spec.freeze)
     log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     optimizer = optim.AdamW(model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                             eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
     return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=False, fields=VLM_FIELDS,
                              hidden_size=config.text.hidden_size)
+
+
+def _structure(config: Qwen2VLConfig) -> dict[str, Any]:
+    """The config without what does not change the network (the dtype the weights were saved in)."""
+    return {k: v for k, v in config.to_hf_config().items() if k not in ("torch_dtype", "dtype", "architectures")}
 
 
 def read_micro_batches(data_iterator: Iterator, count: int) -> list[tuple[Any, ...]]:
@@ -521,12 +474,10 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
                              "(the mean over each micro-batch's label tokens) only. Received: "
                              "--calculate-per-token-loss; drop it, or run with data parallelism only")
         spec = read_model_json(args.mm_model)
-        config = Qwen2VLConfig.from_hf_config(spec.hf_config)
-        self.log(f"building {config.model_type} model from {spec.path} for (tp, pp) rank ({self.state.tp_rank}, "
-                 f"{self.state.pp_rank}): MindSpeed-MM's names and shards (engines/mindspore/parallel/vlm.py; the "
-                 "entry's model_provider is not called) ...")
-        args.vit_pp_layers, args.llm_pp_layers = spec.vit_pp_layers, spec.llm_pp_layers
-        self.step = build_step(args, self.state, config, spec.freeze, self.log)
+        self.log(f"building {spec.hf_config['model_type']} model from {spec.path} for (tp, pp) rank "
+                 f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
+                 "(engines/mindspore/parallel/vlm.py; the entry's model_provider is not called) ...")
+        self.step = build_step(args, self.state, spec, self.log)
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
         self.log("> MindSpore parallel train step: PyNative (the inputs change shape with the images)")
