@@ -169,7 +169,7 @@ class ParallelTrainStep(ms.nn.Cell):
 
     def _backward(self, acc, batch, hidden_in, output_grad, scale):
         """Gradients of one micro-batch added to `acc`; returns (loss or 0, input gradient or 0, acc)."""
-        inputs, labels, loss_mask = batch[:-2], batch[-2], batch[-1]
+        inputs, labels, loss_mask = batch
         zero = F.cast(0.0, ms.float32)
         if self.first and self.last:
             (_, loss), grads = self._grad_fn(inputs, labels, loss_mask, scale)
@@ -185,16 +185,17 @@ class ParallelTrainStep(ms.nn.Cell):
         return loss, input_grad, tuple([a + F.cast(g, ms.float32) for a, g in zip(acc, grads)])
 
     def _forward(self, batch, hidden_in):
-        return self.model(*batch[:-2], hidden_in, None)
+        return self.model(*batch[0], hidden_in, None)
 
     def _forward_eval(self, batch, hidden_in):
         # Its own graph: a graph compiled by mindspore.jit keeps the training mode it was compiled in, so
         # sharing _forward with the 1F1B schedule would put eval-mode (no dropout) forwards into training, or
         # dropout into evaluation, whichever ran first.
-        return self.model(*batch[:-2], hidden_in, None)
+        return self.model(*batch[0], hidden_in, None)
 
     def _evaluate(self, batch, hidden_in):
-        return self.loss_func(self.model(*batch[:-2], hidden_in, batch[-2]), batch[-1])
+        inputs, labels, loss_mask = batch
+        return self.loss_func(self.model(*inputs, hidden_in, labels), loss_mask)
 
     def _squares(self, grads):
         """Sum of squares of the gradients this rank owns for the norm (megatron's grads_for_norm)."""
@@ -218,7 +219,10 @@ class ParallelTrainStep(ms.nn.Cell):
                 raise ValueError(f"a micro-batch is ({', '.join(self.fields)}). Received {len(mb)} values")
             # None stays None (a VLM micro-batch without images); compiled graphs take tensors only.
             values = tuple(None if v is None else _as_tensor(v) for v in mb)
-            batches.append(ms.mutable(values) if self.jit else values)
+            # (inputs, labels, loss_mask), split here: slicing a tuple inside a compiled graph fails to compile
+            inputs = values[:-2]
+            batches.append(ms.mutable((ms.mutable(inputs), values[-2], values[-1])) if self.jit
+                           else (inputs, values[-2], values[-1]))
             seq, tp = values[0].shape[-1], self.state.tensor_model_parallel_size
             if self.state.sequence_parallel and seq % tp:
                 raise UsageError(f"with --sequence-parallel the sequence length ({seq}) must be divisible by "
@@ -227,7 +231,7 @@ class ParallelTrainStep(ms.nn.Cell):
 
     def _message_shape(self, batch) -> tuple[int, int, int]:
         """[s, b, h] of the activations sent between stages for this micro-batch ([s / tp, b, h] with SP)."""
-        b, s = batch[0].shape
+        b, s = batch[0][0].shape
         if self.state.sequence_parallel:
             s //= self.state.tensor_model_parallel_size
         return (s, b, self.hidden_size)
