@@ -42,18 +42,16 @@ from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelR
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
-from mmrun.models.qwen2_vl.modeling import merge_vision, vision_forward
+from mmrun.models.qwen2_vl.mm_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, LayoutError, VLMLayout
+from mmrun.models.qwen2_vl.modeling import IGNORE_INDEX, merge_vision, vision_forward
 from mmrun.models.transformer_blocks import activation, apply_rotary, multimodal_rotary, rotary_inv_freq
 
-IGNORE_INDEX = -100
 # A micro-batch as ParallelTrainStep takes it: the model's inputs, then the (shifted) labels and their mask.
 VLM_FIELDS = ("input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
               "labels", "loss_mask")
 # model.json's freeze switches -> the MindSpeed-MM name prefix of the part they freeze.
 FREEZE_PREFIXES = {"vision_projector": "image_encoder.projector.", "vision_encoder": "image_encoder.encoder.",
                    "text_decoder": "text_decoder."}
-OUTPUT_LAYER = "text_decoder.output_layer.weight"
-WORD_EMBEDDINGS = "text_decoder.embedding.word_embeddings.weight"
 
 
 def _vision_norm(config: VisionConfig, qwen2_5: bool) -> nn.Module:
@@ -300,17 +298,13 @@ class TextDecoder(nn.Module):
 class Qwen2VLStage(nn.Module):
     """This rank's pipeline stage of the VLM, its tensor-parallel shard, named as mm_layout names it."""
 
-    def __init__(self, config: Qwen2VLConfig, layout: Any, state: ParallelState) -> None:
+    def __init__(self, config: Qwen2VLConfig, layout: VLMLayout, state: ParallelState) -> None:
         super().__init__()
         self.config, self.layout, self.state = config, layout, state
         pp_rank = state.pp_rank
         self.hidden_size = config.text.hidden_size
         self.pre_process, self.post_process = state.is_first_stage, state.is_last_stage
-        vit_layers = len(layout.stage_layers("vit", pp_rank))
-        if vit_layers and not self.pre_process:
-            raise UsageError(f"the ViT must be on pipeline stage 0 (mmrun's rule, as megatron-core's): vision "
-                             f"pipeline_num_layers {list(layout.vit_pp_layers)} puts {vit_layers} on stage {pp_rank}; "
-                             "put every vision layer on the first stage ([V, 0, ...])")
+        vit_layers = len(layout.stage_layers("vit", pp_rank))  # the layout keeps them all on stage 0
         if self.pre_process:
             # The ViT's tokens are the images' (not the text sequence): it runs without sequence parallelism.
             self.image_encoder = ImageEncoder(config, dataclasses.replace(state, sequence_parallel=False), vit_layers)
@@ -374,8 +368,6 @@ class Qwen2VLStage(nn.Module):
 
     def load_rank_state_dict(self, state: dict[str, Any]) -> None:
         """This rank's parameters (numpy or tensors, the layout's local names); one-line error on a mismatch."""
-        from mmrun.models.qwen2_vl.mm_layout import LayoutError
-
         own = dict(self.named_parameters())
         missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
         wrong = sorted(f"{n} {tuple(np.shape(state[n]))} (expected {tuple(own[n].shape)})"
@@ -421,7 +413,7 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 
     config = Qwen2VLConfig.from_hf_config(spec.hf_config)
-    layout = mm_layout.VLMLayout.build(config, tp=state.tensor_model_parallel_size,
+    layout = VLMLayout.build(config, tp=state.tensor_model_parallel_size,
                                        pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.vit_pp_layers,
                                        llm_pp_layers=spec.llm_pp_layers)
     model = Qwen2VLStage(config, layout, state)
