@@ -7,7 +7,8 @@ same micro-batches and compute the same loss (the mean over each micro-batch's l
 iteration's loss equals the one-process PyTorch run's within 1e-5 (and so MindSpore's own one-process run's, which
 test_pretrain_vlm.py compares). The demo's iteration 2 holds a text-only sample: its micro-batch runs the ViT on a
 blank image. MindSpore's PyNative is slow on this 2-core CPU: TP=2 x PP=2 with sequence parallelism trains the 10
-iterations; TP=2 and PP=2 alone check the first 2 (the same schedule: --exit-interval).
+iterations; TP=2 and PP=2 alone check the first 2 (the same schedule: --exit-interval), PP=2 with Megatron's
+--calculate-per-token-loss.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def runs(vlm):
     vlm.add("ms-tp2pp2-sp", "mindspore", 4, [*pp2, "--tensor-model-parallel-size", "2", "--sequence-parallel",
                                              "--save-interval", "5"])
     vlm.add("ms-tp2", "mindspore", 2, ["--tensor-model-parallel-size", "2", "--exit-interval", str(SHORT)])
-    vlm.add("ms-pp2", "mindspore", 2, [*pp2, "--exit-interval", str(SHORT)])
+    # with Megatron's per-token loss, against the one-process run of conftest's "per-token" (3 iterations)
+    vlm.add("ms-pp2-per-token", "mindspore", 2, [*pp2, "--train-iters", "3", "--calculate-per-token-loss",
+                                                 "--exit-interval", str(SHORT)])
     return vlm
 
 
@@ -56,10 +59,10 @@ def test_tp2_pp2_with_sequence_parallelism_trains_the_one_process_losses(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ms-tp2", "ms-pp2"])
-def test_tp2_and_pp2_alone_train_the_one_process_losses(runs, name):
-    assert _gap(runs(name), runs("pytorch"), range(1, SHORT + 1)) <= TOLERANCE, (runs(name).losses(),
-                                                                                 runs("pytorch").losses())
+@pytest.mark.parametrize("name, reference", [("ms-tp2", "pytorch"), ("ms-pp2-per-token", "per-token")])
+def test_tp2_and_pp2_alone_train_the_one_process_losses(runs, name, reference):
+    assert _gap(runs(name), runs(reference), range(1, SHORT + 1)) <= TOLERANCE, (runs(name).losses(),
+                                                                                 runs(reference).losses())
 
 
 @pytest.mark.slow

@@ -434,8 +434,9 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     optimizer = optim.AdamW(model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                             eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
+    per_token = bool(getattr(args, "calculate_per_token_loss", False))
     return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=False, fields=VLM_FIELDS,
-                             hidden_size=config.text.hidden_size)
+                             hidden_size=config.text.hidden_size, loss_func=token_sum if per_token else None)
 
 
 def _structure(config: Qwen2VLConfig) -> dict[str, Any]:
@@ -443,9 +444,34 @@ def _structure(config: Qwen2VLConfig) -> dict[str, Any]:
     return {k: v for k, v in config.to_hf_config().items() if k not in ("torch_dtype", "dtype", "architectures")}
 
 
-def read_micro_batches(data_iterator: Iterator, count: int) -> list[tuple[Any, ...]]:
-    """`count` micro-batches from the loader as ParallelTrainStep takes them (StopIteration passes)."""
-    return [micro_batch(next(data_iterator)) for _ in range(count)]
+def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState,
+                       per_token: bool = False) -> list[tuple[Any, ...]]:
+    """`count` micro-batches from the loader as ParallelTrainStep takes them (StopIteration passes).
+
+    per_token (--calculate-per-token-loss, Megatron's): the step's loss is the sum of every token loss of the
+    global batch over its number of label tokens. ParallelTrainStep averages the micro-batch losses over
+    micro-batches and data-parallel ranks, so each micro-batch's loss is its token-loss sum times
+    count x dp / tokens of the global batch (`token_sum` below, the mask carrying the factor), as the portable
+    entry's per-token weighting does."""
+    batches = [micro_batch(next(data_iterator)) for _ in range(count)]
+    if not per_token:
+        return batches
+    from mmrun import backend
+
+    local = float(sum(b[-1].sum() for b in batches))
+    # Every rank of a (TP, PP) group reads the same samples: the world's sum counts each data shard tp x pp times.
+    world = float(tensors.to_numpy(backend.distributed.all_reduce(tensors.from_numpy(np.array([local], np.float32)))
+                                   )[0])
+    total = world / (state.tensor_model_parallel_size * state.pipeline_model_parallel_size)
+    weight = np.float32(count * state.data_parallel_size / max(total, 1.0))
+    return [(*b[:-1], b[-1] * weight) for b in batches]
+
+
+def token_sum(per_token_loss, loss_mask):
+    """The per-token loss mode's micro-batch loss: sum(loss * mask), the mask weighted by read_micro_batches."""
+    from mindspore import mint
+
+    return mint.sum(ops.reshape(per_token_loss, (-1,)) * ops.reshape(loss_mask, (-1,)))
 
 
 # ------------------------------------------------------------------------------------------ the trainer's engine
@@ -461,10 +487,6 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
         from mmrun.models.qwen2_vl.model_json import read_model_json
 
         args = self.args
-        if getattr(args, "calculate_per_token_loss", False):
-            raise UsageError("the MindSpore tensor/pipeline-parallel VLM engine computes MindSpeed-MM's default loss "
-                             "(the mean over each micro-batch's label tokens) only. Received: "
-                             "--calculate-per-token-loss; drop it, or run with data parallelism only")
         spec = read_model_json(args.mm_model)
         self.log(f"building {spec.hf_config['model_type']} model from {spec.path} for (tp, pp) rank "
                  f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
@@ -475,4 +497,5 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
         self.log("> MindSpore parallel train step: PyNative (the inputs change shape with the images)")
 
     def _micro_batches(self, data_iterator: Iterator) -> list[tuple[Any, ...]]:
-        return read_micro_batches(data_iterator, self.args.num_micro_batches)
+        return read_micro_batches(data_iterator, self.args.num_micro_batches, self.state,
+                                  bool(getattr(self.args, "calculate_per_token_loss", False)))
