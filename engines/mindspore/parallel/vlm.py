@@ -40,6 +40,7 @@ from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.backend.mindspore.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, divide
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
+from mmrun.engines.mindspore.parallel.rank_state import RankState
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
 from mmrun.models.qwen2_vl.mm_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, LayoutError, VLMLayout
@@ -295,8 +296,10 @@ class TextDecoder(nn.Module):
 
 # ------------------------------------------------------------------------------------------ one stage
 
-class Qwen2VLStage(nn.Module):
+class Qwen2VLStage(RankState, nn.Module):
     """This rank's pipeline stage of the VLM, its tensor-parallel shard, named as mm_layout names it."""
+
+    layout_error = LayoutError
 
     def __init__(self, config: Qwen2VLConfig, layout: VLMLayout, state: ParallelState) -> None:
         super().__init__()
@@ -362,23 +365,6 @@ class Qwen2VLStage(nn.Module):
             tied = tied if tied in names else None
         return ParameterRoles(tensor_parallel=frozenset(split), sequence_parallel=frozenset(sequence),
                               tied_embedding=tied, shared_copy=OUTPUT_LAYER if tied == OUTPUT_LAYER else None)
-
-    def rank_state_dict(self) -> dict[str, np.ndarray]:
-        return {name: tensors.to_numpy(param) for name, param in self.named_parameters()}
-
-    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
-        """This rank's parameters (numpy or tensors, the layout's local names); one-line error on a mismatch."""
-        own = dict(self.named_parameters())
-        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-        wrong = sorted(f"{n} {tuple(np.shape(state[n]))} (expected {tuple(own[n].shape)})"
-                       for n in set(own) & set(state) if tuple(np.shape(state[n])) != tuple(own[n].shape))
-        if missing or unexpected or wrong:
-            raise LayoutError(f"the state does not fit (tp, pp) rank ({self.state.tp_rank}, {self.state.pp_rank}): "
-                              f"missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shapes {wrong[:3]}; load the "
-                              "shard saved by the same rank with the same --tensor/--pipeline-model-parallel-size")
-        for name, param in own.items():
-            param.set_data(tensors.from_numpy(np.asarray(tensors.to_numpy(state[name]), dtype=np.float32),
-                                              dtype=param.dtype))
 
     def freeze(self, switches: dict[str, bool]) -> list[str]:
         """model.json's freeze switches (MindSpeed-MM's model.freeze): the frozen parts' parameters get no
