@@ -23,16 +23,15 @@ import dataclasses
 import math
 from typing import Any
 
-import numpy as np
-
 from mmrun.backend.errors import UsageError
-from mmrun.backend.mindspore import nn, ops, tensors
+from mmrun.backend.mindspore import nn, ops
 from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
 from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep, ParameterRoles
 from mmrun.backend.mindspore.parallel.groups import ParallelState, initialize_model_parallel
 from mmrun.backend.mindspore.parallel.layers import (ColumnParallelLinear, RowParallelLinear, ShardedDropout,
                                                      VocabParallelEmbedding)
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
+from mmrun.engines.mindspore.parallel.rank_state import RankState
 from mmrun.models.gpt import GPTConfig
 from mmrun.models.mcore_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, GPTLayout, LayoutError, causal_position_ids
 
@@ -143,8 +142,11 @@ class TransformerBlock(nn.Module):
         return x
 
 
-class GPTModel(nn.Module):
-    """This rank's pipeline stage of megatron-core's GPTModel, its tensor-parallel shard."""
+class GPTModel(RankState, nn.Module):
+    """This rank's pipeline stage of megatron-core's GPTModel, its tensor-parallel shard (rank_state_dict /
+    load_rank_state_dict: megatron-core's state_dict() names on this rank)."""
+
+    layout_error = LayoutError
 
     def __init__(self, config: GPTConfig, state: ParallelState) -> None:
         super().__init__()
@@ -205,25 +207,6 @@ class GPTModel(nn.Module):
         before = 0 if self.pre_process else embedding + self.layout.stage_layers(
             self.state.pipeline_model_parallel_size, self.state.pp_rank).start * per_layer
         return before, embedding + c.num_layers * per_layer
-
-    def rank_state_dict(self) -> dict[str, np.ndarray]:
-        """name -> numpy: this rank's parameters, named as megatron-core's state_dict() names them on this rank."""
-        return {name: tensors.to_numpy(param) for name, param in self.named_parameters()}
-
-    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
-        """Load this rank's parameters (numpy or tensors, megatron-core's names); one-line LayoutError on a
-        missing, unexpected or mis-shaped entry."""
-        own = dict(self.named_parameters())
-        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-        wrong = sorted(f"{n} {tuple(np.shape(state[n]))} (expected {tuple(own[n].shape)})"
-                       for n in set(own) & set(state) if tuple(np.shape(state[n])) != tuple(own[n].shape))
-        if missing or unexpected or wrong:
-            raise LayoutError(f"the state does not fit (tp, pp) rank ({self.state.tp_rank}, {self.state.pp_rank}): "
-                              f"missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shapes {wrong[:3]}; load the "
-                              "shard saved by the same rank with the same --tensor/--pipeline-model-parallel-size")
-        for name, param in own.items():
-            param.set_data(tensors.from_numpy(np.asarray(tensors.to_numpy(state[name]), dtype=np.float32),
-                                              dtype=param.dtype))
 
 
 def _recomputable_dropout(config: GPTConfig, state: ParallelState) -> GPTConfig:
