@@ -101,8 +101,9 @@ def create(args: argparse.Namespace, framework: str, log: Callable[[str], None])
         raise ArgumentsError(f"{', '.join(parallel_flags(args))} cannot be combined with the {row.name} engine "
                              f"(it shards or replicates the whole model over every rank); drop them, or drop "
                              f"--{row.chosen_by.replace('_', '-')}")
-    # An entry whose model comes from a file (--mm-model) trains that model, not the GPT: no notice.
-    if row.wants_parallelism and not getattr(args, "use_mcore_models", False) and not getattr(args, "model_source", None):
+    if row.wants_parallelism and not getattr(args, "use_mcore_models", False) and getattr(args, "model_source", None):
+        args.use_mcore_models = True  # a model file (--mm-model) names the model: the engine builds that one
+    if row.wants_parallelism and not getattr(args, "use_mcore_models", False):
         flags = ", ".join(parallel_flags(args))
         model = GPT_MODEL_OF.get(row.name, "megatron-core's GPTModel")
         log(f"notice: {flags}: mmrun's GPT implements none of this, so this run trains {model} (the same network "

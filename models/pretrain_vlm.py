@@ -40,6 +40,9 @@ from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_ran
 
 # Model sizes come from model.json; these fill only what a MindSpeed-MM script never sets on its own.
 CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
+# Frameworks whose parallel engine builds this model split over tensor/pipeline ranks (elsewhere: data parallel).
+# MindSpore: the mindspore-parallel engine (engines/mindspore/parallel/vlm.py), which reads model.json itself.
+PARALLEL_FRAMEWORKS = ("mindspore",)
 _MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -67,9 +70,10 @@ def _model_source(argv: list[str]) -> ModelSource:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
                          "scripts/finetune_qwen2vl.sh)")
     _MODEL_JSON = read_model_json(known.mm_model, warn=_warn_rank0)
-    # Tensor/pipeline splits: MindSpore's parallel engine builds them (engines/mindspore/parallel/vlm.py).
+    from mmrun.backend.selection import resolve
+
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
-                       parallel_frameworks=("mindspore",))
+                       data_parallel_only=resolve(argv).framework not in PARALLEL_FRAMEWORKS)
 
 
 def _warn_rank0(message: str) -> None:
@@ -100,7 +104,10 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
     args = get_args()
     config = Qwen2VLConfig.from_hf_config(_MODEL_JSON.hf_config)
-    check_pipeline_layers(config, pipeline_stages=1)  # this model is the whole network, on one stage
+    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+
+    VLMLayout.build(config, vit_pp_layers=_MODEL_JSON.pipeline_layers.get("vit"),
+                    llm_pp_layers=_MODEL_JSON.pipeline_layers.get("llm"))  # model.json's stage lists fit one stage
     print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} ...")
     model = Qwen2VLForConditionalGeneration(config)
     init_weights(model, args.seed, args.init_method_std)
@@ -120,14 +127,6 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     frozen = [name for name, on in freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     return model
-
-
-def check_pipeline_layers(config: Any, pipeline_stages: int) -> Any:
-    """model.json's pipeline_num_layers against the run's stages (one-line LayoutError, exit 2); the layout."""
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
-
-    return VLMLayout.build(config, pp=pipeline_stages, vit_pp_layers=_MODEL_JSON.vit_pp_layers,
-                           llm_pp_layers=_MODEL_JSON.llm_pp_layers)
 
 
 def _structure(hf_config: dict[str, Any]) -> dict[str, Any]:

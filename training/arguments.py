@@ -119,8 +119,6 @@ class ModelSource:
     sizes: Mapping[str, Any]
     data_flag: str | None = None
     data_parallel_only: bool = True  # the model trains on mmrun's data-parallel engine (no TP/PP/CP split yet)
-    # ... except on these frameworks, whose parallel engine builds the model's tensor/pipeline splits
-    parallel_frameworks: tuple[str, ...] = ()
     # Inputs whose shapes change from batch to batch (images of any size) would rebuild a compiled
     # MindSpore graph for every new shape: such a model's step runs in PyNative unless this is True.
     ms_jit: bool = False
@@ -489,7 +487,7 @@ def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParse
                                  f"to batch, so a compiled graph would be rebuilt for each). Received: --ms-jit; "
                                  "drop it (the step runs in PyNative)")
         args.no_ms_jit = True
-    if not source.data_parallel_only or _framework(args) in source.parallel_frameworks:
+    if not source.data_parallel_only:
         return
     split = [f"--{dest.replace('_', '-')} {getattr(args, dest)}" for dest in
              ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
@@ -505,13 +503,6 @@ def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParse
             setattr(args, dest, False)
             # FSDP2 is a data-parallel engine of its own: it shards what the distributed optimizer would.
             _warn(f"ignoring {flag}: {FSDP2_OFF_REASON.get(dest, reason) if fsdp2 else reason}")
-
-
-def _framework(args: argparse.Namespace) -> str:
-    """The run's framework as chosen so far (--ai-framework, else the launcher's choice), without importing it."""
-    from mmrun.backend import selection
-
-    return args.ai_framework or selection.framework()
 
 
 def _require(args: argparse.Namespace, names: Iterable[str]) -> None:

@@ -88,9 +88,8 @@ class ModelJson:
     freeze: dict[str, bool]
     sizes: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
-    # pipeline_num_layers per module, one count per pipeline stage (None: not given; the layout's default split)
-    vit_pp_layers: list[int] | None = None
-    llm_pp_layers: list[int] | None = None
+    # {"vit": [...], "llm": [...]}: pipeline_num_layers per module (one count per stage), None where absent
+    pipeline_layers: dict[str, list[int] | None] = field(default_factory=dict)
 
 
 def _check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str]) -> None:
@@ -115,15 +114,15 @@ def _require(path: str, values: Mapping[str, Any], where: str, keys: tuple[str, 
 
 
 def _pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> list[int] | None:
-    """pipeline_num_layers: one layer count per pipeline stage (None when absent). Their number against
-    --pipeline-model-parallel-size and the ViT-on-stage-0 rule are the layout's checks (mm_layout.VLMLayout)."""
+    """pipeline_num_layers: one layer count per pipeline stage (MindSpeed-MM's), or None when absent. Its
+    length and sums are checked against the run's --pipeline-model-parallel-size by the parallel layout
+    (models/qwen2_vl/mm_layout.py) once the arguments are known; here only its form."""
     layers = section.get("pipeline_num_layers")
     if layers is None:
         return None
-    if not layers or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in layers) \
-            or sum(layers) != section["num_layers"]:
-        raise UsageError(f"{path}: {where}.pipeline_num_layers must list each pipeline stage's layer count, adding up "
-                         f"to num_layers {section['num_layers']}. Received: {json.dumps(layers)}")
+    if not layers or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
+        raise UsageError(f"{path}: {where}.pipeline_num_layers must be a list of layer counts, one per pipeline "
+                          f"stage (virtual stages' nested lists are not supported). Received: {json.dumps(layers)}")
     return list(layers)
 
 
@@ -178,8 +177,8 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                                    ("text_decoder", text, "text_decoder")):
         _check_section(path, section, values, where, warnings)
     _require(path, text, "text_decoder", ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"))
-    pipeline = {"vit": _pipeline_layers(path, "image_encoder.vision_encoder", enc),
-                "llm": _pipeline_layers(path, "text_decoder", text)}
+    pipeline_layers = {part: _pipeline_layers(path, where, section) for part, where, section in
+                       (("vit", "image_encoder.vision_encoder", enc), ("llm", "text_decoder", text))}
     heads = text["num_attention_heads"]
     head_dim = text.get("kv_channels") or text["hidden_size"] // heads
     mrope = text.get("mrope_section") or (text.get("rope_scaling") or {}).get("mrope_section")
@@ -221,7 +220,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
              "untie_embeddings_and_output_weights": not hf_config["tie_word_embeddings"],
              "make_vocab_size_divisible_by": 1}
     return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
-                     vit_pp_layers=pipeline["vit"], llm_pp_layers=pipeline["llm"])
+                     pipeline_layers=pipeline_layers)
 
 
 def read_model_json(path: str | Path, warn: Callable[[str], None] | None = None) -> ModelJson:

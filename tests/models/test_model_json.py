@@ -71,7 +71,7 @@ def test_the_demo_model_json_is_a_qwen2vl_with_mindspeed_mm_defaults_for_what_it
     (("image_encoder", "vision_encoder", "freeze"), 1, "image_encoder.vision_encoder.freeze must be bool. Received: 1"),
     (("text_decoder", "mrope_section"), [4, 2, 1], "mrope_section [4, 2, 1] must sum to head_dim / 2 = 8"),
     (("model_id",), "llava", "model_id must be one of qwen2vl, qwen2_5vl"),
-    (("text_decoder", "pipeline_num_layers"), [1, 2], "adding up to num_layers 2. Received: [1, 2]"),
+    (("text_decoder", "pipeline_num_layers"), [[1], [1]], "pipeline_num_layers must be a list of layer counts"),
     (("image_encoder", "vision_projector", "hidden_size"), 32, "must equal text_decoder.hidden_size (64)"),
 ])
 def test_wrong_values_are_one_line_errors_naming_the_key(path, value, message):
@@ -107,7 +107,6 @@ def test_pipeline_num_layers_are_read_per_stage_for_the_parallel_engines():
     raw = copy.deepcopy(TINY)
     raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"] = [2, 0]
     raw["text_decoder"]["pipeline_num_layers"] = [1, 1]
-    spec = parse_model_json(raw)
-    assert (spec.vit_pp_layers, spec.llm_pp_layers) == ([2, 0], [1, 1])
+    assert parse_model_json(raw).pipeline_layers == {"vit": [2, 0], "llm": [1, 1]}
     del raw["text_decoder"]["pipeline_num_layers"]
-    assert parse_model_json(raw).llm_pp_layers is None
+    assert parse_model_json(raw).pipeline_layers["llm"] is None

@@ -400,8 +400,8 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
 
     config = Qwen2VLConfig.from_hf_config(spec.hf_config)
     layout = VLMLayout.build(config, tp=state.tensor_model_parallel_size,
-                                       pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.vit_pp_layers,
-                                       llm_pp_layers=spec.llm_pp_layers)
+                             pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.pipeline_layers.get("vit"),
+                             llm_pp_layers=spec.pipeline_layers.get("llm"))
     model = Qwen2VLStage(config, layout, state)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
         loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
