@@ -29,19 +29,38 @@ PP2_JSON = Path(__file__).resolve().parents[2] / "scripts" / "qwen2vl" / "model_
 
 
 @pytest.fixture(scope="module")
-def runs(vlm):
+def runs(vlm, tmp_path_factory):
     """The `vlm` fixture with the MindSpore parallel runs registered."""
     pp2 = ["--mm-model", str(PP2_JSON), "--pipeline-model-parallel-size", "2"]
+    hf_init = _hf_directory_of_the_initial_weights(vlm, tmp_path_factory.mktemp("vlm_ms_parallel") / "hf-init")
     vlm.add("ms-tp2pp2-sp", "mindspore", 4, [*pp2, "--tensor-model-parallel-size", "2", "--sequence-parallel",
                                              "--save-interval", "5"])
     # one sample per micro-batch, as conftest's "text-rank-dp1": iteration 4's second micro-batch is the demo's
-    # text-only sample 7, for which every TP rank runs the ViT on a blank image that counts zero times
+    # text-only sample 7, for which every TP rank runs the ViT on a blank image that counts zero times. It starts
+    # from a Hugging Face directory holding the one-process run's initial weights (--load, sharded per rank).
     vlm.add("ms-tp2-text-only", "mindspore", 2, ["--tensor-model-parallel-size", "2", "--train-iters", "4",
-                                                 "--micro-batch-size", "1", "--global-batch-size", "2"])
+                                                 "--micro-batch-size", "1", "--global-batch-size", "2",
+                                                 "--load", str(hf_init)])
+    vlm.hf_init = hf_init
     # with Megatron's per-token loss, against the one-process run of conftest's "per-token" (3 iterations)
     vlm.add("ms-pp2-per-token", "mindspore", 2, [*pp2, "--train-iters", "3", "--calculate-per-token-loss",
                                                  "--exit-interval", str(SHORT)])
     return vlm
+
+
+def _hf_directory_of_the_initial_weights(vlm, path: Path) -> Path:
+    """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a Hugging Face
+    directory, for --load."""
+    from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+
+    args = vlm.args
+    seed = int(args[args.index("--seed") + 1])
+    config = Qwen2VLConfig.from_hf_config(read_model_json(args[args.index("--mm-model") + 1]).hf_config)
+    arrays = {name: mm_layout.initial_value(name, shape, seed, 0.02)  # Megatron's default --init-method-std
+              for name, shape in mm_layout.hf_shapes(config).items()}
+    return hf_checkpoint.save_hf_directory(path, config, arrays, dtype="float32")
 
 
 def _gap(run, reference, iterations) -> float:
@@ -66,6 +85,8 @@ def test_tp2_pp2_with_sequence_parallelism_trains_the_one_process_losses(runs):
 def test_tp2_and_pp2_alone_train_the_one_process_losses(runs, name, reference, iterations):
     assert _gap(runs(name), runs(reference), range(1, iterations + 1)) <= TOLERANCE, (runs(name).losses(),
                                                                                       runs(reference).losses())
+    if name == "ms-tp2-text-only":
+        assert f"loaded Hugging Face weights from {runs.hf_init}, this rank's shard" in runs(name).output
 
 
 @pytest.mark.slow
