@@ -43,6 +43,11 @@ CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
 # Frameworks whose parallel engine builds this model split over tensor/pipeline ranks (elsewhere: data parallel).
 # MindSpore: the mindspore-parallel engine (engines/mindspore/parallel/vlm.py), which reads model.json itself.
 PARALLEL_FRAMEWORKS = ("mindspore",)
+# ... only when a run splits it: unsplit, the model stays on the data-parallel engine, which ignores (with a
+# warning) what MindSpeed-MM's scripts always carry, --use-mcore-models and --use-distributed-optimizer, where
+# the mindspore-parallel engine would refuse the distributed optimizer.
+SPLIT_ONLY_FRAMEWORKS = ("mindspore",)
+SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 _MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -65,6 +70,8 @@ def _model_source(argv: list[str]) -> ModelSource:
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--mm-model", "--mm_model", dest="mm_model")
+    for flag in SPLIT_FLAGS:  # as text: the training arguments' parser judges the values
+        pre.add_argument(flag, flag.replace("-", "_").replace("__", "--"), dest=flag[2:].replace("-", "_"))
     known, _ = pre.parse_known_args(argv)
     if known.mm_model is None:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
@@ -72,8 +79,11 @@ def _model_source(argv: list[str]) -> ModelSource:
     _MODEL_JSON = read_model_json(known.mm_model, warn=_warn_rank0)
     from mmrun.backend.selection import resolve
 
+    framework = resolve(argv).framework
+    split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
-                       data_parallel_only=resolve(argv).framework not in PARALLEL_FRAMEWORKS)
+                       data_parallel_only=framework not in PARALLEL_FRAMEWORKS
+                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split))
 
 
 def _warn_rank0(message: str) -> None:
