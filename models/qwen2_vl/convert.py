@@ -1,7 +1,7 @@
 """Qwen2VLConverter / Qwen2_5_VLConverter for `mmrun convert` (MindSpeed-MM's mm-convert command lines).
 
     hf_to_mm   a Hugging Face directory -> `<mm_dir>/release`, one rank directory per (TP, PP) rank in
-               MindSpeed-MM's names (models/qwen2_vl/mm_checkpoint.py), split as --cfg.parallel_config says
+               MindSpeed-MM's names (models/qwen2_vl/checkpoint_vlm.py), split as --cfg.parallel_config says
                (tp_size, vit_pp_layers, llm_pp_layers: model.json's pipeline_num_layers); what --load takes
                (with --no-load-optim --no-load-rng as MindSpeed-MM's scripts pass them, or --finetune)
     mm_to_hf   the newest checkpoint of `<mm_dir>` (any split, or a data-parallel run's checkpoint in Hugging Face
@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.qwen2_vl import hf_checkpoint, mm_checkpoint, mm_layout
+from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout
+from mmrun.training import checkpoint_vlm
 
 CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl"}
 LOAD_HINT = "--no-load-optim --no-load-rng, or --finetune"
@@ -113,12 +114,12 @@ def _describe(layout: VLMLayout) -> str:
             f"{list(layout.llm_pp_layers)}")
 
 
-def _check_given_split(cfg: dict[str, Any], key: str, source: mm_checkpoint.Source) -> None:
+def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Source) -> None:
     """A --cfg.<key> the user passed must describe the split the source's files hold."""
     if key not in cfg:
         return
     given = _layout(cfg, key, source.config)
-    if source.names == mm_checkpoint.HF_NAMES:
+    if source.names == checkpoint_vlm.HF_NAMES:
         if given.tp == 1 and given.pp == 1:
             return
         raise UsageError(f"--cfg.{key} ({_describe(given)}) describes a split, but {source.path} is a data-parallel "
@@ -130,20 +131,20 @@ def _check_given_split(cfg: dict[str, Any], key: str, source: mm_checkpoint.Sour
                          "split from the files)")
 
 
-def _open(converter: str, root: str, option: str, config: Qwen2VLConfig | None) -> mm_checkpoint.Source:
+def _open(converter: str, root: str, option: str, config: Qwen2VLConfig | None) -> checkpoint_vlm.Source:
     from mmrun.training.checkpoint_store import recover_interrupted_saves
 
     if not Path(root).is_dir():
         raise UsageError(f"--cfg.{option} {root}: no such directory; pass the --save directory of the training run "
                          "or the --cfg.mm_dir of a conversion")
     recover_interrupted_saves(root)
-    source = mm_checkpoint.open_checkpoint(root, config)
+    source = checkpoint_vlm.open_checkpoint(root, config)
     _check_model_type(converter, source.config, f"the checkpoint in {source.path}")
     return source
 
 
-def _progress(tensors: int, total_bytes: int) -> mm_checkpoint.Progress:
-    return mm_checkpoint.Progress(tensors, total_bytes)
+def _progress(tensors: int, total_bytes: int) -> checkpoint_vlm.Progress:
+    return checkpoint_vlm.Progress(tensors, total_bytes)
 
 
 def hf_to_mm(converter: str, cfg: dict[str, Any]) -> None:
@@ -159,7 +160,7 @@ def hf_to_mm(converter: str, cfg: dict[str, Any]) -> None:
           flush=True)
     tensors = _progress(len(layout.full_shapes()), total)(mm_layout.hf_to_mm(config, weights.__getitem__))
     meta = {"iteration": 0, "converted_from": str(Path(hf_dir).resolve()), "model_type": config.model_type}
-    written = mm_checkpoint.write_checkpoint(mm_dir, layout, tensors, meta)
+    written = checkpoint_vlm.write_checkpoint(mm_dir, layout, tensors, meta)
     print(f"wrote {layout.tp * layout.pp} rank directories to {written} (load it with --load {mm_dir} {LOAD_HINT})",
           flush=True)
 
@@ -202,7 +203,7 @@ def resplit(converter: str, cfg: dict[str, Any]) -> None:
     meta = {"iteration": iteration if isinstance(iteration, int) else 0, "converted_from": str(source.path.resolve()),
             "model_type": source.config.model_type}
     tensors = _progress(len(layout.full_shapes()), source.total_bytes())(source.mm_tensors())
-    written = mm_checkpoint.write_checkpoint(target_dir, layout, tensors, meta)
+    written = checkpoint_vlm.write_checkpoint(target_dir, layout, tensors, meta)
     print(f"wrote {layout.tp * layout.pp} rank directories to {written} (load it with --load {target_dir} "
           f"{LOAD_HINT})", flush=True)
 

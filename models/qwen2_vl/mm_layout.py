@@ -217,6 +217,19 @@ def mm_to_hf(config: Qwen2VLConfig, read_mm: Callable[[str], np.ndarray]) -> Ite
             yield source, np.ascontiguousarray(part)
 
 
+def hf_sources(config: Qwen2VLConfig) -> dict[str, tuple[str, ...]]:
+    """MindSpeed-MM name (global) -> the Hugging Face tensors it is made of, for the whole model."""
+    return {name: recipe.sources for name, recipe in _recipes(config).items()}
+
+
+def hf_parts(config: Qwen2VLConfig, name: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The Hugging Face tensors (name, array) that one whole MindSpeed-MM tensor (global name) holds: mm_to_hf for
+    one tensor, for readers that hold only some of them (e.g. optimizer state, which frozen parameters lack)."""
+    recipe = _recipes(config)[name]
+    return [(source, np.ascontiguousarray(part))
+            for source, part in zip(recipe.sources, _unfuse(recipe, array, hf_shapes(config)))]
+
+
 # ------------------------------------------------------------------------------------------ the split
 
 def _even_split(total: int, stages: int) -> tuple[int, ...]:

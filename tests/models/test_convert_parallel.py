@@ -15,7 +15,8 @@ import pytest
 
 from mmrun.backend import checkpoint_io
 from mmrun.models.convert_cli import main, parse_options
-from mmrun.models.qwen2_vl import convert, hf_checkpoint, mm_checkpoint, mm_layout
+from mmrun.models.qwen2_vl import convert, hf_checkpoint, mm_layout
+from mmrun.training import checkpoint_vlm
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile
 from mmrun.models.qwen2_vl.mm_layout import VLMLayout
@@ -98,7 +99,7 @@ def test_round_trip_through_tp2_pp2_and_tp1_pp4_gives_the_original_bytes(model_t
                              "target_parallel_config.tp_size": 1})
     assert code == 0, err
     assert "resplitting" in out and "tp_size 1, vit_pp_layers [2, 0, 0, 0], llm_pp_layers [1, 1, 1, 1]" in out
-    source = mm_checkpoint.open_checkpoint(tmp_path / "pp4")
+    source = checkpoint_vlm.open_checkpoint(tmp_path / "pp4")
     assert (source.layout.tp, source.layout.llm_pp_layers) == (1, (1, 1, 1, 1))
 
     code, out, err = _run(capsys, conv, "mm_to_hf", save_hf_dir=str(tmp_path / "back"), mm_dir=str(tmp_path / "pp4"),
@@ -255,7 +256,7 @@ def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tmp_path, capsys,
     model_bytes = 4 * sum(int(np.prod(s)) for s in layout.full_shapes().values())
     largest = 4 * max(int(np.prod(s)) for s in layout.full_shapes().values())
     assert model_bytes > 60 * largest
-    monkeypatch.setattr(mm_checkpoint, "PROGRESS_MIN_BYTES", 0)
+    monkeypatch.setattr(checkpoint_vlm, "PROGRESS_MIN_BYTES", 0)
     peaks = {}
     steps = [("hf_to_mm", ["--cfg.mm_dir", str(tmp_path / "mm"), "--cfg.hf_config.hf_dir", str(hf),
                            "--cfg.parallel_config.tp_size", "2", "--cfg.parallel_config.llm_pp_layers", "[[12,12]]",

@@ -1,4 +1,5 @@
-"""The parallel VLM's checkpoints on disk, read and written one tensor at a time (`mmrun convert`).
+"""The parallel VLM's checkpoints on disk, read and written one tensor at a time (`mmrun convert`, and
+loading a VLM checkpoint into a run of another layout: checkpoint_reshard_vlm.py).
 
 A checkpoint in MindSpeed-MM's names (model_names "mindspeed-mm", as both parallel engines and `mmrun convert`
 write it) has one rank directory per (tensor, pipeline) rank, named as the training loop names them
@@ -41,6 +42,7 @@ from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile, SafetensorsWrit
 from mmrun.models.qwen2_vl.mm_layout import TEXT_LAYERS, VISION_LAYERS, VLMLayout
 from mmrun.training.checkpoint_layout import (RELEASE, CheckpointError, iteration_dir, rank_dir_name, read_tracker,
                                               saved_iterations)
+from mmrun.training.checkpoint_store import tensor_digest, write_iteration
 
 MM_NAMES = "mindspeed-mm"  # MindSpeed-MM's names, one rank directory per (TP, PP) rank
 HF_NAMES = "hf-qwen2-vl"  # Hugging Face names, one shard: the data-parallel VLM's checkpoints
@@ -82,6 +84,7 @@ class _Rank:
     path: Path
     meta: dict[str, Any]
     model: SafetensorsFile
+    optimizer: SafetensorsFile | None
 
 
 def _read_rank(path: Path) -> _Rank:
@@ -92,20 +95,21 @@ def _read_rank(path: Path) -> _Rank:
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         model = SafetensorsFile(model_file)
+        optimizer_file = path / checkpoint_io.OPTIMIZER_FILE
+        optimizer = SafetensorsFile(optimizer_file) if "optimizer" in meta and optimizer_file.is_file() else None
     except (ValueError, OSError, struct.error) as err:
-        raise CheckpointError(f"{path} is corrupt or truncated ({err}); resume from another checkpoint") from None
-    return _Rank(path, meta, model)
+        raise CheckpointError(f"{path} is corrupt or truncated ({err}); use another checkpoint") from None
+    return _Rank(path, meta, model, optimizer)
 
 
 
 def _verify(rank: _Rank) -> None:
     """The rank's tensors against the checksum recorded when it was saved, one tensor at a time."""
-    from mmrun.training.checkpoint_store import tensor_digest
-
-    expected = (rank.meta.get("checksums") or {}).get("model")
-    if expected is not None and tensor_digest(rank.model) != expected:
-        raise CheckpointError(f"{rank.path / checkpoint_io.MODEL_FILE} is corrupt: its tensors do not match the "
-                              "checksum recorded when it was saved; use another checkpoint")
+    checksums = rank.meta.get("checksums") or {}
+    for part, file in (("model", rank.model), ("optimizer", rank.optimizer)):
+        if file is not None and part in checksums and tensor_digest(file) != checksums[part]:
+            raise CheckpointError(f"{file.path} is corrupt: its tensors do not match the checksum recorded when it "
+                                  "was saved; use another checkpoint")
 
 
 def _rank_grid(path: Path) -> dict[tuple[int, int], Path]:
@@ -151,13 +155,42 @@ def _config_of(meta: Mapping[str, Any], given: Qwen2VLConfig | None) -> Qwen2VLC
                      "Hugging Face directory")
 
 
-class Source:
-    """One checkpoint opened for reading whole tensors one at a time, in either names (module docstring)."""
+class _Suffixed(Mapping[str, np.ndarray]):
+    """The `<param>.<key>` tensors of an optimizer file, named `<param>` (one state key, e.g. exp_avg)."""
 
-    def __init__(self, path: Path, iteration: int | str, ranks: dict[tuple[int, int], _Rank],
-                 config: Qwen2VLConfig, names: str, layout: VLMLayout) -> None:
+    def __init__(self, file: SafetensorsFile, key: str) -> None:
+        self.file, self.suffix = file, "." + key
+        self._names = [n[:-len(self.suffix)] for n in file if n.endswith(self.suffix)]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.file[name + self.suffix]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.file.shape(name + self.suffix)
+
+    def dtype(self, name: str) -> np.dtype:
+        return self.file.dtype(name + self.suffix)
+
+    def nbytes(self, name: str) -> int:
+        return self.file.nbytes(name + self.suffix)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class Source:
+    """One checkpoint opened for reading whole tensors one at a time, in either names (module docstring).
+    `files` maps (tp_rank, pp_rank) to that rank's tensors (its model file, or one key of its optimizer state,
+    which may lack frozen parameters)."""
+
+    def __init__(self, path: Path, iteration: int | str, ranks: dict[tuple[int, int], _Rank], config: Qwen2VLConfig,
+                 names: str, layout: VLMLayout, files: Mapping[tuple[int, int], Any] | None = None) -> None:
         self.path, self.iteration, self.ranks = path, iteration, ranks
         self.config, self.names, self.layout = config, names, layout
+        self.files = files if files is not None else {key: rank.model for key, rank in ranks.items()}
         self.meta = ranks[(0, 0)].meta
 
     def describe(self) -> str:
@@ -167,37 +200,69 @@ class Source:
         return (f"MindSpeed-MM names, tp_size {lay.tp}, vit_pp_layers {list(lay.vit_pp_layers)}, "
                 f"llm_pp_layers {list(lay.llm_pp_layers)}")
 
+    # ------------------------------------------------------------------ optimizer state
+
+    def optimizer_keys(self) -> list[str] | None:
+        """The optimizer state keys every rank saved (exp_avg, exp_avg_sq, main_param), None without state."""
+        if any(rank.optimizer is None for rank in self.ranks.values()):
+            return None
+        return sorted({name.rpartition(".")[2] for rank in self.ranks.values() for name in rank.optimizer})
+
+    def optimizer_state(self, key: str) -> "Source":
+        """The same checkpoint's optimizer state for one key, read as tensors named after their parameters."""
+        files = {k: _Suffixed(rank.optimizer, key) for k, rank in self.ranks.items()}
+        return Source(self.path, self.iteration, self.ranks, self.config, self.names, self.layout, files)
+
+    # ------------------------------------------------------------------ reading
+
     def read_hf(self, name: str) -> np.ndarray:
-        return self.ranks[(0, 0)].model[name]
+        return self.files[(0, 0)][name]
+
+    def has_mm(self, name: str) -> bool:
+        """Whether the checkpoint holds the tensor of this global MindSpeed-MM name (optimizer state: frozen
+        parameters have none)."""
+        if self.names == HF_NAMES:
+            return all(s in self.files[(0, 0)] for s in mm_layout.hf_sources(self.config)[name])
+        stage, local = self.layout.locate(name)[0]
+        return local in self.files[(0, stage)]
 
     def read_mm(self, name: str) -> np.ndarray:
         """A whole tensor in global MindSpeed-MM names, joined from its tensor-parallel shards."""
         if self.names == HF_NAMES:
             return mm_layout.mm_reader(self.config, self.read_hf)(name)
         stage, local = self.layout.locate(name)[0]
-        return self.layout.join(local, [self.ranks[(t, stage)].model[local] for t in range(self.layout.tp)])
+        return self.layout.join(local, [self.files[(t, stage)][local] for t in range(self.layout.tp)])
 
     def mm_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """The whole model in global MindSpeed-MM names and order, one tensor at a time."""
-        if self.names == HF_NAMES:
-            return mm_layout.hf_to_mm(self.config, self.read_hf)
-        return ((name, self.read_mm(name)) for name in self.layout.full_shapes())
+        """The whole model (what it holds of it) in global MindSpeed-MM names and order, one tensor at a time."""
+        return ((name, self.read_mm(name)) for name in self.layout.full_shapes() if self.has_mm(name))
 
     def hf_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """The whole model in Hugging Face names (mmrun's layout), one tensor at a time."""
+        """The whole model (what it holds of it) in Hugging Face names (mmrun's layout), one tensor at a time."""
         if self.names == HF_NAMES:
-            return ((name, self.read_hf(name)) for name in mm_layout.hf_shapes(self.config))
-        return mm_layout.mm_to_hf(self.config, self.read_mm)
+            held = self.files[(0, 0)]
+            return ((name, held[name]) for name in mm_layout.hf_shapes(self.config) if name in held)
+        return (part for name, whole in self.mm_tensors() for part in mm_layout.hf_parts(self.config, name, whole))
+
+    def rank_tensors(self, target: VLMLayout, tp_rank: int, pp_rank: int) -> dict[str, np.ndarray]:
+        """What rank (tp_rank, pp_rank) of `target` holds (what the checkpoint holds of it), in its local names."""
+        out = {}
+        for local in target.rank_shapes(tp_rank, pp_rank):
+            name = (mm_layout.WORD_EMBEDDINGS if local == mm_layout.OUTPUT_LAYER and target.ties_output_copy
+                    else target.global_name(pp_rank, local))
+            if self.has_mm(name):
+                out[local] = target.shard(local, self.read_mm(name), tp_rank)
+        return out
 
     def dtype(self) -> np.dtype:
-        dtypes = {rank.model.dtype(name) for rank in self.ranks.values() for name in rank.model}
+        dtypes = {file.dtype(name) for file in self.files.values() for name in file}
         if len(dtypes) != 1:
             raise CheckpointError(f"{self.path} holds tensors of several dtypes ({sorted(map(str, dtypes))}); "
                                   "mmrun's checkpoints hold one")
         return dtypes.pop()
 
     def total_bytes(self) -> int:
-        return sum(rank.model.nbytes(name) for (t, _), rank in self.ranks.items() for name in rank.model
+        return sum(file.nbytes(name) for (t, _), file in self.files.items() for name in file
                    if t == 0 or self.layout.partition_dim(name) is not None)
 
 
@@ -226,7 +291,12 @@ def open_checkpoint(root: str | os.PathLike, config: Qwen2VLConfig | None = None
     """The checkpoint `--load root` would take, its split read from its files and checked against the model's
     shapes (`config`: the model's; None reads it from the checkpoint's meta.json). `verify` checks every rank's
     checksums (one more read of each tensor)."""
-    path, iteration = find_iteration(root)
+    return open_iteration(*find_iteration(root), config=config, verify=verify)
+
+
+def open_iteration(path: Path, iteration: int | str, config: Qwen2VLConfig | None = None,
+                   verify: bool = True) -> Source:
+    """open_checkpoint for one iteration directory (`<root>/iter_0000010`, `<root>/release`)."""
     ranks = {key: _read_rank(rank_path) for key, rank_path in _rank_grid(path).items()}
     first = ranks[(0, 0)]
     config = _config_of(first.meta, config)
@@ -302,8 +372,6 @@ def write_checkpoint(root: str | os.PathLike, layout: VLMLayout, tensors: Iterab
     (`tensors`, each yielded once, any dtype mmrun reads), written as they come; then the tracker. Returns the
     iteration directory. `meta` goes into every rank's meta.json (with model_names, parallel, hf_config,
     checksums added)."""
-    from mmrun.training.checkpoint_store import tensor_digest, write_iteration
-
     ranks = [(t, p) for p in range(layout.pp) for t in range(layout.tp)]
 
     def fill(directory: Path) -> None:
