@@ -21,14 +21,14 @@ from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile
 from mmrun.models.qwen2_vl.mm_layout import VLMLayout
 from mmrun.training.checkpoint_layout import TRACKER_FILE, rank_dir_name
-from tests.models.tiny_hf import IDS, TEXT, TIED, VISION
 
 CONVERTER = {"qwen2_vl": "Qwen2VLConverter", "qwen2_5_vl": "Qwen2_5_VLConverter"}
 
 
-def _hf_config(model_type: str, **text: int) -> dict:
-    return {**TEXT, "num_hidden_layers": 4, **text, **IDS, "model_type": model_type,
-            "tie_word_embeddings": TIED[model_type], "vision_config": VISION[model_type]}
+def _hf_config(tiny, model_type: str, **text: int) -> dict:
+    """tests/models/tiny_hf.py's config of `model_type` (the `tiny` fixture) with 4 decoder layers."""
+    return {**tiny.TEXT, "num_hidden_layers": 4, **text, **tiny.IDS, "model_type": model_type,
+            "tie_word_embeddings": tiny.TIED[model_type], "vision_config": tiny.VISION[model_type]}
 
 
 def _hf_dir(folder: Path, raw: dict, dtype: str, seed: int = 0) -> Path:
@@ -60,8 +60,9 @@ def _tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
 
 @pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_round_trip_through_tp2_pp2_and_tp1_pp4_gives_the_original_bytes(model_type, dtype, tmp_path, capsys):
-    raw = _hf_config(model_type)
+def test_round_trip_through_tp2_pp2_and_tp1_pp4_gives_the_original_bytes(model_type, dtype, tiny, tmp_path,
+                                                                          capsys):
+    raw = _hf_config(tiny, model_type)
     hf = _hf_dir(tmp_path / "hf", raw, dtype)
     conv = CONVERTER[model_type]
     # the seeds' form: one list per virtual chunk, the ViT on stage 0
@@ -140,10 +141,10 @@ def test_mm_convert_command_lines_of_the_guides_parse_unchanged():
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def converted(tmp_path_factory, tiny):
     """A Qwen2-VL HF directory and its (TP=2, PP=2) conversion, shared by the bad-input tests (never changed)."""
     root = tmp_path_factory.mktemp("converted")
-    hf = _hf_dir(root / "hf", _hf_config("qwen2_vl"), "float32")
+    hf = _hf_dir(root / "hf", _hf_config(tiny, "qwen2_vl"), "float32")
     assert main(["Qwen2VLConverter", "hf_to_mm", "--cfg.mm_dir", str(root / "mm"), "--cfg.hf_config.hf_dir", str(hf),
                  "--cfg.parallel_config.llm_pp_layers", "[2,2]", "--cfg.parallel_config.vit_pp_layers", "[2,0]",
                  "--cfg.parallel_config.tp_size", "2"]) == 0
@@ -242,13 +243,13 @@ def _interrupt_mm_to_hf(monkeypatch, mm_dir: Path, hf: Path, out: Path) -> None:
           "--cfg.hf_config.hf_dir", str(hf)])
 
 
-def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tmp_path, capsys, monkeypatch):
+def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tiny, tmp_path, capsys, monkeypatch):
     """A model of 48 layers (22 MB as fp32, 72 times its largest tensor) converted with tracemalloc on: numpy's
     allocations peak at a few times the largest tensor, far below the model; progress lines come at every tenth."""
-    raw = {**_hf_config("qwen2_5_vl", num_hidden_layers=24, hidden_size=128, intermediate_size=256,
+    raw = {**_hf_config(tiny, "qwen2_5_vl", num_hidden_layers=24, hidden_size=128, intermediate_size=256,
                         vocab_size=512, num_attention_heads=4, num_key_value_heads=2),
            "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]},
-           "vision_config": {**VISION["qwen2_5_vl"], "depth": 24, "hidden_size": 64, "intermediate_size": 256,
+           "vision_config": {**tiny.VISION["qwen2_5_vl"], "depth": 24, "hidden_size": 64, "intermediate_size": 256,
                              "out_hidden_size": 128, "fullatt_block_indexes": [23]}}
     hf = _hf_dir(tmp_path / "hf", raw, "bfloat16")
     config = Qwen2VLConfig.from_hf_config(raw)
