@@ -189,6 +189,12 @@ def _commit(root: Path, tmp: Path, final: Path, iteration: int | str, step: Call
     step("tracker")
 
 
+def _discard(tmp: Path | None) -> None:
+    """Remove a failed save's temporary iteration directory (None: nothing left to remove)."""
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def write_iteration(root: str | os.PathLike, iteration: int | str, fill: Callable[[Path], None],
                     log: Callable[[str], None] | None = None) -> Path:
     """The save sequence of this module's docstring for one process that writes every rank directory itself:
@@ -205,8 +211,7 @@ def write_iteration(root: str | os.PathLike, iteration: int | str, fill: Callabl
         _commit(root, tmp, final, iteration, step)
         tmp = None
     except BaseException as err:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         if isinstance(err, OSError):
             raise _save_error(err, root, iteration) from None
         raise
@@ -259,8 +264,7 @@ def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Sequ
         if failure is not None:
             raise OSError(*failure)
     except BaseException as err:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         if isinstance(err, OSError):
             raise _save_error(err, root, iteration) from None
         raise

@@ -194,10 +194,12 @@ class Source:
         self.meta = ranks[(0, 0)].meta
 
     def describe(self) -> str:
+        """`iteration 10; <names and split>` for the progress lines."""
         lay = self.layout
+        where = f"iteration {self.iteration}" if isinstance(self.iteration, int) else str(self.iteration)
         if self.names == HF_NAMES:
-            return "Hugging Face names, one shard (data parallel)"
-        return (f"MindSpeed-MM names, tp_size {lay.tp}, vit_pp_layers {list(lay.vit_pp_layers)}, "
+            return f"{where}; Hugging Face names, one data-parallel shard"
+        return (f"{where}; MindSpeed-MM names, tp_size {lay.tp}, vit_pp_layers {list(lay.vit_pp_layers)}, "
                 f"llm_pp_layers {list(lay.llm_pp_layers)}")
 
     # ------------------------------------------------------------------ optimizer state

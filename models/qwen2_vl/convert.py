@@ -177,7 +177,7 @@ def mm_to_hf(converter: str, cfg: dict[str, Any]) -> None:
     source = _open(converter, mm_dir, "mm_dir", config)
     _check_given_split(cfg, "parallel_config", source)
     dtype = _saved_dtype(hf_dir)
-    print(f"converting {source.path} (iteration {source.iteration}; {source.describe()}) to {save_dir} in "
+    print(f"converting {source.path} ({source.describe()}) to {save_dir} in "
           f"{dtype or 'float32'} ...", flush=True)
     shapes = mm_layout.hf_shapes(config)
     stored = source.dtype()
@@ -197,7 +197,7 @@ def resplit(converter: str, cfg: dict[str, Any]) -> None:
     source = _open(converter, source_dir, "source_dir", config)
     _check_given_split(cfg, "source_parallel_config", source)
     layout = _layout(cfg, "target_parallel_config", source.config)
-    print(f"resplitting {source.path} (iteration {source.iteration}; {source.describe()}) to {_describe(layout)} ...",
+    print(f"resplitting {source.path} ({source.describe()}) to {_describe(layout)} ...",
           flush=True)
     iteration = source.meta.get("iteration", 0)
     meta = {"iteration": iteration if isinstance(iteration, int) else 0, "converted_from": str(source.path.resolve()),
