@@ -98,6 +98,7 @@ def test_per_token_loss_is_the_mean_over_the_global_batch(vlm):
 def test_hugging_face_weights_in_and_out(vlm, tmp_path):
     """mm_to_hf writes a directory transformers loads; --load takes it as it is; hf_to_mm -> mm_to_hf gives the
     same bytes back."""
+    vlm("pytorch")  # its checkpoint is the source (trained here when this test runs alone)
     mmrun = [sys.executable, "-m", "mmrun.launchers.cli", "convert", "Qwen2VLConverter"]
     hf_config = tmp_path / "hf-original"
     hf_config.mkdir()
