@@ -81,3 +81,20 @@ def test_optimizer_state_follows_for_the_trained_parameters(model, tmp_path):
             assert sorted(held) == sorted(set(expected) - frozen)
             assert all(np.array_equal(held[n], expected[n]) for n in held)
     assert json.loads((tmp_path / "iter_0000007" / "mp_rank_00" / "meta.json").read_text())["iteration"] == 7
+
+
+def test_a_data_parallel_checkpoint_resplits_like_its_hugging_face_weights(model, tmp_path):
+    """resplit takes the one-process run's checkpoint (Hugging Face names; the model's config from the run's
+    --mm-model in its meta.json) and writes the same rank files as hf_to_mm of the same weights."""
+    root, _, arrays = model
+    write_checkpoint(tmp_path / "dp", 3, arrays, None, {"iteration": 3, "model_names": "mmrun-gpt",
+                                                        "args": {"mm_model": str(MODEL_JSON)}})
+    assert main(["Qwen2VLConverter", "resplit", "--cfg.source_dir", str(tmp_path / "dp"), "--cfg.target_dir",
+                 str(tmp_path / "tp2"), "--cfg.target_parallel_config.tp_size", "2",
+                 "--cfg.target_parallel_config.llm_pp_layers", "[1,1]",
+                 "--cfg.target_parallel_config.vit_pp_layers", "[2,0]"]) == 0
+    for rank in ("mp_rank_00_000", "mp_rank_01_000", "mp_rank_00_001", "mp_rank_01_001"):
+        ours = read_checkpoint(tmp_path / "tp2", "release", rank)
+        theirs = read_checkpoint(root / "mm", "release", rank)
+        assert list(ours.model) == list(theirs.model) and ours.iteration == 3
+        assert all(np.array_equal(ours.model[n], theirs.model[n]) for n in theirs.model)
