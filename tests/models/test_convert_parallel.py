@@ -6,7 +6,11 @@ framework, no download)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -280,3 +284,24 @@ def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tiny, tmp_path, c
     # measured: 1.5 to 1.9 MB (5 to 6 times the largest tensor) against a 22 MB model
     assert all(peak < min(10 * largest, model_bytes / 8) for peak in peaks.values()), (peaks, largest, model_bytes)
     assert _tensors(hf) == _tensors(tmp_path / "back")
+
+
+def test_a_killed_conversion_leaves_the_old_output_and_the_next_one_clears_its_temporary(converted, tmp_path):
+    """SIGKILL (the test hook of the loop's save sequence) after the new output is complete but before it
+    replaces the old one: the old output stays whole; the next conversion removes the dead one's temporary."""
+    target = tmp_path / "mm"
+    shutil.copytree(converted / "mm", target)
+    before = _tensors(target / "release" / "mp_rank_01_001")
+    env = {k: v for k, v in os.environ.items() if k != "MMRUN_AI_FRAMEWORK"}  # PYTHONPATH kept: the same mmrun
+    env["MMRUN_TEST_KILL_DURING_SAVE"] = "release:written"
+    command = [sys.executable, "-m", "mmrun.launchers.cli", "convert", "Qwen2VLConverter", "hf_to_mm", "--cfg.mm_dir",
+               str(target), "--cfg.hf_config.hf_dir", str(converted / "hf")]
+    killed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert _tensors(target / "release" / "mp_rank_01_001") == before
+    assert len(list(target.glob(".release.mmrun-tmp-*"))) == 1  # the dead writer's complete copy
+    del env["MMRUN_TEST_KILL_DURING_SAVE"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in target.iterdir()) == ["latest_checkpointed_iteration.txt", "release"]
+    assert sorted(p.name for p in (target / "release").iterdir()) == ["mp_rank_00"]
