@@ -69,7 +69,8 @@ def _stage_layers(value: Any, option: str) -> list[int]:
     """[[12,16]] (hf_to_mm's form: one list per virtual pipeline chunk) or [12,16] (mm_to_hf's) -> per-stage counts."""
     if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
         if len(value) > 1:
-            raise UsageError(f"--cfg.{option} {json.dumps(value)} gives {len(value)} virtual pipeline chunks per stage; "
+            raise UsageError(f"--cfg.{option} {json.dumps(value)} gives {len(value)} virtual pipeline chunks per "
+                             "stage; "
                              "mmrun's VLM checkpoints hold one model chunk per stage: give one list, e.g. "
                              f"{json.dumps([sum(map(sum, value))])}")
         value = value[0]

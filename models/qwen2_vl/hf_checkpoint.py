@@ -279,7 +279,8 @@ class HFWeights(Mapping[str, np.ndarray]):
             files = [SINGLE_FILE]
         else:
             raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors "
-                                        "weights only (re-save a pytorch_model.bin with save_pretrained(safe_serialization=True))")
+                                        "weights only (re-save a pytorch_model.bin with "
+                                        "save_pretrained(safe_serialization=True))")
         self._where: dict[str, tuple[SafetensorsFile, str]] = {}
         for file in files:
             opened = SafetensorsFile(path / file)

@@ -39,7 +39,8 @@ def _hf_dir(folder: Path, raw: dict, dtype: str, seed: int = 0) -> Path:
     """A Hugging Face directory of random weights (norms and biases too), saved in `dtype`, plus a tokenizer file."""
     config = Qwen2VLConfig.from_hf_config(raw)
     rng = np.random.default_rng(seed)
-    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in mm_layout.hf_shapes(config).items()}
+    shapes = mm_layout.hf_shapes(config)
+    arrays = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
     hf_checkpoint.save_hf_directory(folder, config, arrays, dtype=dtype)
     (folder / "tokenizer.json").write_text("{}")
     return folder
@@ -125,8 +126,8 @@ def test_mm_convert_command_lines_of_the_guides_parse_unchanged():
     seven_b = Qwen2VLConfig.from_hf_config({"model_type": "qwen2_vl", "num_hidden_layers": 28,
                                             "num_attention_heads": 28, "num_key_value_heads": 4,
                                             "hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064})
-    hf_to_mm = ("--cfg.mm_dir ckpt/mm_path/Qwen2-VL-7B-Instruct --cfg.hf_config.hf_dir ckpt/hf_path/Qwen2-VL-7B-Instruct "
-                "--cfg.parallel_config.llm_pp_layers [[1,10,10,7]] --cfg.parallel_config.vit_pp_layers [[32,0,0,0]] "
+    hf_to_mm = ("--cfg.mm_dir ckpt/mm_path/Qwen2-VL-7B-Instruct "
+                "--cfg.hf_config.hf_dir ckpt/hf_path/Qwen2-VL-7B-Instruct --cfg.parallel_config.llm_pp_layers [[1,10,10,7]] --cfg.parallel_config.vit_pp_layers [[32,0,0,0]] "
                 "--cfg.parallel_config.tp_size 1").split()
     mm_to_hf = ("--cfg.save_hf_dir ckpt/mm_to_hf/Qwen2-VL-7B-Instruct --cfg.mm_dir ckpt/mm_path/Qwen2-VL-7B-Instruct "
                 "--cfg.hf_config.hf_dir ckpt/hf_path/Qwen2-VL-7B-Instruct --cfg.parallel_config.llm_pp_layers "
@@ -167,7 +168,8 @@ def converted(tmp_path_factory, tiny):
     ("mm_to_hf", {"parallel_config.llm_pp_layers": [1, 3], "parallel_config.vit_pp_layers": [2, 0],
                   "parallel_config.tp_size": 2},
      "which holds tp_size 2, vit_pp_layers [2, 0], llm_pp_layers [2, 2]; pass those"),
-    ("resplit", {"target_parallel_config.tp_size": 8}, "vision num_attention_heads 4 is not divisible by --tensor-model-parallel-size 8"),
+    ("resplit", {"target_parallel_config.tp_size": 8},
+     "vision num_attention_heads 4 is not divisible by --tensor-model-parallel-size 8"),
 ])
 def test_what_does_not_fit_is_one_line_exit_2_nothing_written(sub, options, message, converted, tmp_path, capsys):
     out_dir = tmp_path / "out"
@@ -280,7 +282,8 @@ def test_memory_is_bounded_by_the_largest_tensor_not_the_model(tiny, tmp_path, c
             tracemalloc.stop()
         out = capsys.readouterr().out
         progress = [line for line in out.splitlines() if line.startswith("[")]
-        assert 8 <= len(progress) <= 11 and progress[-1].startswith(f"[{len(layout.full_shapes()) if sub != 'mm_to_hf' else len(mm_layout.hf_shapes(config))}/"), out
+        tensors = len(mm_layout.hf_shapes(config) if sub == "mm_to_hf" else layout.full_shapes())
+        assert 8 <= len(progress) <= 11 and progress[-1].startswith(f"[{tensors}/{tensors}] tensors, "), out
     # measured: 1.5 to 1.9 MB (5 to 6 times the largest tensor) against a 22 MB model
     assert all(peak < min(10 * largest, model_bytes / 8) for peak in peaks.values()), (peaks, largest, model_bytes)
     assert _tensors(hf) == _tensors(tmp_path / "back")

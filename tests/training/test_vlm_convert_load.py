@@ -40,7 +40,8 @@ def converted(tmp_path_factory, vlm):
     root = tmp_path_factory.mktemp("convert-load")
     config = Qwen2VLConfig.from_hf_config(read_model_json(MODEL_JSON).hf_config)
     std = 0.02  # Megatron's --init-method-std default, which the runs use
-    arrays = {name: mm_layout.initial_value(name, shape, 42, std) for name, shape in mm_layout.hf_shapes(config).items()}
+    shapes = mm_layout.hf_shapes(config)
+    arrays = {name: mm_layout.initial_value(name, shape, 42, std) for name, shape in shapes.items()}
     hf = hf_checkpoint.save_hf_directory(root / "hf", config, arrays, copy_files_from=vlm.model_dir)
     assert main(["Qwen2VLConverter", "hf_to_mm", "--cfg.mm_dir", str(root / "mm"), "--cfg.hf_config.hf_dir", str(hf),
                  "--cfg.parallel_config.llm_pp_layers", "[[1,1]]", "--cfg.parallel_config.vit_pp_layers", "[[2,0]]",
