@@ -15,12 +15,12 @@ import argparse
 from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
-from mmrun.training import checkpoint_vlm
+from mmrun.engines.base import ParallelLayout, ShardState
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
 from mmrun.training.checkpoint_store import LoadedCheckpoint
-from mmrun.training.engines.base import ParallelLayout, ShardState
 
 VLM_NAMES = (checkpoint_vlm.MM_NAMES, checkpoint_vlm.HF_NAMES)
 

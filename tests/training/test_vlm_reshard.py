@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mmrun.engines.base import ParallelLayout
 from mmrun.models.convert_cli import main
 from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
@@ -18,7 +19,6 @@ from mmrun.models.qwen2_vl.model_json import read_model_json
 from mmrun.models.qwen2_vl.mm_layout import VLMLayout
 from mmrun.training import checkpoint_reshard
 from mmrun.training.checkpoint_store import read_checkpoint, write_checkpoint
-from mmrun.training.engines.base import ParallelLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
