@@ -3,11 +3,11 @@
 Sources: a checkpoint in MindSpeed-MM's names at any (TP, PP, per-stage) split ("mindspeed-mm": the parallel
 engines' and `mmrun convert`'s), or a data-parallel one in Hugging Face names (the one-process VLM's, and
 older conversions' "hf-qwen2-vl"). Targets: the one-process VLM (Hugging Face names, the whole model) or a
-parallel engine's rank (model_names "mindspeed-mm": its share of `engine.vlm_layout`, the mm_layout.VLMLayout
-the engine trains with; without one, the default split for its TP and PP sizes). Every rank reads, one tensor
-at a time, only the tensors of its own share (models/qwen2_vl/checkpoint_vlm.py: whole tensors joined from the
-source's shards, then split again through mm_layout); the optimizer state (Adam's moments, fp32 main params)
-goes the same way, key by key, for the parameters that have it (frozen ones have none).
+parallel engine's rank (model_names "mindspeed-mm": its share of `engine.vlm_layout` where the engine has
+one, else of the split that model.json's pipeline_num_layers give for the run's TP and PP sizes). Every rank
+reads, one tensor at a time, only the tensors of its own share (training/checkpoint_vlm.py: whole tensors joined
+from the source's shards, then split again through mm_layout); the optimizer state (Adam's moments, fp32 main
+params) goes the same way, key by key, for the parameters that have it (frozen ones have none).
 """
 from __future__ import annotations
 
@@ -31,26 +31,36 @@ def is_vlm(meta: Mapping[str, Any], args: argparse.Namespace) -> bool:
     return meta.get("model_names") in VLM_NAMES or bool(getattr(args, "mm_model", None))
 
 
-def run_config(args: argparse.Namespace) -> Qwen2VLConfig:
+def _model_json(args: argparse.Namespace) -> Any:
     from mmrun.models.qwen2_vl.model_json import read_model_json
 
     if not getattr(args, "mm_model", None):
         raise CheckpointError("a Qwen2-VL checkpoint loads into the VLM entry only (models/pretrain_vlm.py with "
                               "--mm-model model.json); pass the model.json it was trained with")
-    return Qwen2VLConfig.from_hf_config(read_model_json(args.mm_model).hf_config)
+    return read_model_json(args.mm_model)
+
+
+def run_layout(args: argparse.Namespace, layout: ParallelLayout) -> VLMLayout:
+    """The run's split as its engine builds it: model.json's model and pipeline_num_layers per module (where
+    they give one count per stage), else the default split for the run's TP and PP sizes."""
+    spec = _model_json(args)
+    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    lists = getattr(spec, "pipeline_layers", None) or {}
+    vit, llm = (lists.get(part) for part in ("vit", "llm"))
+    return VLMLayout.build(config, layout.tp, layout.pp, vit if vit and len(vit) == layout.pp else None,
+                           llm if llm and len(llm) == layout.pp else None)
 
 
 def reshard(probe: LoadedCheckpoint, args: argparse.Namespace, model_names: str, layout: ParallelLayout,
             vlm_layout: VLMLayout | None = None) -> ShardState:
     """This rank's share of a VLM checkpoint written with another layout or names (module docstring)."""
-    config = vlm_layout.config if vlm_layout is not None else run_config(args)
+    target = vlm_layout if vlm_layout is not None else run_layout(args, layout)
     try:
-        source = checkpoint_vlm.open_iteration(probe.path.parent, probe.iteration, config)
+        source = checkpoint_vlm.open_iteration(probe.path.parent, probe.iteration, target.config)
     except UsageError as err:
         raise CheckpointError(str(err)) from None
-    target = None
-    if model_names == checkpoint_vlm.MM_NAMES:
-        target = vlm_layout if vlm_layout is not None else VLMLayout.build(config, layout.tp, layout.pp)
+    if model_names != checkpoint_vlm.MM_NAMES:
+        target = None  # the one-process model: Hugging Face names, the whole model
 
     def share(part: checkpoint_vlm.Source) -> dict:
         if target is None:

@@ -26,11 +26,12 @@ TOLERANCE = 1e-5
 NO_ENGINE = "trains with data parallelism only"
 
 
-def _parallel_engine_missing() -> bool:
+def _parallel_engine_missing(framework: str) -> bool:
     """The entry's own answer, without starting a run: its model source says data parallelism only."""
     from mmrun.models import pretrain_vlm
 
-    return getattr(pretrain_vlm._model_source(["--mm-model", str(MODEL_JSON)]), "data_parallel_only", False)
+    source = pretrain_vlm._model_source(["--ai-framework", framework, "--mm-model", str(MODEL_JSON)])
+    return getattr(source, "data_parallel_only", False)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_the_one_process_run_loads_a_tp2_pp2_conversion(vlm, tk, converted):
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
 def test_tp2_engines_load_a_tp2_pp2_conversion(vlm, tk, converted, framework):
-    if _parallel_engine_missing():
+    if _parallel_engine_missing(framework):
         pytest.skip("no parallel VLM engine yet: models/pretrain_vlm.py trains with data parallelism only "
                     "(the vlmpt/vlmms engines make this test run)")
     expected = vlm("pytorch").losses()[1]
