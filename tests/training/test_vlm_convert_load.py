@@ -24,13 +24,14 @@ from .conftest import MODEL_JSON
 TOLERANCE = 1e-5
 # What a run prints when no parallel VLM engine takes the layout (the engines land in their own sessions).
 NO_ENGINE = "trains with data parallelism only"
+TP2 = ["--tensor-model-parallel-size", "2"]
 
 
 def _parallel_engine_missing(framework: str) -> bool:
     """The entry's own answer, without starting a run: its model source says data parallelism only."""
     from mmrun.models import pretrain_vlm
 
-    source = pretrain_vlm._model_source(["--ai-framework", framework, "--mm-model", str(MODEL_JSON)])
+    source = pretrain_vlm._model_source(["--ai-framework", framework, *TP2, "--mm-model", str(MODEL_JSON)])
     return getattr(source, "data_parallel_only", False)
 
 
@@ -77,7 +78,6 @@ def test_tp2_engines_load_a_tp2_pp2_conversion(vlm, tk, converted, framework):
         pytest.skip("no parallel VLM engine yet: models/pretrain_vlm.py trains with data parallelism only "
                     "(the vlmpt/vlmms engines make this test run)")
     expected = vlm("pytorch").losses()[1]
-    loss = _first_loss(vlm, tk, f"load-converted-tp2-{framework}", framework, 2,
-                       ["--tensor-model-parallel-size", "2"], converted)
+    loss = _first_loss(vlm, tk, f"load-converted-tp2-{framework}", framework, 2, TP2, converted)
     assert abs(loss - expected) <= TOLERANCE, (loss, expected)
     assert np.isfinite(loss)
