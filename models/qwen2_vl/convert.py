@@ -70,8 +70,7 @@ def _stage_layers(value: Any, option: str) -> list[int]:
     if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
         if len(value) > 1:
             raise UsageError(f"--cfg.{option} {json.dumps(value)} gives {len(value)} virtual pipeline chunks per "
-                             "stage; "
-                             "mmrun's VLM checkpoints hold one model chunk per stage: give one list, e.g. "
+                             "stage; mmrun's VLM checkpoints hold one model chunk per stage: give one list, e.g. "
                              f"{json.dumps([sum(map(sum, value))])}")
         value = value[0]
     if not (isinstance(value, list) and value and all(isinstance(v, int) and v >= 0 for v in value)):
@@ -116,20 +115,20 @@ def _describe(layout: VLMLayout) -> str:
 
 
 def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Source) -> None:
-    """A --cfg.<key> the user passed must describe the split the source's files hold."""
+    """What a --cfg.<key> the user passed says (tp_size, vit_pp_layers, llm_pp_layers: those given) must be the
+    split the source's files hold."""
     if key not in cfg:
         return
     given = _layout(cfg, key, source.config)
-    if source.names == checkpoint_vlm.HF_NAMES:
-        if given.tp == 1 and given.pp == 1:
-            return
-        raise UsageError(f"--cfg.{key} ({_describe(given)}) describes a split, but {source.path} is a data-parallel "
-                         "checkpoint in Hugging Face names (one shard); leave --cfg." + key + " out")
-    if (given.tp, given.vit_pp_layers, given.llm_pp_layers) != (source.layout.tp, source.layout.vit_pp_layers,
-                                                                source.layout.llm_pp_layers):
-        raise UsageError(f"--cfg.{key} ({_describe(given)}) does not match the checkpoint in {source.path}, which "
-                         f"holds {_describe(source.layout)}; pass those (or leave --cfg.{key} out: mmrun reads the "
-                         "split from the files)")
+    held = VLMLayout.build(source.config) if source.names == checkpoint_vlm.HF_NAMES else source.layout
+    keys = [name for name in ("tp_size", "vit_pp_layers", "llm_pp_layers") if name in cfg[key]]
+    fields = {"tp_size": lambda lay: lay.tp, "vit_pp_layers": lambda lay: lay.vit_pp_layers,
+              "llm_pp_layers": lambda lay: lay.llm_pp_layers}
+    if any(fields[name](given) != fields[name](held) for name in keys):
+        what = "data-parallel checkpoint" if source.names == checkpoint_vlm.HF_NAMES else "checkpoint"
+        raise UsageError(f"--cfg.{key} ({_describe(given)}) does not match the {what} in {source.path}, which holds "
+                         f"{_describe(held)}; pass those (or leave --cfg.{key} out: mmrun reads the split from the "
+                         "files)")
 
 
 def _open(converter: str, root: str, option: str, config: Qwen2VLConfig | None) -> checkpoint_vlm.Source:

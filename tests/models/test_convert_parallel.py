@@ -308,3 +308,12 @@ def test_a_killed_conversion_leaves_the_old_output_and_the_next_one_clears_its_t
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in target.iterdir()) == ["latest_checkpointed_iteration.txt", "release"]
     assert sorted(p.name for p in (target / "release").iterdir()) == ["mp_rank_00"]
+
+
+def test_a_partial_parallel_config_is_checked_for_what_it_gives(converted, tmp_path, capsys):
+    """mm_to_hf with only the guide's tp_size: the layers per stage come from the files."""
+    code, out, err = _run(capsys, "Qwen2VLConverter", "mm_to_hf", save_hf_dir=str(tmp_path / "hf"),
+                          mm_dir=str(converted / "mm"), **{"hf_config.hf_dir": str(converted / "hf"),
+                                                           "parallel_config.tp_size": 2})
+    assert code == 0, err
+    assert _tensors(tmp_path / "hf") == _tensors(converted / "hf")
