@@ -179,7 +179,8 @@ def test_mindspeed_mm_launch_line_is_judged_by_the_gate_not_crashed(vlm, tk):
                              entry=VLM_ENTRY)
     assert warned.returncode == 0, warned.output[-3000:]
     assert sorted(warned.losses()) == [1]
-    assert "ignoring --swiglu" in warned.output and "ignoring --use-mcore-models" in warned.output
+    # --use-mcore-models is honoured: the model trains on megatron-core (engines/torch/megatron_core/vlm.py)
+    assert "ignoring --swiglu" in warned.output and "> megatron-core " in warned.output
 
 
 def _model_json_with(tmp_path: Path, **top: object) -> str:
@@ -198,8 +199,8 @@ def test_bad_inputs_stop_with_one_line_and_exit_2(vlm, tk, tmp_path):
         "ids disagree": ([*vlm.args, "--mm-model", _model_json_with(tmp_path, img_context_token_id=7),
                           "--mm-data", vlm.data_json],
                          "img_context_token_id is 7 but the tokenizer of --mm-data gives <|image_pad|> the id 5"),
-        "tensor parallel": ([*vlm.args, "--mm-data", vlm.data_json, "--tensor-model-parallel-size", "2"],
-                            "trains with data parallelism only"),
+        "tensor parallel on mindspore": ([*vlm.args, "--mm-data", vlm.data_json, "--tensor-model-parallel-size", "2",
+                                          "--ai-framework", "mindspore"], "trains with data parallelism only"),
     }
     for name, (args, message) in cases.items():
         run = tk.run_training(tmp_path / name.replace(" ", "-"), args, nproc=None, entry=VLM_ENTRY)

@@ -3,8 +3,8 @@
 One pipeline stage of the vision-language model, built from megatron-core's own modules with the local
 layer spec (no Transformer Engine, no Apex: it runs on CPU, CUDA and, through transfer_to_npu, Ascend):
 
-    image_encoder.encoder.patch_embed.proj   the Conv3d(kernel = stride) weight (D, 3, 2, 14, 14), applied
-                                             as one matmul over the processor's flattened patches
+    image_encoder.encoder.patch_embed.proj   the Conv3d(kernel = stride) weight flattened (D, 3*2*14*14),
+                                             one matmul over the processor's flattened patches
     image_encoder.encoder.blocks             megatron-core TransformerBlock (LayerNorm or RMSNorm, fused
                                              per-head qkv with bias, MLP), attention NOT causal: an
                                              `arbitrary` mask keeps each frame (Qwen2.5-VL: each window)
@@ -171,8 +171,9 @@ class VisionEncoder(torch.nn.Module):
         self.vision, self.qwen2_5 = vision, qwen2_5
         self.patch_embed = torch.nn.Module()
         self.patch_embed.proj = torch.nn.Module()
-        shape = (vision.hidden_size, vision.in_channels, vision.temporal_patch_size, vision.patch_size, vision.patch_size)
-        self.patch_embed.proj.weight = torch.nn.Parameter(torch.empty(shape, dtype=config.params_dtype))
+        # HF's Conv3d kernel (D, 3, 2, 14, 14) flattened (mm_layout's shape): kernel = stride makes it one matmul
+        self.patch_embed.proj.weight = torch.nn.Parameter(
+            torch.empty(vision.hidden_size, vision.patch_dim, dtype=config.params_dtype))
         spec = TransformerBlockSubmodules(layer_specs=[_layer_spec(causal=False)] * vision.depth, layer_norm=None)
         self.blocks = TransformerBlock(config, spec, post_layer_norm=False, pre_process=True, post_process=False)
         from mmrun.models.transformer_blocks import rotary_inv_freq
@@ -186,7 +187,7 @@ class VisionEncoder(torch.nn.Module):
         vision = self.vision
         merge, unit = vision.spatial_merge_size, vision.spatial_merge_size ** 2
         weight = self.patch_embed.proj.weight
-        x = F.linear(pixel_values.to(weight.dtype), weight.reshape(weight.shape[0], -1))
+        x = F.linear(pixel_values.to(weight.dtype), weight)
         total = x.shape[0]
         positions = vision_layout.rotary_position_ids(grid, merge)
         frames = vision_layout.frame_cu_seqlens(grid)
@@ -264,6 +265,8 @@ class Qwen2VLStage(torch.nn.Module):
        micro-batch's label tokens, or their sum and count); on other stages the hidden states to send on.
     """
 
+    checkpoint_names = "mindspeed-mm"  # training/engines/base.py MODEL_NAMES: the layout's names per (TP, PP) rank
+
     def __init__(self, args: Any, layout: Any, pre_process: bool, post_process: bool) -> None:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
@@ -273,6 +276,9 @@ class Qwen2VLStage(torch.nn.Module):
         self.layout, self.pre_process, self.post_process = layout, pre_process, post_process
         config = text_config(args, layout)
         self.config = config  # what megatron-core's DDP, schedules and finalize_model_grads read
+        from megatron.core.enums import ModelType
+
+        self.model_type = ModelType.encoder_or_decoder  # the schedules ask (one decoder; the ViT feeds stage 0)
         model = layout.config
         pp_rank = ps.get_pipeline_model_parallel_rank()
         self.image_encoder = ImageEncoder(args, layout) if len(layout.stage_layers("vit", pp_rank)) else None
@@ -390,7 +396,7 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
     from megatron.core import parallel_state as ps
 
     from mmrun.models.qwen2_vl import mm_layout
-    from mmrun.backend.torch.megatron_core.gpt import load_numpy_state  # engines/torch/megatron_core/gpt.py after `layers`
+    from mmrun.engines.torch.megatron_core.gpt import load_numpy_state
 
     runtime.require_parallel_state()
     if (args.virtual_pipeline_model_parallel_size or 1) > 1:
@@ -406,3 +412,16 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
         state = mm_layout.initial_state(layout, args.seed, tp_rank, pp_rank, std=args.init_method_std)
     load_numpy_state(model, state)
     return model
+
+
+# MindSpeed-MM's three freezable parts by name prefix (model.json's `freeze` switches).
+PARTS = {"vision_encoder": "image_encoder.encoder.", "vision_projector": "image_encoder.projector.",
+         "text_decoder": "text_decoder."}
+
+
+def freeze(model: torch.nn.Module, **frozen: bool) -> None:
+    """requires_grad False for the parts switched on (no gradient, no optimizer state), True for the others;
+    call before the engine wraps the model (megatron-core's DDP and optimizer take only trainable ones)."""
+    for name, param in model.named_parameters():
+        part = next(p for p, prefix in PARTS.items() if name.startswith(prefix))
+        param.requires_grad_(not frozen.get(part, False))
