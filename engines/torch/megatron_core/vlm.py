@@ -120,6 +120,8 @@ def text_config(args: Any, layout: Any) -> Any:
         add_qkv_bias=True, mrope_section=list(text.mrope_section), pipeline_model_parallel_size=pp,
         pipeline_model_parallel_layout=stages if pp > 1 else None,
         sequence_parallel=args.sequence_parallel, variable_seq_lengths=pp > 1,
+        # 0.16 refuses variable sequence lengths with its default MoE dispatcher even without experts
+        moe_token_dispatcher_type="alltoall",
         calculate_per_token_loss=bool(args.calculate_per_token_loss))
 
 
@@ -140,7 +142,8 @@ def projector_config(args: Any, layout: Any) -> Any:
     vision, text = layout.config.vision, layout.config.text
     merged = vision.hidden_size * vision.spatial_merge_size ** 2
     return _transformer_config(
-        **_common(args), num_layers=1, hidden_size=text.hidden_size, num_attention_heads=1, ffn_hidden_size=merged,
+        **_common(args), num_layers=1, hidden_size=text.hidden_size, num_attention_heads=text.num_attention_heads,
+        ffn_hidden_size=merged,
         layernorm_epsilon=1e-6, normalization="RMSNorm" if layout.config.is_qwen2_5 else "LayerNorm",
         gated_linear_unit=False, activation_func=F.gelu, add_bias_linear=True, sequence_parallel=False)
 
