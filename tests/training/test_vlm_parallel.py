@@ -17,6 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
 MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+# the same model over 2 pipeline stages: stage 0 = ViT + projector + embedding + decoder layer 0, stage 1 =
+# layer 1 + final norm + output layer (pipeline_num_layers [2, 0] and [1, 1])
+MODEL_JSON_PP2 = ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json"
 ITERS = 10
 TOLERANCE = 1e-5  # issue 23's bar: per-iteration loss within 1e-5 of the one-process run
 SHORT = ["--exit-interval", "4"]  # secondary layouts: the same LR schedule, 4 of the 10 iterations
@@ -34,8 +37,7 @@ def _model_json(vlm, vit: list[int], llm: list[int]) -> str:
 
 
 def _pp2(vlm) -> list[str]:
-    """Two stages: stage 0 = ViT + projector + embedding + decoder layer 0, stage 1 = layer 1 + output layer."""
-    return ["--pipeline-model-parallel-size", "2", "--mm-model", _model_json(vlm, [2, 0], [1, 1])]
+    return ["--pipeline-model-parallel-size", "2", "--mm-model", str(MODEL_JSON_PP2)]
 
 
 def _register(vlm) -> None:
@@ -147,7 +149,7 @@ def test_pipeline_num_layers_that_do_not_fit_are_one_line_errors(vlm, tk):
     for name, (model_json, message) in cases.items():
         run = tk.run_training(vlm.base_dir / f"bad-layers-{name}",
                               [*vlm.args, "--mm-data", vlm.data_json, "--mm-model", model_json,
-                               "--pipeline-model-parallel-size", "2", "--train-iters", "1"],
+                               "--pipeline-model-parallel-size", "2", "--train-iters", "2"],
                               nproc=2, timeout=300, entry=VLM_ENTRY)
         errors = [line for line in run.output.splitlines() if line.startswith("error:")]
         assert run.returncode == 2 and len(errors) == 1 and message in errors[0], (name, run.output[-2000:])
