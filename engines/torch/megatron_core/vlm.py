@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mmrun.backend.errors import UsageError
 from mmrun.backend.torch.megatron_core import runtime
 
 IGNORE_INDEX = -100
@@ -334,8 +335,9 @@ class Qwen2VLStage(torch.nn.Module):
         config, model = self.config, self.layout.config
         batch, seq = input_ids.shape
         if config.sequence_parallel and seq % config.tensor_model_parallel_size:
-            raise ValueError(f"--sequence-parallel splits the sequence over {config.tensor_model_parallel_size} "
-                             f"tensor-parallel ranks; this micro-batch has {seq} tokens. Pad batches to a multiple of it")
+            raise UsageError(f"--sequence-parallel splits the sequence over {config.tensor_model_parallel_size} "
+                             f"tensor-parallel ranks; this micro-batch has {seq} tokens (batches are padded to a "
+                             "multiple of 8). Received: a tensor-parallel size that does not divide it; use 2, 4 or 8")
         embeds = self.text_decoder.embedding(input_ids=input_ids, position_ids=None)  # [S(/tp), B, H]
         if config.sequence_parallel:
             # the whole sequence for the index assignment; backward takes this rank's rows of the gradient
@@ -402,11 +404,16 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
     from mmrun.engines.torch.megatron_core.gpt import load_numpy_state
 
     runtime.require_parallel_state()
-    if (args.virtual_pipeline_model_parallel_size or 1) > 1:
-        raise ValueError(
-            "virtual pipeline stages are not built for the vision-language model: megatron-core's interleaved "
-            "schedule needs every chunk's layers as one decoder, and the ViT holds stage 0. Received: "
-            f"--virtual-pipeline-model-parallel-size {args.virtual_pipeline_model_parallel_size}; drop it")
+    refused = {"--virtual-pipeline-model-parallel-size": (
+                   args.virtual_pipeline_model_parallel_size or 1,
+                   "megatron-core's interleaved schedule is not built for a model whose first stage holds the ViT"),
+               "--context-parallel-size": (
+                   args.context_parallel_size or 1,
+                   "the ViT's features are put into the whole sequence on the first stage")}
+    for flag, (size, why) in refused.items():
+        if size > 1:
+            raise UsageError(f"{flag} {size} is not built for the vision-language model ({why}). Received: "
+                             f"{flag} {size}; use tensor, pipeline and data parallelism (set it to 1)")
     model = Qwen2VLStage(args, layout, pre_process, post_process)
     tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     if read_hf is not None:
