@@ -45,6 +45,7 @@ def _register(vlm) -> None:
                                               "--save-interval", "5"])
     vlm.add("mcore-tp2", "pytorch", 2, ["--tensor-model-parallel-size", "2", *SHORT])
     vlm.add("mcore-pp2", "pytorch", 2, [*_pp2(vlm), *SHORT])
+    vlm.add("mcore-pp2-per-token", "pytorch", 2, [*_pp2(vlm), "--train-iters", "3", "--calculate-per-token-loss"])
     # the distributed optimizer over 2 data-parallel ranks, one sample each per step: at iteration 4 rank 1's
     # only sample is the demo's text-only sample 7 (the ViT runs on a blank image counted zero times)
     vlm.add("mcore-dp2-distopt", "pytorch", 2, ["--use-distributed-optimizer", "--train-iters", "4",
@@ -72,6 +73,15 @@ def test_tp2_and_pp2_train_the_one_process_losses(vlm, name):
     one, split = vlm("pytorch").losses(), vlm(name).losses()
     assert sorted(split) == [1, 2, 3, 4]
     assert _close(one, split, range(1, 5)) <= TOLERANCE, (one, split)
+
+
+@pytest.mark.slow
+def test_per_token_loss_over_pipeline_stages_equals_one_process(vlm):
+    """--calculate-per-token-loss: megatron-core's schedule adds the label tokens of the global batch and divides
+    the gradients by them (Megatron's 3-tuple loss); the portable run weighs each micro-batch to the same mean."""
+    _register(vlm)
+    one, split = vlm("per-token").losses(), vlm("mcore-pp2-per-token").losses()
+    assert sorted(split) == [1, 2, 3] and _close(one, split, [1, 2, 3]) <= TOLERANCE, (one, split)
 
 
 @pytest.mark.slow
@@ -153,4 +163,5 @@ def test_pipeline_num_layers_that_do_not_fit_are_one_line_errors(vlm, tk):
                               nproc=2, timeout=300, entry=VLM_ENTRY)
         errors = [line for line in run.output.splitlines() if line.startswith("error:")]
         assert run.returncode == 2 and len(errors) == 1 and message in errors[0], (name, run.output[-2000:])
-        assert "Traceback" not in run.output
+        # torchrun reports its failed child with a traceback of its own; the workers print none
+        assert "mmrun/engines/" not in run.output and "mmrun/models/" not in run.output, run.output[-2000:]
