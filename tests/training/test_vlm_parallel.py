@@ -75,6 +75,34 @@ def test_tp2_and_pp2_train_the_one_process_losses(vlm, name):
     assert _close(one, split, range(1, 5)) <= TOLERANCE, (one, split)
 
 
+def _qwen2_5_json(vlm, stages: int) -> str:
+    """The demo's model as Qwen2.5-VL: RMSNorm, gated SiLU ViT MLP, window attention (56-pixel windows: 4 per
+    112 x 112 picture) with block 1 attending to the whole frame, untied output layer."""
+    raw = json.loads(MODEL_JSON.read_text())
+    raw["model_id"] = "qwen2_5vl"
+    raw["image_encoder"]["vision_encoder"].update(
+        normalization="RMSNorm", activation_func="silu", gated_linear_unit=True, window_attn_size=56,
+        fullatt_block_indexes=[1], tokens_per_second=2, pipeline_num_layers=[2] + [0] * (stages - 1))
+    raw["image_encoder"]["vision_projector"]["normalization"] = "RMSNorm"
+    raw["text_decoder"].update(model_id="qwen2_5_lm", untie_embeddings_and_output_weights=True,
+                               pipeline_num_layers=[1, 1] if stages == 2 else [2])
+    path = Path(vlm.base_dir) / f"model_qwen2_5_pp{stages}.json"
+    if not path.exists():
+        path.write_text(json.dumps(raw))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_qwen2_5_vl_windows_and_untied_output_over_tp2_pp2(vlm):
+    iters = ["--train-iters", "3"]
+    vlm.add("qwen2.5-one", "pytorch", 1, ["--mm-model", _qwen2_5_json(vlm, 1), *iters])
+    vlm.add("qwen2.5-tp2pp2-sp", "pytorch", 4, ["--mm-model", _qwen2_5_json(vlm, 2), *iters, "--pipeline-model-parallel-size",
+                                                "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"])
+    one, split = vlm("qwen2.5-one").losses(), vlm("qwen2.5-tp2pp2-sp").losses()
+    assert sorted(split) == [1, 2, 3] and _close(one, split, [1, 2, 3]) <= TOLERANCE, (one, split)
+    assert "building qwen2_5_vl model" in vlm("qwen2.5-tp2pp2-sp").output
+
+
 @pytest.mark.slow
 def test_per_token_loss_over_pipeline_stages_equals_one_process(vlm):
     """--calculate-per-token-loss: megatron-core's schedule adds the label tokens of the global batch and divides
