@@ -171,6 +171,8 @@ class VisionEncoder(torch.nn.Module):
     def __init__(self, config: Any, vision: Any, qwen2_5: bool) -> None:
         from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 
+        from mmrun.models.transformer_blocks import rotary_inv_freq
+
         super().__init__()
         self.vision, self.qwen2_5 = vision, qwen2_5
         self.patch_embed = torch.nn.Module()
@@ -180,8 +182,6 @@ class VisionEncoder(torch.nn.Module):
             torch.empty(vision.hidden_size, vision.patch_dim, dtype=config.params_dtype))
         spec = TransformerBlockSubmodules(layer_specs=[_layer_spec(causal=False)] * vision.depth, layer_norm=None)
         self.blocks = TransformerBlock(config, spec, post_layer_norm=False, pre_process=True, post_process=False)
-        from mmrun.models.transformer_blocks import rotary_inv_freq
-
         self.inv_freq = torch.from_numpy(rotary_inv_freq(vision.head_dim // 2, vision.rope_theta))
 
     def forward(self, pixel_values: torch.Tensor, grid: np.ndarray) -> tuple[torch.Tensor, np.ndarray | None]:
@@ -272,16 +272,15 @@ class Qwen2VLStage(torch.nn.Module):
     checkpoint_names = "mindspeed-mm"  # training/engines/base.py MODEL_NAMES: the layout's names per (TP, PP) rank
 
     def __init__(self, args: Any, layout: Any, pre_process: bool, post_process: bool) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.enums import ModelType
         from megatron.core.models.gpt import GPTModel
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
-        from megatron.core import parallel_state as ps
 
         super().__init__()
         self.layout, self.pre_process, self.post_process = layout, pre_process, post_process
         config = text_config(args, layout)
         self.config = config  # what megatron-core's DDP, schedules and finalize_model_grads read
-        from megatron.core.enums import ModelType
-
         self.model_type = ModelType.encoder_or_decoder  # the schedules ask (one decoder; the ViT feeds stage 0)
         model = layout.config
         pp_rank = ps.get_pipeline_model_parallel_rank()
