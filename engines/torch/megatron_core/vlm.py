@@ -269,7 +269,7 @@ class Qwen2VLStage(torch.nn.Module):
        micro-batch's label tokens, or their sum and count); on other stages the hidden states to send on.
     """
 
-    checkpoint_names = "mindspeed-mm"  # training/engines/base.py MODEL_NAMES: the layout's names per (TP, PP) rank
+    checkpoint_names = "mindspeed-mm"  # engines/base.py MODEL_NAMES: the layout's names per (TP, PP) rank
 
     def __init__(self, args: Any, layout: Any, pre_process: bool, post_process: bool) -> None:
         from megatron.core import parallel_state as ps
