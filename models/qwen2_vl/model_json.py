@@ -88,6 +88,8 @@ class ModelJson:
     freeze: dict[str, bool]
     sizes: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    # {"vit": [...], "llm": [...]}: pipeline_num_layers per module (one count per stage), None where absent
+    pipeline_layers: dict[str, list[int] | None] = field(default_factory=dict)
 
 
 def _check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str]) -> None:
@@ -111,17 +113,17 @@ def _require(path: str, values: Mapping[str, Any], where: str, keys: tuple[str, 
         raise UsageError(f"{path}: {where} needs {', '.join(missing)}. Received keys: {', '.join(sorted(values))}")
 
 
-def _pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> None:
-    """One stage holds every layer: pipeline_num_layers must be [num_layers] (tensor/pipeline splits of the
-    VLM are not built yet; a list with more stages is refused instead of silently trained on one)."""
+def _pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> list[int] | None:
+    """pipeline_num_layers: one layer count per pipeline stage (MindSpeed-MM's), or None when absent. Its
+    length and sums are checked against the run's --pipeline-model-parallel-size by the parallel layout
+    (models/qwen2_vl/mm_layout.py) once the arguments are known; here only its form."""
     layers = section.get("pipeline_num_layers")
     if layers is None:
-        return
-    if layers != [section["num_layers"]]:
-        raise UsageError(f"{path}: {where}.pipeline_num_layers {json.dumps(layers)} splits the model over "
-                          f"{len(layers)} pipeline stages, which mmrun's VLM does not do yet. Received: "
-                          f"{json.dumps(layers)}; use [{section['num_layers']}] with "
-                          "--pipeline-model-parallel-size 1")
+        return None
+    if not layers or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
+        raise UsageError(f"{path}: {where}.pipeline_num_layers must be a list of layer counts, one per pipeline "
+                          f"stage (virtual stages' nested lists are not supported). Received: {json.dumps(layers)}")
+    return list(layers)
 
 
 def _vision_config(path: str, model_type: str, enc: Mapping[str, Any], proj: Mapping[str, Any],
@@ -175,8 +177,8 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                                    ("text_decoder", text, "text_decoder")):
         _check_section(path, section, values, where, warnings)
     _require(path, text, "text_decoder", ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"))
-    for where, section in (("image_encoder.vision_encoder", enc), ("text_decoder", text)):
-        _pipeline_layers(path, where, section)
+    pipeline_layers = {part: _pipeline_layers(path, where, section) for part, where, section in
+                       (("vit", "image_encoder.vision_encoder", enc), ("llm", "text_decoder", text))}
     heads = text["num_attention_heads"]
     head_dim = text.get("kv_channels") or text["hidden_size"] // heads
     mrope = text.get("mrope_section") or (text.get("rope_scaling") or {}).get("mrope_section")
@@ -217,7 +219,8 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
              "normalization": "RMSNorm", "position_embedding_type": "mrope",
              "untie_embeddings_and_output_weights": not hf_config["tie_word_embeddings"],
              "make_vocab_size_divisible_by": 1}
-    return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings)
+    return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
+                     pipeline_layers=pipeline_layers)
 
 
 def read_model_json(path: str | Path, warn: Callable[[str], None] | None = None) -> ModelJson:

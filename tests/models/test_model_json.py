@@ -71,7 +71,7 @@ def test_the_demo_model_json_is_a_qwen2vl_with_mindspeed_mm_defaults_for_what_it
     (("image_encoder", "vision_encoder", "freeze"), 1, "image_encoder.vision_encoder.freeze must be bool. Received: 1"),
     (("text_decoder", "mrope_section"), [4, 2, 1], "mrope_section [4, 2, 1] must sum to head_dim / 2 = 8"),
     (("model_id",), "llava", "model_id must be one of qwen2vl, qwen2_5vl"),
-    (("text_decoder", "pipeline_num_layers"), [1, 1], "splits the model over 2 pipeline stages"),
+    (("text_decoder", "pipeline_num_layers"), [[1], [1]], "pipeline_num_layers must be a list of layer counts"),
     (("image_encoder", "vision_projector", "hidden_size"), 32, "must equal text_decoder.hidden_size (64)"),
 ])
 def test_wrong_values_are_one_line_errors_naming_the_key(path, value, message):
