@@ -167,3 +167,23 @@ def mindspore_gpt_step(args: argparse.Namespace, jit: bool | None = None) -> Any
     from mmrun.engines.mindspore.parallel.gpt import build_engine
 
     return build_engine(args, jit=jit)
+
+
+def core_vlm_model(args: argparse.Namespace, config: Any, pipeline_layers: Mapping[str, Any] | None = None,
+                   pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None,
+                   read_hf: Callable | None = None, frozen: Mapping[str, bool] | None = None) -> Any:
+    """This pipeline stage of Qwen2-VL / Qwen2.5-VL (a models.qwen2_vl Qwen2VLConfig) on megatron-core, with
+    MindSpeed-MM's names per (TP, PP) rank, starting from the one-process run's weights for --seed, or from
+    an HF model's tensors (`read_hf(hf name) -> array`) when given (engines/torch/megatron_core/vlm.py).
+    `pipeline_layers`: model.json's pipeline_num_layers per module ({"vit": [...], "llm": [...]}, None = the
+    layout's default split); `frozen`: model.json's freeze switches (no gradients, no optimizer state).
+    mmrun.training.core_vlm_model passes the run's arguments."""
+    if args.ai_framework != "pytorch":
+        raise RuntimeError(f"the megatron-core VLM is a PyTorch model. Received: --ai-framework {args.ai_framework}")
+    from mmrun.engines.torch.megatron_core import vlm
+
+    layers = pipeline_layers or {}
+    layout = vlm.build_layout(args, config, layers.get("vit"), layers.get("llm"))
+    model = vlm.vlm_model(args, layout, pre_process, post_process, read_hf=read_hf)
+    vlm.freeze(model, **(frozen or {}))
+    return model

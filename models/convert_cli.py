@@ -10,6 +10,9 @@
       --cfg.hf_config.hf_dir ckpt/hf_path/Qwen2-VL-2B-Instruct \\
       --cfg.parallel_config.llm_pp_layers [28] --cfg.parallel_config.vit_pp_layers [32] \\
       --cfg.parallel_config.tp_size 1
+    mmrun convert Qwen2VLConverter resplit --cfg.source_dir save_dir --cfg.target_dir ckpt/resplit \\
+      --cfg.target_parallel_config.llm_pp_layers [14,14] --cfg.target_parallel_config.vit_pp_layers [32,0] \\
+      --cfg.target_parallel_config.tp_size 2
 
 Options are mm-convert's (jsonargparse): `--cfg.a.b VALUE` or `--cfg.a.b=VALUE`, values read as JSON where
 they parse (lists, numbers, true/false/null) and as text otherwise; `--config FILE.yaml` gives the same
@@ -39,14 +42,17 @@ CONVERTERS: dict[str, str] = {
 USAGE = f"""usage: {PROG} CONVERTER SUBCOMMAND [--cfg.KEY VALUE ...] [--config FILE.yaml]
 
 converters: {', '.join(CONVERTERS)}
-subcommands: hf_to_mm (Hugging Face directory -> mmrun checkpoint), mm_to_hf (mmrun checkpoint -> Hugging Face
-directory), resplit (change the tensor/pipeline split)
+subcommands: hf_to_mm (Hugging Face directory -> mmrun checkpoint, split over TP/PP ranks), mm_to_hf (mmrun
+checkpoint of any split -> Hugging Face directory), resplit (any tensor/pipeline split -> any other)
 
 examples:
   {PROG} Qwen2VLConverter hf_to_mm --cfg.mm_dir ckpt/mm --cfg.hf_config.hf_dir ckpt/hf \\
       --cfg.parallel_config.llm_pp_layers [[28]] --cfg.parallel_config.vit_pp_layers [[32]] \\
       --cfg.parallel_config.tp_size 1
   {PROG} Qwen2VLConverter mm_to_hf --cfg.save_hf_dir ckpt/out --cfg.mm_dir save_dir --cfg.hf_config.hf_dir ckpt/hf
+  {PROG} Qwen2VLConverter resplit --cfg.source_dir save_dir --cfg.target_dir ckpt/tp2 \\
+      --cfg.target_parallel_config.llm_pp_layers [14,14] --cfg.target_parallel_config.vit_pp_layers [32,0] \\
+      --cfg.target_parallel_config.tp_size 2
 
 Docs: docs/multimodal.md ("Weights").
 exit status: 0 done, 2 usage error, 1 anything else.

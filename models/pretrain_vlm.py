@@ -23,8 +23,12 @@ This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run 
     loss_func                            the micro-batch loss (mean over its label tokens, or Megatron's
                                          per-token mean over the global batch: --calculate-per-token-loss)
 
-The model trains with mmrun's data-parallel engine on both frameworks (the same weights, batches and
-losses); its inputs change shape with the images, so MindSpore runs the step in PyNative.
+Data parallelism alone trains the portable model with mmrun's data-parallel engine on both frameworks (the
+same weights, batches and losses); its inputs change shape with the images, so MindSpore runs the step in
+PyNative. --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer),
+or --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
+projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
+say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
 """
 from __future__ import annotations
 
@@ -41,8 +45,9 @@ from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_ran
 # Model sizes come from model.json; these fill only what a MindSpeed-MM script never sets on its own.
 CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
 # Frameworks whose parallel engine builds this model split over tensor/pipeline ranks (elsewhere: data parallel).
-# MindSpore: the mindspore-parallel engine (engines/mindspore/parallel/vlm.py), which reads model.json itself.
-PARALLEL_FRAMEWORKS = ("mindspore",)
+# PyTorch: megatron-core (engines/torch/megatron_core/vlm.py, through model_provider); MindSpore: the
+# mindspore-parallel engine (engines/mindspore/parallel/vlm.py), which reads model.json itself.
+PARALLEL_FRAMEWORKS = ("pytorch", "mindspore")
 # ... only when a run splits it: unsplit, the model stays on the data-parallel engine, which ignores (with a
 # warning) what MindSpeed-MM's scripts always carry, --use-mcore-models and --use-distributed-optimizer, where
 # the mindspore-parallel engine would refuse the distributed optimizer.
@@ -114,6 +119,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 
     args = get_args()
     config = Qwen2VLConfig.from_hf_config(_MODEL_JSON.hf_config)
+    if args.use_mcore_models:
+        return _core_model(config, pre_process, post_process, vp_stage)
     from mmrun.models.qwen2_vl.mm_layout import VLMLayout
 
     VLMLayout.build(config, vit_pp_layers=_MODEL_JSON.pipeline_layers.get("vit"),
@@ -121,20 +128,54 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} ...")
     model = Qwen2VLForConditionalGeneration(config)
     init_weights(model, args.seed, args.init_method_std)
-    if args.load and hf_checkpoint.is_hf_directory(args.load):
-        loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
-        theirs, ours = _structure(loaded.to_hf_config()), _structure(config.to_hf_config())
-        if theirs != ours:
-            raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path} "
-                             f"({_config_difference(theirs, ours)}); make model.json match the checkpoint")
+    arrays = _hf_arrays(config)
+    if arrays is not None:
         model.load_state_dict(tensors.state_dict_from_numpy(hf_checkpoint.to_float_arrays(arrays)))
-        print_rank_0(f" > loaded Hugging Face weights from {args.load} ({len(arrays)} tensors); training starts "
-                     "at iteration 0")
-        args.load = None  # nothing of the loop's own checkpoint layout to resume from
+        _loaded_hf(len(arrays))
     freeze = _MODEL_JSON.freeze
     model.freeze(vision_encoder=freeze["vision_encoder"], vision_projector=freeze["vision_projector"],
                  text_decoder=freeze["text_decoder"])
     frozen = [name for name, on in freeze.items() if on]
+    print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
+    return model
+
+
+def _hf_arrays(config: Any) -> dict[str, Any] | None:
+    """--load's tensors when it is a Hugging Face directory describing model.json's network, else None."""
+    from mmrun.models.qwen2_vl import hf_checkpoint
+
+    args = get_args()
+    if not (args.load and hf_checkpoint.is_hf_directory(args.load)):
+        return None
+    loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
+    theirs, ours = _structure(loaded.to_hf_config()), _structure(config.to_hf_config())
+    if theirs != ours:
+        raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path} "
+                         f"({_config_difference(theirs, ours)}); make model.json match the checkpoint")
+    return arrays
+
+
+def _loaded_hf(count: int) -> None:
+    args = get_args()
+    print_rank_0(f" > loaded Hugging Face weights from {args.load} ({count} tensors); training starts at iteration 0")
+    args.load = None  # nothing of the loop's own checkpoint layout to resume from
+
+
+def _core_model(config: Any, pre_process: bool, post_process: bool, vp_stage: Any) -> Any:
+    """This pipeline stage on megatron-core (the registry's core_vlm_model), from --load's HF weights sharded
+    for this (TP, PP) rank, or from the seed's weights (the one-process run's), frozen as model.json says."""
+    from mmrun.models.qwen2_vl.hf_checkpoint import to_float_arrays
+    from mmrun.training import core_vlm_model
+
+    args = get_args()
+    print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} on megatron-core ...")
+    arrays = _hf_arrays(config)
+    read_hf = None if arrays is None else (lambda name: to_float_arrays({name: arrays[name]})[name])
+    model = core_vlm_model(config, _MODEL_JSON.pipeline_layers, pre_process, post_process, vp_stage, read_hf=read_hf,
+                           frozen=_MODEL_JSON.freeze)
+    if arrays is not None:
+        _loaded_hf(len(arrays))
+    frozen = [name for name, on in _MODEL_JSON.freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     return model
 
@@ -216,10 +257,20 @@ IGNORE_INDEX = -100  # label of tokens that carry no loss (prompt, padding, visi
 _TOKEN_COUNT = _GlobalTokenCount()
 
 
+def token_sum_loss(output_tensor: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """--calculate-per-token-loss on megatron-core: Megatron's (sum of token losses, token count, report);
+    its schedule adds the counts of the global batch and divides the gradients by them (finalize_model_grads)."""
+    loss_dict = output_tensor["loss_dict"]
+    return loss_dict["loss"], loss_dict["num_tokens"], {"lm loss": (loss_dict["loss"], loss_dict["num_tokens"])}
+
+
 def forward_step(data_iterator: Iterator, model: Any) -> tuple[Any, Any]:
     """model(**batch) -> {"loss_dict", "logits"}, and the loss function to reduce it."""
-    if not get_args().calculate_per_token_loss:
+    args = get_args()
+    if not args.calculate_per_token_loss:
         return model(**get_batch(data_iterator)), loss_func
+    if args.use_mcore_models:
+        return model(**get_batch(data_iterator), calculate_per_token_loss=True), token_sum_loss
     batch, weight = _TOKEN_COUNT.next(data_iterator)
     output = model(**_to_tensors(batch), calculate_per_token_loss=True)
     return output, partial(loss_func, token_weight=weight)

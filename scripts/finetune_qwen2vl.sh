@@ -9,12 +9,15 @@
 #   bash scripts/finetune_qwen2vl.sh                          # PyTorch, 2 processes (data parallel)
 #   AI_FRAMEWORK=mindspore bash scripts/finetune_qwen2vl.sh   # the same job on MindSpore
 #   NPUS_PER_NODE=1 TRAIN_ITERS=5 OUT_DIR=/tmp/vlm bash scripts/finetune_qwen2vl.sh
+#   TP=2 bash scripts/finetune_qwen2vl.sh                     # tensor parallel (PyTorch: megatron-core)
+#   NPUS_PER_NODE=4 TP=2 PP=2 MM_MODEL=scripts/qwen2vl/model_tiny_pp2.json bash scripts/finetune_qwen2vl.sh
 #
 # To fine-tune a real Qwen2-VL instead: MM_MODEL=examples/qwen2vl/model_2b.json, MM_DATA=your data.json
 # (model_name_or_path = the Hugging Face directory), LOAD_PATH=that Hugging Face directory (read as it is
 # downloaded; no conversion step), and sizes and iterations as MindSpeed-MM's script has them.
-# Left as in MindSpeed-MM's script on purpose, to show what mmrun does with them on a CPU: --use-mcore-models,
-# --use-distributed-optimizer, --swiglu, --normalization (off with a reason: model.json gives the model),
+# Left as in MindSpeed-MM's script on purpose, to show what mmrun does with them on a CPU: --use-mcore-models and
+# --use-distributed-optimizer (PyTorch: the model trains on megatron-core, docs/multimodal-parallel.md; MindSpore:
+# on mmrun's data-parallel engine, the flags off with a reason), --swiglu, --normalization (model.json wins),
 # --ckpt-format torch, --distributed-backend nccl (replaced, with a notice). Dropped: --use-flash-attn,
 # --use-fused-rmsnorm, --use-fused-swiglu: kernels a CPU does not have, which the feature gate refuses there
 # (add them back with --on-unsupported warn to see the notices; on an NPU or GPU they apply).
@@ -43,8 +46,8 @@ if [ "$MM_DATA" = "$OUT_DIR/demo/data.json" ] && [ ! -f "$MM_DATA" ]; then
     python -m mmrun.data.multimodal.demo "$OUT_DIR/demo"
 fi
 
-TP=1
-PP=1
+TP=${TP:-1}
+PP=${PP:-1}  # PP > 1 needs model.json's pipeline_num_layers split the same way (scripts/qwen2vl/model_tiny_pp2.json)
 CP=1
 MBS=2
 GRAD_ACC_STEP=2

@@ -16,9 +16,10 @@
 No framework is imported here: the loop loads the chosen one (`mmrun.backend`) when it runs.
 """
 from mmrun.training.global_vars import get_args, get_tokenizer, print_rank_0
-from mmrun.training.parallel import core_gpt_model, get_batch_on_this_cp_rank, is_first_or_last_pipeline_stage, model_vp_stage
+from mmrun.training.parallel import (core_gpt_model, core_vlm_model, get_batch_on_this_cp_rank,
+                                    is_first_or_last_pipeline_stage, model_vp_stage)
 from mmrun.training.arguments import ModelSource
 from mmrun.training.pretrain import ModelType, TrainingResult, pretrain
 
-__all__ = ["ModelSource", "ModelType", "TrainingResult", "core_gpt_model", "get_args", "get_batch_on_this_cp_rank", "get_tokenizer",
+__all__ = ["ModelSource", "ModelType", "TrainingResult", "core_gpt_model", "core_vlm_model", "get_args", "get_batch_on_this_cp_rank", "get_tokenizer",
            "is_first_or_last_pipeline_stage", "model_vp_stage", "pretrain", "print_rank_0"]

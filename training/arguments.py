@@ -118,7 +118,7 @@ class ModelSource:
     flag: str  # e.g. "--mm-model"
     sizes: Mapping[str, Any]
     data_flag: str | None = None
-    data_parallel_only: bool = True  # the model trains on mmrun's data-parallel engine (no TP/PP/CP split yet)
+    data_parallel_only: bool = True  # no tensor/pipeline split of the model on this framework: data parallelism only
     # Inputs whose shapes change from batch to batch (images of any size) would rebuild a compiled
     # MindSpore graph for every new shape: such a model's step runs in PyNative unless this is True.
     ms_jit: bool = False
@@ -487,12 +487,12 @@ def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParse
                                  f"to batch, so a compiled graph would be rebuilt for each). Received: --ms-jit; "
                                  "drop it (the step runs in PyNative)")
         args.no_ms_jit = True
-    if not source.data_parallel_only:
-        return
+    fsdp2 = bool(getattr(args, "use_torch_fsdp2", False))
+    if not source.data_parallel_only and not fsdp2:
+        return  # the megatron-core engine builds this model split (FSDP2 shards it data-parallel instead)
     split = [f"--{dest.replace('_', '-')} {getattr(args, dest)}" for dest in
              ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
              if (getattr(args, dest) or 1) > 1]
-    fsdp2 = bool(getattr(args, "use_torch_fsdp2", False))
     if split:
         raise ArgumentsError(f"this entry's model trains with data parallelism only (tensor, pipeline and context "
                              f"splits of it are not built yet). Received: {', '.join(split)}; set them to 1 and "

@@ -98,8 +98,13 @@ def for_rank(whole: Mapping[str, np.ndarray], model_names: str, shape: GPTShape,
 
 
 def reshard(probe: LoadedCheckpoint, root: Path, args: argparse.Namespace, model_names: str,
-            layout: ParallelLayout) -> ShardState:
-    """This rank's share of a checkpoint written with another layout or model names (module docstring)."""
+            layout: ParallelLayout, vlm_layout: Any = None) -> ShardState:
+    """This rank's share of a checkpoint written with another layout or model names (module docstring); a
+    Qwen2-VL checkpoint or run goes through checkpoint_reshard_vlm.py (`vlm_layout`: the engine's VLMLayout)."""
+    from mmrun.training import checkpoint_reshard_vlm
+
+    if checkpoint_reshard_vlm.is_vlm(probe.meta, args):
+        return checkpoint_reshard_vlm.reshard(probe, args, model_names, layout, vlm_layout)
     shape = shape_of(args)
     whole = read_whole(probe, shape)
     target = Layout(layout.tp, layout.pp, layout.vpp)

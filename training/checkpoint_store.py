@@ -80,8 +80,9 @@ class LoadedCheckpoint:
 
 # ---------------------------------------------------------------------------------------- saving
 
-def _digest(arrays: Mapping[str, np.ndarray]) -> str:
-    """sha256 over names, dtypes, shapes and bytes, in name order: detects any changed byte on load."""
+def tensor_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """sha256 over names, dtypes, shapes and bytes, in name order: detects any changed byte on load. A lazy
+    Mapping (one tensor read per lookup) keeps one tensor in memory at a time."""
     h = hashlib.sha256()
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
@@ -169,6 +170,54 @@ def write_checkpoint(root: str | os.PathLike, iteration: int, model: Mapping[str
     return written
 
 
+def _begin(root: Path, final: Path, step: Callable[[str], None], log: Callable[[str], None] | None) -> Path:
+    """The save sequence's first step: leftovers handled, an empty temporary iteration directory made."""
+    root.mkdir(parents=True, exist_ok=True)
+    recover_interrupted_saves(root, log)
+    step("begin")
+    return Path(tempfile.mkdtemp(prefix=temporary_name(final), dir=root))
+
+
+def _commit(root: Path, tmp: Path, final: Path, iteration: int | str, step: Callable[[str], None]) -> None:
+    """The save sequence's last steps: the complete temporary swapped into place, then the tracker moved."""
+    _usual_permissions(tmp)
+    fsync_dir(tmp)
+    step("written")
+    replace_directory(tmp, final)  # afterwards the temporary is gone
+    step("swapped")
+    atomic_write(root / TRACKER_FILE, f"{iteration}\n")
+    step("tracker")
+
+
+def _discard(tmp: Path | None) -> None:
+    """Remove a failed save's temporary iteration directory (None: nothing left to remove)."""
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_iteration(root: str | os.PathLike, iteration: int | str, fill: Callable[[Path], None],
+                    log: Callable[[str], None] | None = None) -> Path:
+    """The save sequence of this module's docstring for one process that writes every rank directory itself:
+    `fill(directory)` writes them into the temporary iteration directory (e.g. `mmrun convert`, tensor by
+    tensor); the iteration directory appears, and the tracker moves, only when it returned. Any failure
+    removes what was written and leaves the previous checkpoint and the tracker as they were."""
+    root = Path(root)
+    final = iteration_dir(root, iteration)
+    step = kill_step(iteration)
+    tmp: Path | None = None
+    try:
+        tmp = _begin(root, final, step, log)
+        fill(tmp)
+        _commit(root, tmp, final, iteration, step)
+        tmp = None
+    except BaseException as err:
+        _discard(tmp)
+        if isinstance(err, OSError):
+            raise _save_error(err, root, iteration) from None
+        raise
+    return final
+
+
 def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Sequence[RankFiles], *, rank: int,
                             gather: Callable[[Any], list[Any]], log: Callable[[str], None] | None = None) -> Path:
     """The save sequence of the module docstring with one writer per model shard: every process calls it
@@ -184,10 +233,7 @@ def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Sequ
     failure: list[Any] | None = None
     if rank == 0:
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            recover_interrupted_saves(root, log)
-            step("begin")
-            tmp = Path(tempfile.mkdtemp(prefix=temporary_name(final), dir=root))
+            tmp = _begin(root, final, step, log)
         except OSError as err:
             failure = _os_error_fields(err)
     shared_tmp, failure = gather([str(tmp) if tmp else None, failure])[0]
@@ -196,9 +242,9 @@ def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Sequ
     try:
         own: list[Any] | None = None
         for one in files:
-            checksums = {"model": _digest(one.model)}
+            checksums = {"model": tensor_digest(one.model)}
             if one.optimizer is not None:
-                checksums["optimizer"] = _digest(one.optimizer["tensors"])
+                checksums["optimizer"] = tensor_digest(one.optimizer["tensors"])
             try:
                 checkpoint_io.save_checkpoint(Path(shared_tmp) / one.rank_dir, one.model, one.optimizer,
                                               {**one.meta, "checksums": checksums}, on_step=step)
@@ -210,22 +256,15 @@ def write_checkpoint_shards(root: str | os.PathLike, iteration: int, files: Sequ
             raise OSError(*failures[0])
         if rank == 0:
             try:
-                _usual_permissions(Path(shared_tmp))
-                fsync_dir(Path(shared_tmp))
-                step("written")
-                replace_directory(Path(shared_tmp), final)  # afterwards the temporary is gone
+                _commit(root, Path(shared_tmp), final, iteration, step)
                 tmp = None
-                step("swapped")
-                atomic_write(root / TRACKER_FILE, f"{iteration}\n")
-                step("tracker")
             except OSError as err:
                 failure = _os_error_fields(err)
         failure = gather(failure)[0]
         if failure is not None:
             raise OSError(*failure)
     except BaseException as err:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _discard(tmp)
         if isinstance(err, OSError):
             raise _save_error(err, root, iteration) from None
         raise
@@ -274,7 +313,7 @@ def read_checkpoint_dir(path: Path, iteration: int | str) -> LoadedCheckpoint:
     checksums = ckpt.meta.get("checksums", {})
     parts = {"model": ckpt.model, "optimizer": None if ckpt.optimizer is None else ckpt.optimizer["tensors"]}
     for part, arrays in parts.items():
-        if arrays is not None and part in checksums and _digest(arrays) != checksums[part]:
+        if arrays is not None and part in checksums and tensor_digest(arrays) != checksums[part]:
             filename = checkpoint_io.MODEL_FILE if part == "model" else checkpoint_io.OPTIMIZER_FILE
             raise CheckpointError(f"{path / filename} is corrupt: its tensors do not match the checksum recorded "
                                   "when it was saved; resume from an earlier iteration with --ckpt-step N")

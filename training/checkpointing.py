@@ -286,11 +286,14 @@ def _shard_for_this_rank(args: argparse.Namespace, root: Path, probe: LoadedChec
     layout = engine.layout
     if not checkpoint_reshard.needs_reshard(probe.meta, engine.model_names, layout):
         ckpt = read_sibling(probe, layout.rank_dir)
-        return ShardState(ckpt.model, ckpt.optimizer, ckpt.meta), ckpt
+        # the same sizes but other layers per pipeline stage (Qwen2-VL's pipeline_num_layers): re-split too
+        if engine.model_names != "mindspeed-mm" or set(ckpt.model) == set(engine.expected_shapes()[0]):
+            return ShardState(ckpt.model, ckpt.optimizer, ckpt.meta), ckpt
     if layout.tp_rank == 0 and layout.pp_rank == 0 and layout.writes_checkpoint:
         log(f"  the checkpoint's layout ({checkpoint_reshard.describe(probe.meta)}) differs from this run's "
             f"({engine.model_names}, {layout.describe()}): joining its shards and splitting them again")
-    shard = checkpoint_reshard.reshard(probe, root, args, engine.model_names, layout)
+    shard = checkpoint_reshard.reshard(probe, root, args, engine.model_names, layout,
+                                       getattr(engine, "vlm_layout", None))
     return shard, probe
 
 

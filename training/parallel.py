@@ -16,7 +16,7 @@ every rank is the first and last stage and holds the whole sequence.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -87,3 +87,14 @@ def core_gpt_model(pre_process: bool = True, post_process: bool = True, vp_stage
     from mmrun.training.global_vars import get_args
 
     return engines.core_gpt_model(get_args(), pre_process, post_process, vp_stage)
+
+
+def core_vlm_model(config: Any, pipeline_layers: Mapping[str, Any] | None = None, pre_process: bool = True,
+                   post_process: bool = True, vp_stage: int | None = None, read_hf: Callable | None = None,
+                   frozen: Mapping[str, bool] | None = None) -> Any:
+    """Qwen2-VL's stage on megatron-core from the run's arguments (mmrun.engines.core_vlm_model). For
+    models/pretrain_vlm.py's model_provider under the megatron-core engine."""
+    from mmrun.training.global_vars import get_args
+
+    return engines.core_vlm_model(get_args(), config, pipeline_layers, pre_process, post_process, vp_stage,
+                                  read_hf=read_hf, frozen=frozen)

@@ -68,9 +68,17 @@ class TrainingResult:
 def _usage_exit(message: str, rank: int, code: int = 2) -> None:
     from mmrun.backend import rank_env
 
-    if rank == 0 and rank_env.read_rank_info().rank == 0:  # every rank finds the same error: say it once
+    info = rank_env.read_rank_info()
+    if rank == 0 and info.rank == 0:  # every rank finds the same error: say it once
         print(f"error: {message}", file=sys.stderr, flush=True)
+    elif info.world_size > 1:
+        # torchrun / msrun stop the whole job at the first exit: the other ranks leave a moment later, so that
+        # rank 0 (maybe descheduled on a busy machine) is not stopped before its line is out.
+        time.sleep(USAGE_EXIT_GRACE_S)
     raise SystemExit(code)
+
+
+USAGE_EXIT_GRACE_S = 2.0
 
 
 def _build_loader(dataset: Any, consumed: int, args: argparse.Namespace, layout: ParallelLayout) -> Any:

@@ -1,16 +1,20 @@
 """Qwen2VLConverter / Qwen2_5_VLConverter for `mmrun convert` (MindSpeed-MM's mm-convert command lines).
 
-    hf_to_mm   a Hugging Face directory -> an mmrun checkpoint `<mm_dir>/release` (what --load takes, with
-               --no-load-optim --no-load-rng as MindSpeed-MM's scripts pass them; or --finetune)
-    mm_to_hf   the newest checkpoint of `<mm_dir>` -> a Hugging Face directory `<save_hf_dir>` that transformers
-               loads, in the dtype of `<hf_config.hf_dir>` (the original download), with its tokenizer and
-               processor files copied
-    resplit    change the tensor/pipeline split: nothing to do for one stage (see below)
+    hf_to_mm   a Hugging Face directory -> `<mm_dir>/release`, one rank directory per (TP, PP) rank in
+               MindSpeed-MM's names (models/qwen2_vl/checkpoint_vlm.py), split as --cfg.parallel_config says
+               (tp_size, vit_pp_layers, llm_pp_layers: model.json's pipeline_num_layers); what --load takes
+               (with --no-load-optim --no-load-rng as MindSpeed-MM's scripts pass them, or --finetune)
+    mm_to_hf   the newest checkpoint of `<mm_dir>` (any split, or a data-parallel run's checkpoint in Hugging Face
+               names) -> a Hugging Face directory `<save_hf_dir>` that transformers loads, in the dtype of
+               `<hf_config.hf_dir>` (the original download), with its tokenizer and processor files copied
+    resplit    the newest checkpoint of `<source_dir>` -> `<target_dir>/release` split as
+               --cfg.target_parallel_config says (mm-convert's options)
 
-mmrun's checkpoints keep the Hugging Face parameter names and fp32 values (an exact widening of bf16), so a
-round trip HF -> mmrun -> HF gives the original bytes. parallel_config must describe one stage (tp_size 1,
-llm_pp_layers [[L]], vit_pp_layers [[V]]): mmrun trains the VLM with data parallelism, whose checkpoints
-are one shard; a split the guides use for larger models (e.g. [[1,10,10,7]]) is refused with that reason.
+The source's split is read from its files; a --cfg.parallel_config (mm_to_hf) or --cfg.source_parallel_config
+(resplit) that the guides pass is checked against them. Every conversion streams tensor by tensor (memory: a few
+copies of the largest tensor), prints `[i/n] tensors, x GB` lines on large models, and replaces its output
+directory in one step only when complete. Weights are fp32 in mmrun's checkpoints (an exact widening of bf16),
+so HF -> mmrun (any split) -> resplit -> HF gives the original bytes back.
 """
 from __future__ import annotations
 
@@ -19,9 +23,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.qwen2_vl import hf_checkpoint
+from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout
+from mmrun.training import checkpoint_vlm
 
 CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl"}
+LOAD_HINT = "--no-load-optim --no-load-rng, or --finetune"
 
 
 def _get(cfg: dict[str, Any], dotted: str) -> Any:
@@ -40,64 +48,121 @@ def _given(cfg: dict[str, Any], prefix: str = "") -> str:
     return ", ".join(k for k in keys if k) or "no --cfg options"
 
 
-def _config(converter: str, hf_dir: str) -> Any:
+def _check_model_type(converter: str, config: Qwen2VLConfig, where: str) -> Qwen2VLConfig:
+    wanted = CONVERTER_MODEL_TYPES[converter]
+    if config.model_type != wanted:
+        other = next(name for name, kind in CONVERTER_MODEL_TYPES.items() if kind == config.model_type)
+        raise UsageError(f"{converter} converts model_type {wanted}, but {where} says {config.model_type}; "
+                         f"use {other}")
+    return config
+
+
+def _config(converter: str, hf_dir: str) -> Qwen2VLConfig:
     try:
         config = hf_checkpoint.load_hf_config(hf_dir)
     except hf_checkpoint.NotAnHFDirectoryError as err:
         raise UsageError(f"--cfg.hf_config.hf_dir: {err}") from None
-    wanted = CONVERTER_MODEL_TYPES[converter]
-    if config.model_type != wanted:
-        other = next(name for name, kind in CONVERTER_MODEL_TYPES.items() if kind == config.model_type)
-        raise UsageError(f"{converter} converts model_type {wanted}, but {hf_dir}/config.json says "
-                         f"{config.model_type}; use {other}")
-    return config
+    return _check_model_type(converter, config, f"{hf_dir}/config.json")
 
 
-def _stage_layers(value: Any, name: str) -> list[int]:
-    """[[28]] (hf_to_mm's form, one list per virtual stage) or [28] (mm_to_hf's) -> the per-stage counts."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
+def _stage_layers(value: Any, option: str) -> list[int]:
+    """[[12,16]] (hf_to_mm's form: one list per virtual pipeline chunk) or [12,16] (mm_to_hf's) -> per-stage counts."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        if len(value) > 1:
+            raise UsageError(f"--cfg.{option} {json.dumps(value)} gives {len(value)} virtual pipeline chunks per "
+                             "stage; mmrun's VLM checkpoints hold one model chunk per stage: give one list, e.g. "
+                             f"{json.dumps([sum(map(sum, value))])}")
         value = value[0]
     if not (isinstance(value, list) and value and all(isinstance(v, int) and v >= 0 for v in value)):
-        raise UsageError(f"--cfg.parallel_config.{name} must be a list of layer counts per pipeline stage such as "
-                         f"[[28]]. Received: {json.dumps(value)}")
+        raise UsageError(f"--cfg.{option} must be a list of layer counts per pipeline stage such as "
+                         f"[[12,16]]. Received: {json.dumps(value)}")
     return value
 
 
-def _check_one_stage(cfg: dict[str, Any], config: Any) -> None:
-    parallel = cfg.get("parallel_config", {})
+def _layout(cfg: dict[str, Any], key: str, config: Qwen2VLConfig) -> VLMLayout:
+    """The split that --cfg.<key> (mm-convert's parallel_config) describes, checked against the model. Missing
+    keys: tp_size 1, the ViT on the first stage, the decoder layers split evenly."""
+    parallel = cfg.get(key, {})
+    if not isinstance(parallel, dict):
+        raise UsageError(f"--cfg.{key} must hold tp_size, vit_pp_layers and llm_pp_layers. Received: "
+                         f"{json.dumps(parallel)}")
     tp = parallel.get("tp_size", 1)
-    if tp != 1:
-        raise UsageError(f"--cfg.parallel_config.tp_size {tp}: mmrun trains Qwen2-VL with data parallelism, whose "
-                         "checkpoints are one shard; use tp_size 1")
-    for name, total, what in (("llm_pp_layers", config.text.num_hidden_layers, "text decoder"),
-                              ("vit_pp_layers", config.vision.depth, "vision encoder")):
-        if name not in parallel:
-            continue
-        stages = _stage_layers(parallel[name], name)
-        if sum(stages) != total:
-            raise UsageError(f"--cfg.parallel_config.{name} {json.dumps(parallel[name])} sums to {sum(stages)}, but the "
-                             f"{what} has {total} layers; they must match (model.json's pipeline_num_layers)")
-        if len(stages) != 1:
-            raise UsageError(f"--cfg.parallel_config.{name} {json.dumps(parallel[name])} splits the {what} over "
-                             f"{len(stages)} pipeline stages, which mmrun's Qwen2-VL training does not use; "
-                             f"use [[{total}]]")
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise UsageError(f"--cfg.{key}.tp_size must be a positive integer. Received: {json.dumps(tp)}")
+    given = {name: _stage_layers(parallel[name], f"{key}.{name}") for name in ("vit_pp_layers", "llm_pp_layers")
+             if name in parallel}
+    for name, total, what in (("vit_pp_layers", config.vision.depth, "vision encoder"),
+                              ("llm_pp_layers", config.text.num_hidden_layers, "text decoder")):
+        if name in given and sum(given[name]) != total:
+            raise LayoutError(f"--cfg.{key}.{name} {json.dumps(parallel[name])} sums to {sum(given[name])}, but the "
+                              f"{what} has {total} layers; they must match (model.json's pipeline_num_layers)")
+    lengths = {len(v) for v in given.values()}
+    if len(lengths) > 1:
+        raise LayoutError(f"--cfg.{key}.vit_pp_layers {json.dumps(parallel['vit_pp_layers'])} and llm_pp_layers "
+                          f"{json.dumps(parallel['llm_pp_layers'])} give different numbers of pipeline stages; give "
+                          "one entry per stage to both")
+    pp = lengths.pop() if lengths else 1
+    try:
+        return VLMLayout.build(config, tp, pp, given.get("vit_pp_layers"), given.get("llm_pp_layers"))
+    except LayoutError as err:
+        raise LayoutError(f"--cfg.{key} (tp_size {tp}, {pp} pipeline stage{'s' if pp > 1 else ''}) does not fit this "
+                          f"{config.model_type} model: {err}") from None
+
+
+def _describe(layout: VLMLayout) -> str:
+    return (f"tp_size {layout.tp}, vit_pp_layers {list(layout.vit_pp_layers)}, llm_pp_layers "
+            f"{list(layout.llm_pp_layers)}")
+
+
+def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Source) -> None:
+    """What a --cfg.<key> the user passed says (tp_size, vit_pp_layers, llm_pp_layers: those given) must be the
+    split the source's files hold."""
+    if key not in cfg:
+        return
+    given = _layout(cfg, key, source.config)
+    held = VLMLayout.build(source.config) if source.names == checkpoint_vlm.HF_NAMES else source.layout
+    keys = [name for name in ("tp_size", "vit_pp_layers", "llm_pp_layers") if name in cfg[key]]
+    fields = {"tp_size": lambda lay: lay.tp, "vit_pp_layers": lambda lay: lay.vit_pp_layers,
+              "llm_pp_layers": lambda lay: lay.llm_pp_layers}
+    if any(fields[name](given) != fields[name](held) for name in keys):
+        what = "data-parallel checkpoint" if source.names == checkpoint_vlm.HF_NAMES else "checkpoint"
+        raise UsageError(f"--cfg.{key} ({_describe(given)}) does not match the {what} in {source.path}, which holds "
+                         f"{_describe(held)}; pass those (or leave --cfg.{key} out: mmrun reads the split from the "
+                         "files)")
+
+
+def _open(converter: str, root: str, option: str, config: Qwen2VLConfig | None) -> checkpoint_vlm.Source:
+    from mmrun.training.checkpoint_store import recover_interrupted_saves
+
+    if not Path(root).is_dir():
+        raise UsageError(f"--cfg.{option} {root}: no such directory; pass the --save directory of the training run "
+                         "or the --cfg.mm_dir of a conversion")
+    recover_interrupted_saves(root)
+    source = checkpoint_vlm.open_checkpoint(root, config)
+    _check_model_type(converter, source.config, f"the checkpoint in {source.path}")
+    return source
+
+
+def _progress(tensors: int, total_bytes: int) -> checkpoint_vlm.Progress:
+    return checkpoint_vlm.Progress(tensors, total_bytes)
 
 
 def hf_to_mm(converter: str, cfg: dict[str, Any]) -> None:
-    from mmrun.training.checkpoint_layout import RELEASE
-    from mmrun.training.checkpoint_store import write_checkpoint
-
     mm_dir, hf_dir = _get(cfg, "mm_dir"), _get(cfg, "hf_config.hf_dir")
     config = _config(converter, hf_dir)
-    _check_one_stage(cfg, config)
-    print(f"reading {hf_dir} ...", flush=True)
-    _, arrays = hf_checkpoint.load_hf_directory(hf_dir)
-    model = hf_checkpoint.to_float_arrays(arrays)
-    meta = {"iteration": 0, "converted_from": str(Path(hf_dir).resolve()), "model_names": "hf-qwen2-vl",
-            "model_type": config.model_type}
-    write_checkpoint(mm_dir, RELEASE, model, None, meta, log=lambda message: None)
-    print(f"wrote {len(model)} tensors to {Path(mm_dir) / RELEASE} (load it with --load {mm_dir} --no-load-optim "
-          "--no-load-rng, or --finetune)", flush=True)
+    layout = _layout(cfg, "parallel_config", config)
+    try:
+        weights = hf_checkpoint.HFWeights(hf_dir)
+    except ValueError as err:  # NotAnHFDirectoryError, wrong tensor names
+        raise UsageError(f"--cfg.hf_config.hf_dir: {err}") from None
+    total = sum(weights.nbytes(name) for name in weights)
+    print(f"converting {hf_dir} ({len(weights)} tensors, {total / 1e6:.1f} MB) to {_describe(layout)} ...",
+          flush=True)
+    tensors = _progress(len(layout.full_shapes()), total)(mm_layout.hf_to_mm(config, weights.__getitem__))
+    meta = {"iteration": 0, "converted_from": str(Path(hf_dir).resolve()), "model_type": config.model_type}
+    written = checkpoint_vlm.write_checkpoint(mm_dir, layout, tensors, meta)
+    print(f"wrote {layout.tp * layout.pp} rank directories to {written} (load it with --load {mm_dir} {LOAD_HINT})",
+          flush=True)
 
 
 def _saved_dtype(hf_dir: str) -> str | None:
@@ -107,30 +172,40 @@ def _saved_dtype(hf_dir: str) -> str | None:
 
 
 def mm_to_hf(converter: str, cfg: dict[str, Any]) -> None:
-    from mmrun.training.checkpoint_store import find_checkpoint, recover_interrupted_saves
-
     save_dir, mm_dir, hf_dir = _get(cfg, "save_hf_dir"), _get(cfg, "mm_dir"), _get(cfg, "hf_config.hf_dir")
     config = _config(converter, hf_dir)
-    _check_one_stage(cfg, config)
-    if not Path(mm_dir).is_dir():
-        raise UsageError(f"--cfg.mm_dir {mm_dir}: no such directory; pass the --save directory of the training run")
-    recover_interrupted_saves(mm_dir)
-    ckpt = find_checkpoint(mm_dir, log=lambda message: print(message, flush=True))
-    if ckpt is None:
-        raise UsageError(f"--cfg.mm_dir {mm_dir} holds no checkpoint (no latest_checkpointed_iteration.txt and no "
-                         "iter_* directory); pass the --save directory of the training run")
+    source = _open(converter, mm_dir, "mm_dir", config)
+    _check_given_split(cfg, "parallel_config", source)
     dtype = _saved_dtype(hf_dir)
-    print(f"converting {ckpt.path} (iteration {ckpt.iteration}) to {save_dir} in {dtype or 'float32'} ...", flush=True)
+    print(f"converting {source.path} ({source.describe()}) to {save_dir} in "
+          f"{dtype or 'float32'} ...", flush=True)
+    shapes = mm_layout.hf_shapes(config)
+    stored = source.dtype()
     try:
-        hf_checkpoint.save_hf_directory(save_dir, config, ckpt.model, dtype=dtype, copy_files_from=hf_dir)
+        hf_checkpoint.write_hf_directory(save_dir, config,
+                                         _progress(len(shapes), source.total_bytes())(source.hf_tensors()),
+                                         {name: stored for name in shapes}, dtype=dtype, copy_files_from=hf_dir)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    print(f"wrote {save_dir} ({len(ckpt.model)} tensors; transformers' from_pretrained loads it)", flush=True)
+    print(f"wrote {save_dir} ({len(shapes)} tensors; transformers' from_pretrained loads it)", flush=True)
 
 
 def resplit(converter: str, cfg: dict[str, Any]) -> None:
-    raise UsageError("resplit changes a tensor/pipeline split, and mmrun's Qwen2-VL checkpoints have one stage "
-                     "(data parallelism): there is nothing to re-split; --load takes them at any data-parallel size")
+    source_dir, target_dir = _get(cfg, "source_dir"), _get(cfg, "target_dir")
+    hf_dir = (cfg.get("hf_config") or {}).get("hf_dir")
+    config = _config(converter, hf_dir) if hf_dir else None
+    source = _open(converter, source_dir, "source_dir", config)
+    _check_given_split(cfg, "source_parallel_config", source)
+    layout = _layout(cfg, "target_parallel_config", source.config)
+    print(f"resplitting {source.path} ({source.describe()}) to {_describe(layout)} ...",
+          flush=True)
+    iteration = source.meta.get("iteration", 0)
+    meta = {"iteration": iteration if isinstance(iteration, int) else 0, "converted_from": str(source.path.resolve()),
+            "model_type": source.config.model_type}
+    tensors = _progress(len(layout.full_shapes()), source.total_bytes())(source.mm_tensors())
+    written = checkpoint_vlm.write_checkpoint(target_dir, layout, tensors, meta)
+    print(f"wrote {layout.tp * layout.pp} rank directories to {written} (load it with --load {target_dir} "
+          f"{LOAD_HINT})", flush=True)
 
 
 SUBCOMMANDS: dict[str, Callable[[str, dict[str, Any]], None]] = {

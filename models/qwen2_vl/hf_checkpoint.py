@@ -25,12 +25,13 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
 from mmrun.models.qwen2_vl.configuration import MODEL_TYPES, Qwen2VLConfig
+from mmrun.models.qwen2_vl.mm_layout import hf_shapes
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -71,47 +72,118 @@ def to_float_arrays(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 # ------------------------------------------------------------------------------------------ safetensors
 
-def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """name -> numpy array of one .safetensors file (BF16 as uint16 bits)."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    header.pop("__metadata__", None)
-    arrays = {}
-    for name, spec in header.items():
-        if spec["dtype"] not in _DTYPES:
-            raise ValueError(f"{path}: tensor {name} has dtype {spec['dtype']}, which mmrun does not read; "
-                             f"supported: {sorted(_DTYPES)}")
+class SafetensorsFile(Mapping[str, np.ndarray]):
+    """One .safetensors file read lazily: the header at once, each tensor from its byte offsets when asked
+    (`file[name]`), so a reader holds one tensor at a time, never the file. BF16 reads as uint16 bits."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + length
+        for name, spec in header.items():
+            if spec["dtype"] not in _DTYPES:
+                raise ValueError(f"{self.path}: tensor {name} has dtype {spec['dtype']}, which mmrun does not read; "
+                                 f"supported: {sorted(_DTYPES)}")
+        self._specs: dict[str, dict[str, Any]] = header
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._specs[name]["shape"])
+
+    def dtype(self, name: str) -> np.dtype:
+        return np.dtype(_DTYPES[self._specs[name]["dtype"]])
+
+    def nbytes(self, name: str) -> int:
+        begin, end = self._specs[name]["data_offsets"]
+        return end - begin
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        spec = self._specs[name]
         begin, end = spec["data_offsets"]
         dtype = np.dtype(_DTYPES[spec["dtype"]]).newbyteorder("<")
-        count = (end - begin) // dtype.itemsize
-        data = np.fromfile(path, dtype=dtype, count=count, offset=8 + length + begin)
-        arrays[name] = data.astype(dtype.newbyteorder("="), copy=False).reshape(spec["shape"])
-    return arrays
+        data = np.fromfile(self.path, dtype=dtype, count=(end - begin) // dtype.itemsize,
+                           offset=self._data_start + begin)
+        return data.astype(dtype.newbyteorder("="), copy=False).reshape(spec["shape"])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """name -> numpy array of one .safetensors file (BF16 as uint16 bits)."""
+    return dict(SafetensorsFile(path))
+
+
+class SafetensorsWriter:
+    """One .safetensors file written tensor by tensor, in any order: the header (names, dtypes, shapes) is
+    written first, each tensor then goes to its own offset, so a writer holds one tensor at a time.
+    `close()` checks that every tensor was written and fsyncs. Tensors are laid out in name order."""
+
+    def __init__(self, path: str | os.PathLike, specs: Mapping[str, tuple[np.dtype, Sequence[int]]],
+                 metadata: Mapping[str, str] | None = None) -> None:
+        header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
+        self._offsets: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
+        offset = 0
+        for name in sorted(specs):
+            dtype, shape = np.dtype(specs[name][0]), tuple(int(n) for n in specs[name][1])
+            if dtype not in _NAMES:
+                raise ValueError(f"tensor {name} has numpy dtype {dtype}, which safetensors cannot hold here; "
+                                 f"use one of {sorted(str(np.dtype(d)) for d in _DTYPES.values())}")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            header[name] = {"dtype": _NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            self._offsets[name] = (offset, dtype, shape)
+            offset += nbytes
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        encoded += b" " * (-len(encoded) % 8)
+        self.path = Path(path)
+        self._data_start = 8 + len(encoded)
+        self._pending = set(self._offsets)
+        self._file = open(self.path, "wb")
+        self._file.write(struct.pack("<Q", len(encoded)) + encoded)
+        self._file.truncate(self._data_start + offset)
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        offset, dtype, shape = self._offsets[name]
+        if array.dtype != dtype or tuple(array.shape) != shape:
+            raise ValueError(f"{self.path}: tensor {name} is {array.dtype} {tuple(array.shape)}, the header says "
+                             f"{dtype} {shape}")
+        self._file.seek(self._data_start + offset)
+        self._file.write(np.ascontiguousarray(array).astype(dtype.newbyteorder("<"), copy=False).tobytes())
+        self._pending.discard(name)
+
+    def close(self) -> None:
+        if self._pending:
+            self._file.close()
+            raise ValueError(f"{self.path}: {len(self._pending)} tensors were never written "
+                             f"({', '.join(sorted(self._pending)[:3])} ...)")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def abort(self) -> None:
+        self._file.close()
 
 
 def write_safetensors(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
                       metadata: Mapping[str, str] | None = None) -> None:
     """One .safetensors file: JSON header (padded to 8 bytes) then each tensor's little-endian bytes."""
-    header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
-    offset, order = 0, sorted(arrays)
-    for name in order:
-        a = arrays[name]
+    for name, a in arrays.items():
         if a.dtype not in _NAMES:
             raise ValueError(f"tensor {name} has numpy dtype {a.dtype}, which safetensors cannot hold here; "
                              f"use one of {sorted(str(np.dtype(d)) for d in _DTYPES.values())}")
-        header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)))
-        f.write(encoded)
-        for name in order:
-            f.write(np.ascontiguousarray(arrays[name]).astype(arrays[name].dtype.newbyteorder("<"), copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+    writer = SafetensorsWriter(path, {name: (a.dtype, a.shape) for name, a in arrays.items()}, metadata)
+    try:
+        for name in sorted(arrays):
+            writer.write(name, arrays[name])
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
 
 
 # ------------------------------------------------------------------------------------------ names
@@ -192,30 +264,57 @@ def load_hf_config(path: str | os.PathLike) -> Qwen2VLConfig:
     return Qwen2VLConfig.from_hf_config(raw)
 
 
+class HFWeights(Mapping[str, np.ndarray]):
+    """A Hugging Face directory's weights, read lazily one tensor at a time (`weights[name]`), in mmrun's names
+    and layout (module docstring); `config` is its Qwen2VLConfig. The names are checked against the config at
+    once, from the files' headers alone."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        self.path = path
+        self.config = load_hf_config(path)
+        if (path / INDEX_FILE).is_file():
+            files = sorted(set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values()))
+        elif (path / SINGLE_FILE).is_file():
+            files = [SINGLE_FILE]
+        else:
+            raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors "
+                                        "weights only (re-save a pytorch_model.bin with "
+                                        "save_pretrained(safe_serialization=True))")
+        self._where: dict[str, tuple[SafetensorsFile, str]] = {}
+        for file in files:
+            opened = SafetensorsFile(path / file)
+            for stored in opened:
+                if not stored.endswith(".inv_freq"):  # rotary buffers some old checkpoints carry; computed, not learned
+                    self._where[_hub_name(stored)] = (opened, stored)
+        if self.config.tie_word_embeddings:
+            self._where.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
+        _check_names(str(path), self.config, set(self._where))
+
+    def dtype(self, name: str) -> np.dtype:
+        file, stored = self._where[name]
+        return file.dtype(stored)
+
+    def nbytes(self, name: str) -> int:
+        file, stored = self._where[name]
+        return file.nbytes(stored)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        file, stored = self._where[name]
+        array = file[stored]
+        return array.reshape(array.shape[0], -1) if name == PATCH_EMBED else array
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen2VLConfig, dict[str, np.ndarray]]:
     """(config, {parameter name: array}) of a Hugging Face directory, in mmrun's layout (module docstring)."""
-    path = Path(path)
-    config = load_hf_config(path)
-    if (path / INDEX_FILE).is_file():
-        weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-        files = sorted(set(weight_map.values()))
-    elif (path / SINGLE_FILE).is_file():
-        files = [SINGLE_FILE]
-    else:
-        raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors "
-                                    "weights only (re-save a pytorch_model.bin with save_pretrained(safe_serialization=True))")
-    arrays: dict[str, np.ndarray] = {}
-    for file in files:
-        for name, array in read_safetensors(path / file).items():
-            if name.endswith(".inv_freq"):
-                continue  # rotary buffers some old checkpoints carry; computed, not learned
-            arrays[_hub_name(name)] = array
-    if config.tie_word_embeddings:
-        arrays.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
-    _check_names(str(path), config, set(arrays))
-    kernel = arrays[PATCH_EMBED]
-    arrays[PATCH_EMBED] = kernel.reshape(kernel.shape[0], -1)
-    return config, arrays
+    weights = HFWeights(path)
+    return weights.config, dict(weights)
 
 
 # ------------------------------------------------------------------------------------------ write
@@ -231,23 +330,39 @@ def save_hf_directory(path: str | os.PathLike, config: Qwen2VLConfig, arrays: Ma
 
     The directory is built beside `path` and swapped in at once; an existing `path` is replaced only when
     it is empty or a Hugging Face Qwen2-VL directory itself."""
+    _check_names("the arrays to save", config, set(arrays))
+    return write_hf_directory(path, config, arrays.items(), {n: np.asarray(a).dtype for n, a in arrays.items()},
+                              dtype=dtype, max_shard_bytes=max_shard_bytes, copy_files_from=copy_files_from)
+
+
+def write_hf_directory(path: str | os.PathLike, config: Qwen2VLConfig, tensors: Iterable[tuple[str, np.ndarray]],
+                       dtypes: Mapping[str, np.dtype], *, dtype: str | None = None,
+                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                       copy_files_from: str | os.PathLike | None = None) -> Path:
+    """save_hf_directory, streaming: `tensors` yields (name, array) of every parameter once, in any order, each
+    array in mmrun's layout and of dtype `dtypes[name]`; each goes to its file as it comes, so memory holds
+    one tensor at a time. Shapes come from the config (mm_layout.hf_shapes)."""
     path = Path(path)
     if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_hf_directory(path))):
         raise ValueError(f"refusing to replace {path}: it exists and is not a Hugging Face Qwen2-VL directory; "
                          "name a new directory")
-    _check_names("the arrays to save", config, set(arrays))
-    tensors = {name: _converted(name, np.asarray(a), dtype) for name, a in arrays.items()}
-    kernel = tensors[PATCH_EMBED]
     v = config.vision
-    tensors[PATCH_EMBED] = kernel.reshape(kernel.shape[0], v.in_channels, v.temporal_patch_size, v.patch_size,
-                                          v.patch_size)
-    float_kinds = {_NAMES[a.dtype] for a in tensors.values() if _NAMES[a.dtype] in _TORCH_DTYPE}
+    shapes = dict(hf_shapes(config))
+    _check_names("the tensors to save", config, set(dtypes))
+    shapes[PATCH_EMBED] = (shapes[PATCH_EMBED][0], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+    stored = {name: _converted_dtype(np.dtype(dtypes[name]), dtype) for name in shapes}
+    float_kinds = {_NAMES[d] for d in stored.values() if _NAMES[d] in _TORCH_DTYPE}
     hf_config = config.to_hf_config()
     if len(float_kinds) == 1:
         hf_config["torch_dtype"] = _TORCH_DTYPE[float_kinds.pop()]
+    sizes = {name: int(np.prod(shape, dtype=np.int64)) * stored[name].itemsize for name, shape in shapes.items()}
+    shards = _shards(sizes, max_shard_bytes)
+    files = [SINGLE_FILE] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                                                    for i in range(1, len(shards) + 1)]
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), dir=path.parent))
+    writers: list[SafetensorsWriter] = []
     try:
         if copy_files_from is not None:
             skip = {CONFIG_FILE, SINGLE_FILE, INDEX_FILE}
@@ -255,22 +370,31 @@ def save_hf_directory(path: str | os.PathLike, config: Qwen2VLConfig, arrays: Ma
                 if item.is_file() and item.name not in skip and not item.name.endswith(".safetensors"):
                     shutil.copy2(item, staging / item.name)
         (staging / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-        shards = _shards(tensors, max_shard_bytes)
-        if len(shards) == 1:
-            write_safetensors(staging / SINGLE_FILE, shards[0])
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards, 1):
-                file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                write_safetensors(staging / file, shard)
-                weight_map.update({name: file for name in shard})
-            index = {"metadata": {"total_size": int(sum(a.nbytes for a in tensors.values()))},
-                     "weight_map": dict(sorted(weight_map.items()))}
+        file_of = {name: i for i, shard in enumerate(shards) for name in shard}
+        writers = [SafetensorsWriter(staging / file, {n: (stored[n], shapes[n]) for n in shard})
+                   for file, shard in zip(files, shards)]
+        for name, array in tensors:
+            if name not in file_of:
+                raise ValueError(f"tensor {name} is not a parameter of this {config.model_type} model")
+            converted = _converted(name, np.asarray(array), dtype)
+            writers[file_of[name]].write(name, converted.reshape(shapes[name]))
+        for writer in writers:
+            writer.close()
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": int(sum(sizes.values()))},
+                     "weight_map": {name: files[file_of[name]] for name in sorted(file_of)}}
             (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         return replace_directory(staging, path)
     except BaseException:
+        for writer in writers:
+            writer.abort()
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _converted_dtype(given: np.dtype, dtype: str | None) -> np.dtype:
+    """The dtype _converted gives an array of dtype `given`."""
+    return _converted("", np.empty(0, given), dtype).dtype
 
 
 def _converted(name: str, a: np.ndarray, dtype: str | None) -> np.ndarray:
@@ -284,15 +408,14 @@ def _converted(name: str, a: np.ndarray, dtype: str | None) -> np.ndarray:
     raise ValueError(f"dtype {dtype!r} cannot be written; use bfloat16, float32, float16 or None (as given)")
 
 
-def _shards(tensors: Mapping[str, np.ndarray], max_bytes: int) -> list[dict[str, np.ndarray]]:
-    """Tensors in name order, cut into shards of at most max_bytes (a larger tensor gets a shard of its own)."""
-    shards: list[dict[str, np.ndarray]] = [{}]
+def _shards(sizes: Mapping[str, int], max_bytes: int) -> list[list[str]]:
+    """Tensor names in name order, cut into shards of at most max_bytes (a larger tensor gets a shard of its own)."""
+    shards: list[list[str]] = [[]]
     size = 0
-    for name in sorted(tensors):
-        nbytes = tensors[name].nbytes
-        if shards[-1] and size + nbytes > max_bytes:
-            shards.append({})
+    for name in sorted(sizes):
+        if shards[-1] and size + sizes[name] > max_bytes:
+            shards.append([])
             size = 0
-        shards[-1][name] = tensors[name]
-        size += nbytes
+        shards[-1].append(name)
+        size += sizes[name]
     return shards

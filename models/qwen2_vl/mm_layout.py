@@ -217,6 +217,19 @@ def mm_to_hf(config: Qwen2VLConfig, read_mm: Callable[[str], np.ndarray]) -> Ite
             yield source, np.ascontiguousarray(part)
 
 
+def hf_sources(config: Qwen2VLConfig) -> dict[str, tuple[str, ...]]:
+    """MindSpeed-MM name (global) -> the Hugging Face tensors it is made of, for the whole model."""
+    return {name: recipe.sources for name, recipe in _recipes(config).items()}
+
+
+def hf_parts(config: Qwen2VLConfig, name: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The Hugging Face tensors (name, array) that one whole MindSpeed-MM tensor (global name) holds: mm_to_hf for
+    one tensor, for readers that hold only some of them (e.g. optimizer state, which frozen parameters lack)."""
+    recipe = _recipes(config)[name]
+    return [(source, np.ascontiguousarray(part))
+            for source, part in zip(recipe.sources, _unfuse(recipe, array, hf_shapes(config)))]
+
+
 # ------------------------------------------------------------------------------------------ the split
 
 def _even_split(total: int, stages: int) -> tuple[int, ...]:
@@ -410,7 +423,9 @@ def _fused_shape(recipe: _Recipe, hf: Mapping[str, tuple[int, ...]]) -> tuple[in
     return (sum(hf[s][0] for s in recipe.sources),) + first[1:]
 
 
-def _mm_reader(config: Qwen2VLConfig, read_hf: Callable[[str], np.ndarray]) -> Callable[[str], np.ndarray]:
+def mm_reader(config: Qwen2VLConfig, read_hf: Callable[[str], np.ndarray]) -> Callable[[str], np.ndarray]:
+    """read_mm(global MindSpeed-MM name) over a Hugging Face model's tensors (`read_hf(hf name)`): each call
+    reads and fuses only the HF tensors that one MM tensor is made of."""
     recipes = _recipes(config)
     return lambda name: _fuse(recipes[name], [read_hf(s) for s in recipes[name].sources])
 
@@ -419,7 +434,7 @@ def rank_state_from_hf(layout: VLMLayout, read_hf: Callable[[str], np.ndarray], 
                        pp_rank: int) -> dict[str, np.ndarray]:
     """Rank (tp_rank, pp_rank)'s tensors from a Hugging Face model's (`read_hf(hf name)`), e.g. --load of an HF
     directory under tensor/pipeline parallelism."""
-    return layout.rank_state(_mm_reader(layout.config, read_hf), tp_rank, pp_rank)
+    return layout.rank_state(mm_reader(layout.config, read_hf), tp_rank, pp_rank)
 
 
 def initial_value(name: str, shape: Sequence[int], seed: int, std: float) -> np.ndarray:

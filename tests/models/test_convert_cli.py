@@ -1,5 +1,6 @@
 """`mmrun convert` reads mm-convert's command lines; what it cannot do is one line and exit 2, nothing written.
-(The conversions themselves run in tests/training/test_pretrain_vlm.py on a trained checkpoint.)"""
+(The conversions themselves: tests/models/test_convert_parallel.py, and tests/training/test_pretrain_vlm.py on a
+trained checkpoint.)"""
 from __future__ import annotations
 
 import json
@@ -36,7 +37,9 @@ def test_options_are_mm_converts_dotted_keys_with_json_values(tmp_path):
     (["Qwen2VLConverter", "hf_to_megatron"], "unknown subcommand 'hf_to_megatron' of Qwen2VLConverter"),
     (["Qwen2VLConverter", "hf_to_mm", "--cfg.hf_config.hf_dir", "x"], "--cfg.mm_dir is required"),
     (["Qwen2VLConverter", "hf_to_mm", "--mm_dir", "x"], "unrecognized option '--mm_dir'"),
-    (["Qwen2VLConverter", "resplit", "--cfg.mm_dir", "x"], "nothing to re-split"),
+    (["Qwen2VLConverter", "resplit", "--cfg.mm_dir", "x"], "--cfg.source_dir is required"),
+    (["Qwen2VLConverter", "resplit", "--cfg.source_dir", "nowhere", "--cfg.target_dir", "x"],
+     "--cfg.source_dir nowhere: no such directory"),
 ])
 def test_usage_errors(argv, message, capsys):
     assert main(argv) == 2
@@ -46,11 +49,13 @@ def test_usage_errors(argv, message, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["Qwen2_5_VLConverter", "hf_to_mm"], "Qwen2_5_VLConverter converts model_type qwen2_5_vl, but"),
-    (["Qwen2VLConverter", "hf_to_mm", "--cfg.parallel_config.tp_size", "2"], "tp_size 2: mmrun trains Qwen2-VL"),
+    (["Qwen2VLConverter", "hf_to_mm", "--cfg.parallel_config.tp_size", "0"], "tp_size must be a positive integer"),
     (["Qwen2VLConverter", "hf_to_mm", "--cfg.parallel_config.llm_pp_layers", "[[3]]"],
      "sums to 3, but the text decoder has 2 layers"),
     (["Qwen2VLConverter", "hf_to_mm", "--cfg.parallel_config.vit_pp_layers", "[[1,1]]"],
-     "splits the vision encoder over 2 pipeline stages"),
+     "puts ViT layers after the first stage"),
+    (["Qwen2VLConverter", "hf_to_mm", "--cfg.parallel_config.llm_pp_layers", "[[1,x]]"],
+     "llm_pp_layers must be a list of layer counts per pipeline stage such as [[12,16]]. Received: \"[[1,x]]\""),
 ])
 def test_what_cannot_be_converted_writes_nothing(argv, message, hf_dir, tmp_path, capsys):
     mm_dir = tmp_path / "mm"

@@ -48,6 +48,19 @@ def test_a_parallel_flag_without_use_mcore_models_says_what_happens():
         "megatron-core's GPTModel")
 
 
+def test_a_model_file_entry_gets_its_own_model_without_the_gpt_notice():
+    """models/pretrain_vlm.py (--mm-model): a split trains the entry's own model on megatron-core, so the GPT's
+    notice would be wrong; use_mcore_models tells its model_provider to build the megatron-core stages."""
+    from mmrun.training.arguments import ModelSource
+
+    source = ModelSource(flag="--mm-model", sizes={"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4},
+                         data_parallel_only=False)
+    args = parse_args([*BASE, "--tensor-model-parallel-size", "2"], world_size=2, model_source=source)
+    said: list[str] = []
+    engine = engines.create(args, "pytorch", said.append)
+    assert engine.name == "megatron-core" and args.use_mcore_models and said == []
+
+
 def test_on_mindspore_the_notice_names_the_mindspore_model():
     args = args_of("--pipeline-model-parallel-size", "2", world_size=2)
     said: list[str] = []

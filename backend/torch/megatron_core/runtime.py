@@ -62,6 +62,13 @@ def prepare() -> str:
         import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
         import megatron.core.optimizer  # noqa: F401
         import megatron.core.pipeline_parallel  # noqa: F401
+    # megatron-core 0.16's distributed optimizer calls torch.distributed.reduce_scatter_tensor /
+    # all_gather_into_tensor, which torch 2.13 announces as deprecated, once per rank and name.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r".*torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated.*")
+    # The same optimizer sets .grad on its fp32 shards (views into its buffers, not leaves) and reads it back;
+    # torch warns on reading .grad of a non-leaf tensor (every rank, first step).
+    warnings.filterwarnings("ignore", category=UserWarning, message=r".*\.grad attribute of a Tensor that is not a leaf.*")
     if kind == "cpu":
         from mmrun.backend.torch.megatron_core import cpu_shims
 

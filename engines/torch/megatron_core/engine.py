@@ -51,6 +51,10 @@ def _megatron_loss(loss_func: Callable) -> Callable:
     copy, as Megatron's own loss_func makes (`loss.clone().detach()`)."""
     def loss(output_tensor: torch.Tensor) -> Any:
         result = loss_func(output_tensor)
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+            # (loss, report) whose report holds the loss tensor itself (the VLM entry's): the schedule divides
+            # the loss by the micro-batch count in place, so the report gets its own copy first
+            return result[0], {k: _report_tensor(v) for k, v in result[1].items()}
         if not (isinstance(result, tuple) and len(result) == 3):
             return result
         value, num_tokens, report = result
@@ -152,6 +156,8 @@ class MegatronCoreEngine:
                 model.cuda(torch.cuda.current_device())  # the NPU under transfer_to_npu
             models.append(model)
         self.config = get_model_config(models[0])
+        # A model that names its checkpoint tensors otherwise says so (the VLM: MindSpeed-MM's names).
+        self.model_names = getattr(models[0], "checkpoint_names", type(self).model_names)
         if args.fp16 or args.bf16:
             models = [Float16Module(self.config, m) for m in models]
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,

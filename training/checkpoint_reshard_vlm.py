@@ -1,0 +1,77 @@
+"""Loading a Qwen2-VL checkpoint into a run of another layout: the VLM's side of checkpoint_reshard.py.
+
+Sources: a checkpoint in MindSpeed-MM's names at any (TP, PP, per-stage) split ("mindspeed-mm": the parallel
+engines' and `mmrun convert`'s), or a data-parallel one in Hugging Face names (the one-process VLM's, and
+older conversions' "hf-qwen2-vl"). Targets: the one-process VLM (Hugging Face names, the whole model) or a
+parallel engine's rank (model_names "mindspeed-mm": its share of `engine.vlm_layout` where the engine has
+one, else of the split that model.json's pipeline_num_layers give for the run's TP and PP sizes). Every rank
+reads, one tensor at a time, only the tensors of its own share (training/checkpoint_vlm.py: whole tensors joined
+from the source's shards, then split again through mm_layout); the optimizer state (Adam's moments, fp32 main
+params) goes the same way, key by key, for the parameters that have it (frozen ones have none).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Mapping
+
+from mmrun.backend.errors import UsageError
+from mmrun.engines.base import ParallelLayout, ShardState
+from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+from mmrun.training import checkpoint_vlm
+from mmrun.training.checkpoint_layout import CheckpointError
+from mmrun.training.checkpoint_store import LoadedCheckpoint
+
+VLM_NAMES = (checkpoint_vlm.MM_NAMES, checkpoint_vlm.HF_NAMES)
+
+
+def is_vlm(meta: Mapping[str, Any], args: argparse.Namespace) -> bool:
+    """A Qwen2-VL checkpoint, or a run of the VLM entry (whose data-parallel checkpoints carry the engine's
+    generic model_names)."""
+    return meta.get("model_names") in VLM_NAMES or bool(getattr(args, "mm_model", None))
+
+
+def _model_json(args: argparse.Namespace) -> Any:
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+
+    if not getattr(args, "mm_model", None):
+        raise CheckpointError("a Qwen2-VL checkpoint loads into the VLM entry only (models/pretrain_vlm.py with "
+                              "--mm-model model.json); pass the model.json it was trained with")
+    return read_model_json(args.mm_model)
+
+
+def run_layout(args: argparse.Namespace, layout: ParallelLayout) -> VLMLayout:
+    """The run's split as its engine builds it: model.json's model and pipeline_num_layers per module (where
+    they give one count per stage), else the default split for the run's TP and PP sizes."""
+    spec = _model_json(args)
+    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    lists = getattr(spec, "pipeline_layers", None) or {}
+    vit, llm = (lists.get(part) for part in ("vit", "llm"))
+    return VLMLayout.build(config, layout.tp, layout.pp, vit if vit and len(vit) == layout.pp else None,
+                           llm if llm and len(llm) == layout.pp else None)
+
+
+def reshard(probe: LoadedCheckpoint, args: argparse.Namespace, model_names: str, layout: ParallelLayout,
+            vlm_layout: VLMLayout | None = None) -> ShardState:
+    """This rank's share of a VLM checkpoint written with another layout or names (module docstring)."""
+    target = vlm_layout if vlm_layout is not None else run_layout(args, layout)
+    try:
+        source = checkpoint_vlm.open_iteration(probe.path.parent, probe.iteration, target.config)
+    except UsageError as err:
+        raise CheckpointError(str(err)) from None
+    if model_names != checkpoint_vlm.MM_NAMES:
+        target = None  # the one-process model: Hugging Face names, the whole model
+
+    def share(part: checkpoint_vlm.Source) -> dict:
+        if target is None:
+            return dict(part.hf_tensors())
+        return part.rank_tensors(target, layout.tp_rank, layout.pp_rank)
+
+    model = share(source)
+    optimizer = None
+    keys = source.optimizer_keys()
+    if keys is not None:
+        tensors = {f"{name}.{key}": value for key in keys for name, value in share(source.optimizer_state(key)).items()}
+        optimizer = {**dict(source.meta.get("optimizer") or {}), "tensors": tensors}
+    meta = {k: v for k, v in source.meta.items() if k not in ("rng_state", "optimizer", "checksums")}
+    return ShardState(model=model, optimizer=optimizer, meta={**meta, "resharded": True})
