@@ -171,6 +171,7 @@ def mcore_runs(tmp_path_factory):
 
 VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
 MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+MODEL_JSON_PP2 = ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json"  # the same model, pipeline_num_layers per stage
 # The training arguments of the runs below (MindSpeed-MM's flags; the model comes from model.json).
 VLM_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "128", "--lr", "2e-3",
             "--lr-decay-style", "cosine", "--lr-warmup-iters", "1", "--weight-decay", "0", "--clip-grad", "1.0",
@@ -204,6 +205,11 @@ def vlm(tmp_path_factory, tk):
         # whole batch has no image (the ViT still runs, on a blank image that counts zero times)
         "text-rank-dp1": ("pytorch", 1, ["--train-iters", "4", "--micro-batch-size", "1", "--global-batch-size", "2"]),
         "text-rank-dp2": ("pytorch", 2, ["--train-iters", "4", "--micro-batch-size", "1", "--global-batch-size", "2"]),
+        # megatron-core's VLM at TP=2 x PP=2 with sequence parallelism, saved at 8 (and 10): the PyTorch parallel
+        # tests check it against "pytorch", and MindSpore's resume from it and train the same layout against it
+        "mcore-tp2pp2-sp": ("pytorch", 4, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                           "--mm-model", str(MODEL_JSON_PP2), "--sequence-parallel",
+                                           "--save-interval", "8"]),
     }
 
     class Runs:

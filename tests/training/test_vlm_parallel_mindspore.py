@@ -11,7 +11,6 @@ without images) and PP=2 the first 2 of Megatron's --calculate-per-token-loss (t
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -112,17 +111,20 @@ def test_checkpoint_has_the_layouts_names_and_shards_per_rank(runs):
 
 
 @pytest.mark.slow
+def test_pytorch_and_mindspore_train_the_same_split_alike(runs):
+    """The same TP=2 x PP=2 + SP layout on both frameworks: megatron-core's VLM (conftest's "mcore-tp2pp2-sp") and
+    MindSpore's, iteration by iteration."""
+    pt, ms = runs("mcore-tp2pp2-sp"), runs("ms-tp2pp2-sp")
+    assert _gap(ms, pt, range(1, ITERS + 1)) <= TOLERANCE, (ms.losses(), pt.losses())
+
+
+@pytest.mark.slow
 def test_a_pytorch_tp2_pp2_checkpoint_resumes_on_mindspore(runs, tk):
-    """Cross-framework resume at TP=2 x PP=2: megatron-core's VLM on PyTorch saves at iteration 8 with the same
-    names per rank; MindSpore loads it and trains iterations 9 and 10 with the one-process losses."""
-    if not _has_module("mmrun.engines.torch.megatron_core.vlm"):
-        pytest.skip("needs the PyTorch TP/PP VLM (megatron-core, engines/torch/megatron_core/vlm.py: session vlmpt), "
-                    "not on this branch yet")
+    """Cross-framework resume at TP=2 x PP=2: megatron-core's VLM on PyTorch saved iteration 8 with the same names
+    per rank; MindSpore loads it and trains iterations 9 and 10 with the one-process losses."""
     split = ["--mm-model", str(PP2_JSON), "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
              "--sequence-parallel"]
-    runs.add("pt-tp2pp2-sp", "pytorch", 4, [*split, "--save-interval", "8", "--exit-interval", "8"])
-    runs("pt-tp2pp2-sp")
-    copy = tk.resume_copy(runs.ckpt("pt-tp2pp2-sp"), runs.base_dir / "pt-tp2pp2-at-8", 8)
+    copy = tk.resume_copy(runs.ckpt("mcore-tp2pp2-sp"), runs.base_dir / "pt-tp2pp2-at-8", 8)
     resumed = tk.run_training(runs.base_dir / "pt-to-ms", [*runs.args, "--mm-data", runs.data_json, *split,
                                                             "--load", str(copy)],
                               framework="mindspore", nproc=4, timeout=600, entry=runs.entry)
@@ -141,9 +143,3 @@ def test_pipeline_num_layers_that_do_not_fit_are_one_line_errors(runs, tk, tmp_p
     assert "pipeline_num_layers [2, 0] has 2 entries for 1 pipeline stages" in errors[0], errors
     assert "Traceback" not in run.output
 
-
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
