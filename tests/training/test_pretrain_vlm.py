@@ -200,9 +200,10 @@ def test_bad_inputs_stop_with_one_line_and_exit_2(vlm, tk, tmp_path):
         "ids disagree": ([*vlm.args, "--mm-model", _model_json_with(tmp_path, img_context_token_id=7),
                           "--mm-data", vlm.data_json],
                          "img_context_token_id is 7 but the tokenizer of --mm-data gives <|image_pad|> the id 5"),
-        # on PyTorch megatron-core splits the model (tests/training/test_vlm_parallel.py); not on MindSpore yet
-        "tensor parallel on mindspore": ([*vlm.args, "--mm-data", vlm.data_json, "--tensor-model-parallel-size", "2"],
-                                         "trains with data parallelism only"),
+        # both frameworks split the model (tests/training/test_vlm_parallel*.py), over as many processes as it asks
+        "tensor parallel on one process on mindspore": ([*vlm.args, "--mm-data", vlm.data_json,
+                                                         "--tensor-model-parallel-size", "2"],
+                                                        "must be a multiple of --tensor-model-parallel-size"),
     }
     for name, (args, message) in cases.items():
         framework = "mindspore" if name.endswith("mindspore") else "pytorch"
