@@ -268,6 +268,19 @@ def _virtual_stages(layers: Sequence[Any], part: str, pp: int) -> tuple[tuple[in
     return tuple(int(n) for n in layers), 1
 
 
+def virtual_chunks(layers: Sequence[Any] | None) -> int:
+    """How many virtual chunks per stage a pipeline_num_layers list gives: its outer length when it holds lists
+    (MindSpeed-MM's VPP form), else 1 (flat, or absent)."""
+    return len(layers) if layers and all(isinstance(chunk, (list, tuple)) for chunk in layers) else 1
+
+
+def stages_given(layers: Sequence[Any] | None) -> int:
+    """How many pipeline stages a pipeline_num_layers list is written for (0 when absent)."""
+    if not layers:
+        return 0
+    return len(layers[0]) if isinstance(layers[0], (list, tuple)) else len(layers)
+
+
 def _show(layers: Sequence[Any]) -> str:
     return str([list(chunk) if isinstance(chunk, (list, tuple)) else chunk for chunk in layers])
 
