@@ -29,15 +29,20 @@ TOLERANCE = 1e-5  # issue 23's bar: per-iteration loss within 1e-5 of the one-pr
 SHORT = ["--exit-interval", "4"]  # secondary layouts: the same LR schedule, 4 of the 10 iterations
 
 
+def _saved_json(vlm, name: str, raw: dict) -> str:
+    """`raw` as model.json file `name` in the fixture's folder (written once per session)."""
+    path = Path(vlm.base_dir) / name
+    if not path.exists():
+        path.write_text(json.dumps(raw))
+    return str(path)
+
+
 def _model_json(vlm, vit: list[int], llm: list[int]) -> str:
     """The demo's model.json with these pipeline_num_layers (one entry per stage), in the fixture's folder."""
     raw = json.loads(MODEL_JSON.read_text())
     raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"] = vit
     raw["text_decoder"]["pipeline_num_layers"] = llm
-    path = Path(vlm.base_dir) / f"model_vit{'-'.join(map(str, vit))}_llm{'-'.join(map(str, llm))}.json"
-    if not path.exists():
-        path.write_text(json.dumps(raw))
-    return str(path)
+    return _saved_json(vlm, f"model_vit{'-'.join(map(str, vit))}_llm{'-'.join(map(str, llm))}.json", raw)
 
 
 def _pp2(vlm) -> list[str]:
@@ -89,10 +94,7 @@ def _qwen2_5_json(vlm, stages: int) -> str:
     raw["image_encoder"]["vision_projector"]["normalization"] = "RMSNorm"
     raw["text_decoder"].update(model_id="qwen2_5_lm", untie_embeddings_and_output_weights=True,
                                pipeline_num_layers=[1, 1] if stages == 2 else [2])
-    path = Path(vlm.base_dir) / f"model_qwen2_5_pp{stages}.json"
-    if not path.exists():
-        path.write_text(json.dumps(raw))
-    return str(path)
+    return _saved_json(vlm, f"model_qwen2_5_pp{stages}.json", raw)
 
 
 @pytest.mark.slow
@@ -200,10 +202,7 @@ def _flat_lists_json(vlm, source: Path) -> str:
     """`source` without its pipeline_num_layers: the same model for one process (the default split)."""
     raw = json.loads(source.read_text())
     del raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"], raw["text_decoder"]["pipeline_num_layers"]
-    path = Path(vlm.base_dir) / f"{source.stem}_one_stage.json"
-    if not path.exists():
-        path.write_text(json.dumps(raw))
-    return str(path)
+    return _saved_json(vlm, f"{source.stem}_one_stage.json", raw)
 
 
 @pytest.mark.slow
