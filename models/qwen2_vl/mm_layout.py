@@ -338,7 +338,8 @@ class VLMLayout:
             return counts
         return [counts[v * self.pp:(v + 1) * self.pp] for v in range(self.vpp)]
 
-    def _default(self, part: str, counts: Sequence[int]) -> list[Any]:
+    def _as_written(self, part: str, counts: Sequence[int]) -> list[Any]:
+        """Flat per-virtual-stage `counts` of `part` as model.json writes them (for the errors' suggestions)."""
         return VLMLayout(self.config, self.tp, tuple(counts) if part == "vit" else self.vit_pp_layers,
                          tuple(counts) if part == "llm" else self.llm_pp_layers, self.vpp).pipeline_num_layers(part)
 
@@ -361,9 +362,9 @@ class VLMLayout:
                                   f"model has {total} layers; make the counts add up to {total}")
         where = "stage" if self.vpp == 1 else "virtual stage (chunk 0 of stage 0)"
         if any(self.vit_pp_layers[1:]):
-            raise LayoutError(f"image_encoder.vision_encoder.pipeline_num_layers {self.pipeline_num_layers('vit')} puts "
-                              f"ViT layers after the first {where}; mmrun keeps the whole ViT on stage 0: give "
-                              f"{self._default('vit', [v.depth] + [0] * (stages - 1))}")
+            raise LayoutError(f"image_encoder.vision_encoder.pipeline_num_layers {self.pipeline_num_layers('vit')} "
+                              f"puts ViT layers after the first {where}; mmrun keeps the whole ViT on stage 0: give "
+                              f"{self._as_written('vit', [v.depth] + [0] * (stages - 1))}")
         if min(self.llm_pp_layers) < 1:
             raise LayoutError(f"text_decoder.pipeline_num_layers {self.pipeline_num_layers('llm')} leaves a "
                               f"{'stage' if self.vpp == 1 else 'virtual stage'} without decoder layers; give every "

@@ -205,7 +205,8 @@ def test_a_flat_list_is_one_virtual_chunk_and_the_defaults_follow_the_chunks():
     flat = VLMLayout.build(cfg, pp=2, vit_pp_layers=[2, 0], llm_pp_layers=[2, 2], vpp=1)
     assert flat.vpp == 1 and "text_decoder.decoder.layers.1.input_layernorm.weight" in flat.rank_shapes(0, 0)
     default = VLMLayout.build(cfg, pp=2, vpp=2)
-    assert default.pipeline_num_layers("vit") == [[2, 0], [0, 0]] and default.pipeline_num_layers("llm") == [[1, 1], [1, 1]]
+    assert default.pipeline_num_layers("vit") == [[2, 0], [0, 0]]
+    assert default.pipeline_num_layers("llm") == [[1, 1], [1, 1]]
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -30,8 +30,8 @@ per stage as `llm_pp_layers` says, given to megatron-core as its pipeline_model_
 allows any per-stage counts). Virtual pipeline stages (--virtual-pipeline-model-parallel-size, model.json's
 lists of lists) are the same layout with one entry per virtual stage, chunk-major as megatron-core reads it:
 each model chunk is a Qwen2VLStage built for its vp_stage, the ViT on chunk 0 of stage 0 only, and
-megatron-core's interleaved 1F1B schedule runs them. Sequences change length from batch to batch, so the schedule sends shapes
-first (TransformerConfig.variable_seq_lengths). Sequence parallelism covers the text decoder; the ViT and
+megatron-core's interleaved 1F1B schedule runs them. Sequences change length from batch to batch, so the
+schedule sends shapes first (TransformerConfig.variable_seq_lengths). Sequence parallelism covers the text decoder; the ViT and
 projector see the whole (replicated) patch sequence on every tensor-parallel rank (their norms' gradients
 are then equal on every rank and need no sum).
 
