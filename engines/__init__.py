@@ -175,8 +175,9 @@ def core_vlm_model(args: argparse.Namespace, config: Any, pipeline_layers: Mappi
     """This pipeline stage of Qwen2-VL / Qwen2.5-VL (a models.qwen2_vl Qwen2VLConfig) on megatron-core, with
     MindSpeed-MM's names per (TP, PP) rank, starting from the one-process run's weights for --seed, or from
     an HF model's tensors (`read_hf(hf name) -> array`) when given (engines/torch/megatron_core/vlm.py).
-    `pipeline_layers`: model.json's pipeline_num_layers per module ({"vit": [...], "llm": [...]}, None = the
-    layout's default split); `frozen`: model.json's freeze switches (no gradients, no optimizer state).
+    `pipeline_layers`: model.json's pipeline_num_layers per module ({"vit": [...], "llm": [...]}, flat or one
+    list per virtual chunk; None = the layout's default split); `vp_stage`: the model chunk (virtual stage);
+    `frozen`: model.json's freeze switches (no gradients, no optimizer state).
     mmrun.training.core_vlm_model passes the run's arguments."""
     if args.ai_framework != "pytorch":
         raise RuntimeError(f"the megatron-core VLM is a PyTorch model. Received: --ai-framework {args.ai_framework}")
@@ -184,6 +185,6 @@ def core_vlm_model(args: argparse.Namespace, config: Any, pipeline_layers: Mappi
 
     layers = pipeline_layers or {}
     layout = vlm.build_layout(args, config, layers.get("vit"), layers.get("llm"))
-    model = vlm.vlm_model(args, layout, pre_process, post_process, read_hf=read_hf)
+    model = vlm.vlm_model(args, layout, pre_process, post_process, read_hf=read_hf, vp_stage=vp_stage)
     vlm.freeze(model, **(frozen or {}))
     return model

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from mmrun.backend.errors import UsageError
 from mmrun.engines.base import ParallelLayout, ShardState
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+from mmrun.models.qwen2_vl.mm_layout import VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
 from mmrun.training.checkpoint_store import LoadedCheckpoint
@@ -46,9 +46,12 @@ def run_layout(args: argparse.Namespace, layout: ParallelLayout) -> VLMLayout:
     spec = _model_json(args)
     config = Qwen2VLConfig.from_hf_config(spec.hf_config)
     lists = getattr(spec, "pipeline_layers", None) or {}
-    vit, llm = (lists.get(part) for part in ("vit", "llm"))
-    return VLMLayout.build(config, layout.tp, layout.pp, vit if vit and len(vit) == layout.pp else None,
-                           llm if llm and len(llm) == layout.pp else None)
+
+    def fitting(layers: Any) -> Any:  # model.json's list where it is written for this run's stages and chunks
+        return layers if (stages_given(layers) == layout.pp and virtual_chunks(layers) == layout.vpp) else None
+
+    vit, llm = (fitting(lists.get(part)) for part in ("vit", "llm"))
+    return VLMLayout.build(config, layout.tp, layout.pp, vit, llm, vpp=layout.vpp)
 
 
 def reshard(probe: LoadedCheckpoint, args: argparse.Namespace, model_names: str, layout: ParallelLayout,

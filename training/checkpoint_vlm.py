@@ -49,6 +49,7 @@ HF_NAMES = "hf-qwen2-vl"  # Hugging Face names, one shard: the data-parallel VLM
 CHECKPOINT_DTYPE = np.dtype(np.float32)
 PROGRESS_MIN_BYTES = 1 << 30  # progress lines for conversions of at least this many bytes
 _RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?")
+_CHUNK_PREFIX = re.compile(r"model(\d+)\.")  # a virtual pipeline chunk's tensors (mm_layout.chunk_prefix)
 
 
 class Progress:
@@ -199,8 +200,8 @@ class Source:
         where = f"iteration {self.iteration}" if isinstance(self.iteration, int) else str(self.iteration)
         if self.names == HF_NAMES:
             return f"{where}; Hugging Face names, one data-parallel shard"
-        return (f"{where}; MindSpeed-MM names, tp_size {lay.tp}, vit_pp_layers {list(lay.vit_pp_layers)}, "
-                f"llm_pp_layers {list(lay.llm_pp_layers)}")
+        return (f"{where}; MindSpeed-MM names, tp_size {lay.tp}, vit_pp_layers {lay.pipeline_num_layers('vit')}, "
+                f"llm_pp_layers {lay.pipeline_num_layers('llm')}")
 
     # ------------------------------------------------------------------ optimizer state
 
@@ -250,7 +251,8 @@ class Source:
         """What rank (tp_rank, pp_rank) of `target` holds (what the checkpoint holds of it), in its local names."""
         out = {}
         for local in target.rank_shapes(tp_rank, pp_rank):
-            name = (mm_layout.WORD_EMBEDDINGS if local == mm_layout.OUTPUT_LAYER and target.ties_output_copy
+            inner = target.split_chunk(local)[1]
+            name = (mm_layout.WORD_EMBEDDINGS if inner == mm_layout.OUTPUT_LAYER and target.ties_output_copy
                     else target.global_name(pp_rank, local))
             if self.has_mm(name):
                 out[local] = target.shard(local, self.read_mm(name), tp_rank)
@@ -319,8 +321,8 @@ def open_iteration(path: Path, iteration: int | str, config: Qwen2VLConfig | Non
 
 
 def _names_of(rank: _Rank, config: Qwen2VLConfig) -> str:
-    if mm_layout.WORD_EMBEDDINGS in rank.model or any(n.startswith(("image_encoder.", "text_decoder."))
-                                                      for n in rank.model):
+    inner = [_CHUNK_PREFIX.sub("", n, count=1) if _CHUNK_PREFIX.match(n) else n for n in rank.model]
+    if any(n.startswith(("image_encoder.", "text_decoder.")) for n in inner):
         return MM_NAMES
     if "model.embed_tokens.weight" in rank.model or any(n.startswith("visual.") for n in rank.model):
         return HF_NAMES
@@ -332,7 +334,10 @@ def _names_of(rank: _Rank, config: Qwen2VLConfig) -> str:
 def _layout_from_files(path: Path, ranks: Mapping[tuple[int, int], _Rank], config: Qwen2VLConfig) -> VLMLayout:
     tp = 1 + max(t for t, _ in ranks)
     pp = 1 + max(p for _, p in ranks)
-    vit, llm = [], []
+    # virtual pipeline chunks: the engine's `model{v}.` name prefixes (none: one chunk per stage)
+    chunks = 1 + max((int(m.group(1)) for rank in ranks.values() for name in rank.model
+                      for m in [_CHUNK_PREFIX.match(name)] if m), default=-1)
+    vit, llm = ([[0] * pp for _ in range(max(chunks, 1))] for _ in range(2))
     for p in range(pp):
         names = set(ranks[(0, p)].model)
         for t in range(1, tp):
@@ -341,8 +346,12 @@ def _layout_from_files(path: Path, ranks: Mapping[tuple[int, int], _Rank], confi
                 raise CheckpointError(f"{ranks[(t, p)].path} and {ranks[(0, p)].path} hold different tensors "
                                       f"({', '.join(differ[:3])}); the rank directories come from different "
                                       "splits: copy one checkpoint's directories only")
-        vit.append(_stage_layers(names, VISION_LAYERS))
-        llm.append(_stage_layers(names, TEXT_LAYERS))
+        for v in range(max(chunks, 1)):
+            prefix = mm_layout.chunk_prefix(v, chunks)
+            vit[v][p] = _stage_layers(names, prefix + VISION_LAYERS)
+            llm[v][p] = _stage_layers(names, prefix + TEXT_LAYERS)
+    if chunks <= 1:
+        vit, llm = vit[0], llm[0]
     try:
         layout = VLMLayout.build(config, tp, pp, vit, llm)
     except mm_layout.LayoutError as err:
@@ -402,7 +411,7 @@ def write_checkpoint(root: str | os.PathLike, layout: VLMLayout, tensors: Iterab
             digest = tensor_digest(SafetensorsFile(rank_dir / checkpoint_io.MODEL_FILE))
             info = {"format": checkpoint_io.FORMAT, "version": checkpoint_io.VERSION, **meta,
                     "iteration": meta.get("iteration", 0), "model_names": MM_NAMES,
-                    "parallel": {"tp": layout.tp, "pp": layout.pp, "vpp": 1, "cp": 1, "dp": 1, "tp_rank": t,
+                    "parallel": {"tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": 1, "dp": 1, "tp_rank": t,
                                  "pp_rank": p},
                     "hf_config": layout.config.to_hf_config(), "checksums": {"model": digest}}
             with open(rank_dir / checkpoint_io.META_FILE, "w", encoding="utf-8") as f:

@@ -2,7 +2,8 @@
 
     hf_to_mm   a Hugging Face directory -> `<mm_dir>/release`, one rank directory per (TP, PP) rank in
                MindSpeed-MM's names (models/qwen2_vl/checkpoint_vlm.py), split as --cfg.parallel_config says
-               (tp_size, vit_pp_layers, llm_pp_layers: model.json's pipeline_num_layers); what --load takes
+               (tp_size, vit_pp_layers, llm_pp_layers: model.json's pipeline_num_layers, one list per virtual
+               pipeline chunk for VPP: [[2,0],[0,0]], chunk-major); what --load takes
                (with --no-load-optim --no-load-rng as MindSpeed-MM's scripts pass them, or --finetune)
     mm_to_hf   the newest checkpoint of `<mm_dir>` (any split, or a data-parallel run's checkpoint in Hugging Face
                names) -> a Hugging Face directory `<save_hf_dir>` that transformers loads, in the dtype of
@@ -25,7 +26,7 @@ from typing import Any, Callable
 from mmrun.backend.errors import UsageError
 from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout
+from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
 
 CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl"}
@@ -65,18 +66,20 @@ def _config(converter: str, hf_dir: str) -> Qwen2VLConfig:
     return _check_model_type(converter, config, f"{hf_dir}/config.json")
 
 
-def _stage_layers(value: Any, option: str) -> list[int]:
-    """[[12,16]] (hf_to_mm's form: one list per virtual pipeline chunk) or [12,16] (mm_to_hf's) -> per-stage counts."""
+def _stage_layers(value: Any, option: str) -> list[Any]:
+    """[[12,16]] (hf_to_mm's form: one list per virtual pipeline chunk) or [12,16] (mm_to_hf's) -> per-stage
+    counts; two or more chunks ([[6,7],[7,8]]: virtual pipeline stages, chunk-major) stay a list per chunk."""
+    def counts(values: Any) -> bool:
+        return isinstance(values, list) and bool(values) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+
     if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
-        if len(value) > 1:
-            raise UsageError(f"--cfg.{option} {json.dumps(value)} gives {len(value)} virtual pipeline chunks per "
-                             "stage; mmrun's VLM checkpoints hold one model chunk per stage: give one list, e.g. "
-                             f"{json.dumps([sum(map(sum, value))])}")
-        value = value[0]
-    if not (isinstance(value, list) and value and all(isinstance(v, int) and v >= 0 for v in value)):
-        raise UsageError(f"--cfg.{option} must be a list of layer counts per pipeline stage such as "
-                         f"[[12,16]]. Received: {json.dumps(value)}")
-    return value
+        if all(counts(chunk) for chunk in value) and len({len(chunk) for chunk in value}) == 1:
+            return value[0] if len(value) == 1 else value
+    elif counts(value):
+        return value
+    raise UsageError(f"--cfg.{option} must be a list of layer counts per pipeline stage such as [[12,16]] (one "
+                     f"list per virtual pipeline chunk, each as long as the others). Received: {json.dumps(value)}")
 
 
 def _layout(cfg: dict[str, Any], key: str, config: Qwen2VLConfig) -> VLMLayout:
@@ -93,15 +96,16 @@ def _layout(cfg: dict[str, Any], key: str, config: Qwen2VLConfig) -> VLMLayout:
              if name in parallel}
     for name, total, what in (("vit_pp_layers", config.vision.depth, "vision encoder"),
                               ("llm_pp_layers", config.text.num_hidden_layers, "text decoder")):
-        if name in given and sum(given[name]) != total:
-            raise LayoutError(f"--cfg.{key}.{name} {json.dumps(parallel[name])} sums to {sum(given[name])}, but the "
+        held = sum(_flat(given[name])) if name in given else total
+        if held != total:
+            raise LayoutError(f"--cfg.{key}.{name} {json.dumps(parallel[name])} sums to {held}, but the "
                               f"{what} has {total} layers; they must match (model.json's pipeline_num_layers)")
-    lengths = {len(v) for v in given.values()}
-    if len(lengths) > 1:
+    shapes = {(stages_given(v), virtual_chunks(v)) for v in given.values()}
+    if len(shapes) > 1:
         raise LayoutError(f"--cfg.{key}.vit_pp_layers {json.dumps(parallel['vit_pp_layers'])} and llm_pp_layers "
-                          f"{json.dumps(parallel['llm_pp_layers'])} give different numbers of pipeline stages; give "
-                          "one entry per stage to both")
-    pp = lengths.pop() if lengths else 1
+                          f"{json.dumps(parallel['llm_pp_layers'])} give different numbers of pipeline stages or "
+                          "virtual chunks; give both one entry per stage and the same number of chunks")
+    pp = shapes.pop()[0] if shapes else 1
     try:
         return VLMLayout.build(config, tp, pp, given.get("vit_pp_layers"), given.get("llm_pp_layers"))
     except LayoutError as err:
@@ -109,9 +113,13 @@ def _layout(cfg: dict[str, Any], key: str, config: Qwen2VLConfig) -> VLMLayout:
                           f"{config.model_type} model: {err}") from None
 
 
+def _flat(layers: list[Any]) -> list[int]:
+    return [n for chunk in layers for n in chunk] if virtual_chunks(layers) > 1 else list(layers)
+
+
 def _describe(layout: VLMLayout) -> str:
-    return (f"tp_size {layout.tp}, vit_pp_layers {list(layout.vit_pp_layers)}, llm_pp_layers "
-            f"{list(layout.llm_pp_layers)}")
+    return (f"tp_size {layout.tp}, vit_pp_layers {layout.pipeline_num_layers('vit')}, llm_pp_layers "
+            f"{layout.pipeline_num_layers('llm')}")
 
 
 def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Source) -> None:
@@ -122,8 +130,8 @@ def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Sou
     given = _layout(cfg, key, source.config)
     held = VLMLayout.build(source.config) if source.names == checkpoint_vlm.HF_NAMES else source.layout
     keys = [name for name in ("tp_size", "vit_pp_layers", "llm_pp_layers") if name in cfg[key]]
-    fields = {"tp_size": lambda lay: lay.tp, "vit_pp_layers": lambda lay: lay.vit_pp_layers,
-              "llm_pp_layers": lambda lay: lay.llm_pp_layers}
+    fields = {"tp_size": lambda lay: lay.tp, "vit_pp_layers": lambda lay: lay.pipeline_num_layers("vit"),
+              "llm_pp_layers": lambda lay: lay.pipeline_num_layers("llm")}
     if any(fields[name](given) != fields[name](held) for name in keys):
         what = "data-parallel checkpoint" if source.names == checkpoint_vlm.HF_NAMES else "checkpoint"
         raise UsageError(f"--cfg.{key} ({_describe(given)}) does not match the {what} in {source.path}, which holds "

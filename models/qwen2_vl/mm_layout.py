@@ -32,12 +32,20 @@ Pipeline parallelism: `vit_pp_layers` / `llm_pp_layers` hold one layer count per
 `pipeline_num_layers`, mm-convert's `--cfg.parallel_config.vit_pp_layers` / `llm_pp_layers`). mmrun keeps the whole
 ViT and its projector on the first stage, next to the word embeddings, and every stage holds at least one decoder
 layer: the vision features then never cross stages, and each stage sends the same [seq, batch, hidden] activations.
+
+Virtual pipeline stages (VPP): MindSpeed-MM writes pipeline_num_layers as a list of lists, outer = virtual chunk,
+inner = pipeline rank (vit [[2, 0], [0, 0]], llm [[1, 1], [1, 1]]); the forward order is chunk-major (rank 0 chunk 0,
+rank 1 chunk 0, ..., rank 0 chunk 1, ...), megatron-core's pipeline_model_parallel_layout order. The layout keeps
+them flat in that order (`vit_pp_layers[v * pp + r]`) with `vpp` chunks; the ViT sits on the very first virtual
+stage and every virtual stage holds a decoder layer. A rank's tensors of chunk v are named `model{v}.` + the local
+name (megatron-core engine's checkpoint names), layer numbers local to each virtual stage; a flat list is vpp = 1.
 """
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -52,6 +60,8 @@ TEXT_LAYERS = TEXT + "decoder.layers."
 WORD_EMBEDDINGS = TEXT + "embedding.word_embeddings.weight"
 OUTPUT_LAYER = TEXT + "output_layer.weight"
 PARTS = ("vit", "llm")
+_FLAGS = {"vit": "image_encoder.vision_encoder", "llm": "text_decoder"}  # model.json's section of each part
+_CHUNK = re.compile(r"model(\d+)\.")  # a virtual chunk's name prefix, as the megatron-core engine writes it
 
 # How a tensor splits over tensor-parallel ranks.
 COLUMN, ROW, GLU, REPLICATED = "column", "row", "glu", "replicated"
@@ -237,49 +247,128 @@ def _even_split(total: int, stages: int) -> tuple[int, ...]:
     return tuple(base + (1 if s >= stages - extra else 0) for s in range(stages))  # the remainder on later stages
 
 
+def chunk_prefix(vp_stage: int, vpp: int) -> str:
+    """The name prefix of virtual chunk `vp_stage`'s tensors: `model{v}.` with 2+ chunks, none with one."""
+    return f"model{vp_stage}." if vpp > 1 else ""
+
+
+def _virtual_stages(layers: Sequence[Any], part: str, pp: int) -> tuple[tuple[int, ...], int]:
+    """model.json's pipeline_num_layers (flat: one count per stage; nested: one list per virtual chunk, each one
+    count per stage) -> (counts per virtual stage in forward order, chunks)."""
+    if layers and all(isinstance(chunk, (list, tuple)) for chunk in layers):
+        for chunk in layers:
+            if len(chunk) != pp:
+                raise LayoutError(f"{_FLAGS[part]}.pipeline_num_layers {_show(layers)} has a virtual chunk of "
+                                  f"{len(chunk)} entries for {pp} pipeline stages (--pipeline-model-parallel-size "
+                                  f"{pp}); give each chunk one count per stage")
+        return tuple(int(n) for chunk in layers for n in chunk), len(layers)
+    if any(isinstance(n, (list, tuple)) for n in layers):
+        raise LayoutError(f"{_FLAGS[part]}.pipeline_num_layers {_show(layers)} mixes counts and lists; give one "
+                          "count per stage, or one list per virtual chunk")
+    return tuple(int(n) for n in layers), 1
+
+
+def virtual_chunks(layers: Sequence[Any] | None) -> int:
+    """How many virtual chunks per stage a pipeline_num_layers list gives: its outer length when it holds lists
+    (MindSpeed-MM's VPP form), else 1 (flat, or absent)."""
+    return len(layers) if layers and all(isinstance(chunk, (list, tuple)) for chunk in layers) else 1
+
+
+def stages_given(layers: Sequence[Any] | None) -> int:
+    """How many pipeline stages a pipeline_num_layers list is written for (0 when absent)."""
+    if not layers:
+        return 0
+    return len(layers[0]) if isinstance(layers[0], (list, tuple)) else len(layers)
+
+
+def _show(layers: Sequence[Any]) -> str:
+    return str([list(chunk) if isinstance(chunk, (list, tuple)) else chunk for chunk in layers])
+
+
 @dataclass(frozen=True)
 class VLMLayout:
-    """One Qwen2-VL model split over `tp` tensor-parallel ranks and len(llm_pp_layers) pipeline stages."""
+    """One Qwen2-VL model split over `tp` tensor-parallel ranks, pipeline stages and `vpp` virtual chunks per
+    stage: `vit_pp_layers` / `llm_pp_layers` hold one count per virtual stage in forward order (chunk-major)."""
 
     config: Qwen2VLConfig
     tp: int
     vit_pp_layers: tuple[int, ...]
     llm_pp_layers: tuple[int, ...]
+    vpp: int = 1
 
     @classmethod
-    def build(cls, config: Qwen2VLConfig, tp: int = 1, pp: int = 1, vit_pp_layers: Sequence[int] | None = None,
-              llm_pp_layers: Sequence[int] | None = None) -> "VLMLayout":
-        """The layout, checked (LayoutError names what does not fit). Per-stage lists default to the whole ViT
-        on stage 0 and the decoder layers split evenly (the remainder on the later stages)."""
-        vit = tuple(vit_pp_layers) if vit_pp_layers is not None else (config.vision.depth,) + (0,) * (pp - 1)
-        llm = tuple(llm_pp_layers) if llm_pp_layers is not None else _even_split(config.text.num_hidden_layers, pp)
-        layout = cls(config, int(tp), tuple(int(n) for n in vit), tuple(int(n) for n in llm))
+    def build(cls, config: Qwen2VLConfig, tp: int = 1, pp: int = 1, vit_pp_layers: Sequence[Any] | None = None,
+              llm_pp_layers: Sequence[Any] | None = None, vpp: int | None = None) -> "VLMLayout":
+        """The layout, checked (LayoutError names what does not fit). The lists are MindSpeed-MM's (flat, or one
+        list per virtual chunk); `vpp` is the run's --virtual-pipeline-model-parallel-size (None: the lists say).
+        Lists left out default to the whole ViT on the first stage and the decoder layers split evenly over the
+        virtual stages (the remainder on the later ones)."""
+        given = {part: _virtual_stages(layers, part, pp) for part, layers in (("vit", vit_pp_layers),
+                                                                              ("llm", llm_pp_layers))
+                 if layers is not None}
+        chunks = {part: v for part, (_, v) in given.items()}
+        if len(set(chunks.values())) > 1:
+            raise LayoutError(f"image_encoder.vision_encoder.pipeline_num_layers {_show(vit_pp_layers or [])} and "
+                              f"text_decoder.pipeline_num_layers {_show(llm_pp_layers or [])} give {chunks['vit']} and "
+                              f"{chunks['llm']} virtual chunks; give both the same form")
+        found = next(iter(chunks.values()), None)
+        if vpp is not None and found is not None and found != vpp:
+            part = next(iter(chunks))
+            lists = {"vit": vit_pp_layers, "llm": llm_pp_layers}[part] or []
+            raise LayoutError(f"{_FLAGS[part]}.pipeline_num_layers {_show(lists)} "
+                              f"holds {found} virtual chunk{'s' if found > 1 else ''} per stage, but the run has "
+                              f"--virtual-pipeline-model-parallel-size {vpp}; pass {found}, or give "
+                              f"{'one list per virtual chunk' if vpp > 1 else 'one flat count per stage'}")
+        vpp = int(vpp or found or 1)
+        stages = pp * vpp
+        vit = given["vit"][0] if "vit" in given else (config.vision.depth,) + (0,) * (stages - 1)
+        llm = given["llm"][0] if "llm" in given else _even_split(config.text.num_hidden_layers, stages)
+        layout = cls(config, int(tp), vit, llm, vpp)
         layout.check(pp)
         return layout
 
     @property
     def pp(self) -> int:
-        return len(self.llm_pp_layers)
+        return len(self.llm_pp_layers) // self.vpp
+
+    def pipeline_num_layers(self, part: str) -> list[Any]:
+        """`part`'s counts as model.json writes them: flat per stage, or one list per virtual chunk (vpp > 1)."""
+        counts = list({"vit": self.vit_pp_layers, "llm": self.llm_pp_layers}[part])
+        if self.vpp == 1:
+            return counts
+        return [counts[v * self.pp:(v + 1) * self.pp] for v in range(self.vpp)]
+
+    def _as_written(self, part: str, counts: Sequence[int]) -> list[Any]:
+        """Flat per-virtual-stage `counts` of `part` as model.json writes them (for the errors' suggestions)."""
+        return VLMLayout(self.config, self.tp, tuple(counts) if part == "vit" else self.vit_pp_layers,
+                         tuple(counts) if part == "llm" else self.llm_pp_layers, self.vpp).pipeline_num_layers(part)
 
     def check(self, pp: int | None = None) -> None:
         """One-line LayoutError for the first thing the split cannot hold."""
         v, t = self.config.vision, self.config.text
         pp = self.pp if pp is None else pp
-        for what, layers, total, flag in (("vision", self.vit_pp_layers, v.depth, "image_encoder.vision_encoder"),
-                                          ("text", self.llm_pp_layers, t.num_hidden_layers, "text_decoder")):
-            if len(layers) != pp:
+        stages = pp * self.vpp
+        if self.vpp > 1 and pp < 2:
+            raise LayoutError(f"virtual pipeline stages ({self.vpp} chunks per stage) need "
+                              f"--pipeline-model-parallel-size 2 or more; received {pp}")
+        for what, part, total in (("vision", "vit", v.depth), ("text", "llm", t.num_hidden_layers)):
+            layers, flag = {"vit": self.vit_pp_layers, "llm": self.llm_pp_layers}[part], _FLAGS[part]
+            shown = self.pipeline_num_layers(part) if len(layers) == stages else list(layers)
+            if len(layers) != stages:
                 raise LayoutError(f"{flag}.pipeline_num_layers {list(layers)} has {len(layers)} entries for "
                                   f"{pp} pipeline stages (--pipeline-model-parallel-size {pp}); give one per stage")
             if sum(layers) != total or min(layers) < 0:
-                raise LayoutError(f"{flag}.pipeline_num_layers {list(layers)} sums to {sum(layers)}, but the {what} "
+                raise LayoutError(f"{flag}.pipeline_num_layers {shown} sums to {sum(layers)}, but the {what} "
                                   f"model has {total} layers; make the counts add up to {total}")
+        where = "stage" if self.vpp == 1 else "virtual stage (chunk 0 of stage 0)"
         if any(self.vit_pp_layers[1:]):
-            raise LayoutError(f"image_encoder.vision_encoder.pipeline_num_layers {list(self.vit_pp_layers)} puts ViT "
-                              f"layers after the first stage; mmrun keeps the whole ViT on stage 0: give "
-                              f"{[v.depth] + [0] * (pp - 1)}")
+            raise LayoutError(f"image_encoder.vision_encoder.pipeline_num_layers {self.pipeline_num_layers('vit')} "
+                              f"puts ViT layers after the first {where}; mmrun keeps the whole ViT on stage 0: give "
+                              f"{self._as_written('vit', [v.depth] + [0] * (stages - 1))}")
         if min(self.llm_pp_layers) < 1:
-            raise LayoutError(f"text_decoder.pipeline_num_layers {list(self.llm_pp_layers)} leaves a stage without "
-                              "decoder layers; give every stage at least one")
+            raise LayoutError(f"text_decoder.pipeline_num_layers {self.pipeline_num_layers('llm')} leaves a "
+                              f"{'stage' if self.vpp == 1 else 'virtual stage'} without decoder layers; give every "
+                              f"{'stage' if self.vpp == 1 else 'virtual stage'} at least one")
         needs = {"vision num_attention_heads": v.num_heads, "vision ffn_hidden_size": v.intermediate_size,
                  "projector ffn_hidden_size": v.hidden_size * v.spatial_merge_size ** 2,
                  "text num_attention_heads": t.num_attention_heads, "text num_query_groups": t.num_key_value_heads,
@@ -291,11 +380,17 @@ class VLMLayout:
 
     # ------------------------------------------------------------------ stages
 
-    def stage_layers(self, part: str, pp_rank: int) -> range:
-        """Global layer indices of `part` ("vit" or "llm") on pipeline stage `pp_rank`."""
+    def stage_layers(self, part: str, pp_rank: int, vp_stage: int = 0) -> range:
+        """Global layer indices of `part` ("vit" or "llm") on pipeline stage `pp_rank`, virtual chunk `vp_stage`."""
         counts = {"vit": self.vit_pp_layers, "llm": self.llm_pp_layers}[part]
-        start = sum(counts[:pp_rank])
-        return range(start, start + counts[pp_rank])
+        index = vp_stage * self.pp + pp_rank
+        start = sum(counts[:index])
+        return range(start, start + counts[index])
+
+    def split_chunk(self, local_name: str) -> tuple[int, str]:
+        """(virtual chunk, name inside the chunk) of a rank's tensor name (chunk 0, the name itself, at vpp 1)."""
+        found = _CHUNK.match(local_name) if self.vpp > 1 else None
+        return (int(found.group(1)), local_name[found.end():]) if found else (0, local_name)
 
     @property
     def ties_output_copy(self) -> bool:
@@ -304,33 +399,37 @@ class VLMLayout:
 
     def _stage_of(self, name: str) -> tuple[int, str]:
         """(pipeline stage, local name) of a global MindSpeed-MM name."""
+        last = (self.pp - 1, chunk_prefix(self.vpp - 1, self.vpp))
         for prefix, part in ((VISION_LAYERS, "vit"), (TEXT_LAYERS, "llm")):
             if name.startswith(prefix):
                 index, _, rest = name[len(prefix):].partition(".")
                 layer = int(index)
-                for stage in range(self.pp):
-                    layers = self.stage_layers(part, stage)
-                    if layer in layers:
-                        return stage, f"{prefix}{layer - layers.start}.{rest}"
+                for chunk in range(self.vpp):
+                    for stage in range(self.pp):
+                        layers = self.stage_layers(part, stage, chunk)
+                        if layer in layers:
+                            return stage, f"{chunk_prefix(chunk, self.vpp)}{prefix}{layer - layers.start}.{rest}"
                 raise KeyError(name)
         if name.startswith(TEXT + "decoder.final_layernorm.") or name == OUTPUT_LAYER:
-            return self.pp - 1, name
-        return 0, name  # the ViT's and projector's other tensors, the word embeddings
+            return last[0], last[1] + name
+        return 0, chunk_prefix(0, self.vpp) + name  # the ViT's and projector's other tensors, the word embeddings
 
     def locate(self, name: str) -> list[tuple[int, str]]:
         """Where a global tensor lives: [(pipeline stage, local name)], two places for tied embeddings over
         2+ stages (the last stage's copy is its output_layer)."""
         places = [self._stage_of(name)]
         if name == WORD_EMBEDDINGS and self.ties_output_copy:
-            places.append((self.pp - 1, OUTPUT_LAYER))
+            places.append((self.pp - 1, chunk_prefix(self.vpp - 1, self.vpp) + OUTPUT_LAYER))
         return places
 
     def global_name(self, pp_rank: int, local_name: str) -> str:
-        """The inverse of locate for one place (the tied copy maps to itself: it is no tensor of the HF model)."""
+        """The inverse of locate for one place (the tied copy maps to output_layer: it is no tensor of the HF
+        model)."""
+        chunk, local_name = self.split_chunk(local_name)
         for prefix, part in ((VISION_LAYERS, "vit"), (TEXT_LAYERS, "llm")):
             if local_name.startswith(prefix):
                 index, _, rest = local_name[len(prefix):].partition(".")
-                return f"{prefix}{self.stage_layers(part, pp_rank).start + int(index)}.{rest}"
+                return f"{prefix}{self.stage_layers(part, pp_rank, chunk).start + int(index)}.{rest}"
         return local_name
 
     def full_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -339,22 +438,23 @@ class VLMLayout:
         return {name: _fused_shape(recipe, hf) for name, recipe in _recipes(self.config).items()}
 
     def rank_shapes(self, tp_rank: int, pp_rank: int) -> dict[str, tuple[int, ...]]:
-        """What rank (tp_rank, pp_rank) holds: local name -> shard shape, in the model's order."""
+        """What rank (tp_rank, pp_rank) holds: local name -> shard shape, chunk by chunk in the model's order."""
         del tp_rank  # every tensor-parallel rank holds the same shapes
         out: dict[str, tuple[int, ...]] = {}
         for name, shape in self.full_shapes().items():
             for stage, local in self.locate(name):
                 if stage == pp_rank:
                     out[local] = self.shard_shape(name, shape)
+        copy = chunk_prefix(self.vpp - 1, self.vpp) + OUTPUT_LAYER
         if self.ties_output_copy and pp_rank == self.pp - 1:
-            out[OUTPUT_LAYER] = out.pop(OUTPUT_LAYER)  # the copy sits last, where an untied output layer would
-        return out
+            out[copy] = out.pop(copy)  # the copy sits last, where an untied output layer would
+        return dict(sorted(out.items(), key=lambda item: self.split_chunk(item[0])[0]))  # stable: model order
 
     # ------------------------------------------------------------------ tensor parallelism
 
     def split_kind(self, name: str) -> str:
         """COLUMN, ROW, GLU or REPLICATED: how megatron-core splits this tensor over tensor-parallel ranks."""
-        module, _, param = name.rpartition(".")
+        module, _, param = self.split_chunk(name)[1].rpartition(".")
         if module.endswith(("word_embeddings", "output_layer", "linear_qkv", "projector.encoder.linear_fc1")):
             return COLUMN
         if module.endswith("mlp.linear_fc1"):
@@ -406,13 +506,18 @@ class VLMLayout:
 
     # ------------------------------------------------------------------ one rank's tensors
 
-    def rank_state(self, read_mm: Callable[[str], np.ndarray], tp_rank: int, pp_rank: int) -> dict[str, np.ndarray]:
-        """Rank (tp_rank, pp_rank)'s tensors from whole global tensors (`read_mm(global name)`)."""
+    def rank_state(self, read_mm: Callable[[str], np.ndarray], tp_rank: int, pp_rank: int,
+                   vp_stage: int | None = None) -> dict[str, np.ndarray]:
+        """Rank (tp_rank, pp_rank)'s tensors from whole global tensors (`read_mm(global name)`); with `vp_stage`,
+        only that virtual chunk's, named inside the chunk (no `model{v}.` prefix: what the chunk's module holds)."""
         out = {}
         for local in self.rank_shapes(tp_rank, pp_rank):
-            source = WORD_EMBEDDINGS if (local == OUTPUT_LAYER and self.ties_output_copy) else \
+            chunk, inner = self.split_chunk(local)
+            if vp_stage is not None and chunk != vp_stage:
+                continue
+            source = WORD_EMBEDDINGS if (inner == OUTPUT_LAYER and self.ties_output_copy) else \
                 self.global_name(pp_rank, local)
-            out[local] = self.shard(local, read_mm(source), tp_rank)
+            out[local if vp_stage is None else inner] = self.shard(local, read_mm(source), tp_rank)
         return out
 
 
@@ -431,10 +536,10 @@ def mm_reader(config: Qwen2VLConfig, read_hf: Callable[[str], np.ndarray]) -> Ca
 
 
 def rank_state_from_hf(layout: VLMLayout, read_hf: Callable[[str], np.ndarray], tp_rank: int,
-                       pp_rank: int) -> dict[str, np.ndarray]:
-    """Rank (tp_rank, pp_rank)'s tensors from a Hugging Face model's (`read_hf(hf name)`), e.g. --load of an HF
-    directory under tensor/pipeline parallelism."""
-    return layout.rank_state(mm_reader(layout.config, read_hf), tp_rank, pp_rank)
+                       pp_rank: int, vp_stage: int | None = None) -> dict[str, np.ndarray]:
+    """Rank (tp_rank, pp_rank)'s tensors (one virtual chunk's with `vp_stage`, see rank_state) from a Hugging Face
+    model's (`read_hf(hf name)`), e.g. --load of an HF directory under tensor/pipeline parallelism."""
+    return layout.rank_state(mm_reader(layout.config, read_hf), tp_rank, pp_rank, vp_stage)
 
 
 def initial_value(name: str, shape: Sequence[int], seed: int, std: float) -> np.ndarray:
@@ -450,9 +555,10 @@ def initial_value(name: str, shape: Sequence[int], seed: int, std: float) -> np.
 
 
 def initial_state(layout: VLMLayout, seed: int, tp_rank: int, pp_rank: int,
-                  std: float | None = None) -> dict[str, np.ndarray]:
+                  std: float | None = None, vp_stage: int | None = None) -> dict[str, np.ndarray]:
     """Rank (tp_rank, pp_rank)'s initial tensors: exactly the one-process model's init_weights(model, seed, std)
     values, fused and sharded, so a tensor/pipeline-parallel run starts from the data-parallel run's weights."""
     std = layout.config.text.initializer_range if std is None else std
     shapes = hf_shapes(layout.config)
-    return rank_state_from_hf(layout, lambda name: initial_value(name, shapes[name], seed, std), tp_rank, pp_rank)
+    return rank_state_from_hf(layout, lambda name: initial_value(name, shapes[name], seed, std), tp_rank, pp_rank,
+                              vp_stage)

@@ -88,8 +88,9 @@ class ModelJson:
     freeze: dict[str, bool]
     sizes: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
-    # {"vit": [...], "llm": [...]}: pipeline_num_layers per module (one count per stage), None where absent
-    pipeline_layers: dict[str, list[int] | None] = field(default_factory=dict)
+    # {"vit": [...], "llm": [...]}: pipeline_num_layers per module (one count per stage, or one such list per
+    # virtual pipeline chunk), None where absent
+    pipeline_layers: dict[str, list[Any] | None] = field(default_factory=dict)
 
 
 def _check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str]) -> None:
@@ -113,17 +114,24 @@ def _require(path: str, values: Mapping[str, Any], where: str, keys: tuple[str, 
         raise UsageError(f"{path}: {where} needs {', '.join(missing)}. Received keys: {', '.join(sorted(values))}")
 
 
-def _pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> list[int] | None:
-    """pipeline_num_layers: one layer count per pipeline stage (MindSpeed-MM's), or None when absent. Its
-    length and sums are checked against the run's --pipeline-model-parallel-size by the parallel layout
-    (models/qwen2_vl/mm_layout.py) once the arguments are known; here only its form."""
+def _pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> list[Any] | None:
+    """pipeline_num_layers: one layer count per pipeline stage, or (virtual pipeline stages) one such list per
+    virtual chunk, as MindSpeed-MM writes them; None when absent. Lengths and sums are checked against the run's
+    --pipeline-model-parallel-size / --virtual-pipeline-model-parallel-size by the parallel layout
+    (models/qwen2_vl/mm_layout.py) once the arguments are known; here only the form."""
     layers = section.get("pipeline_num_layers")
     if layers is None:
         return None
-    if not layers or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
+
+    def counts(values: Any) -> bool:
+        return isinstance(values, list) and bool(values) and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in values)
+
+    if not (counts(layers) or (isinstance(layers, list) and layers and all(counts(chunk) for chunk in layers))):
         raise UsageError(f"{path}: {where}.pipeline_num_layers must be a list of layer counts, one per pipeline "
-                          f"stage (virtual stages' nested lists are not supported). Received: {json.dumps(layers)}")
-    return list(layers)
+                          "stage, or one such list per virtual pipeline chunk ([[2, 0], [0, 0]]). Received: "
+                          f"{json.dumps(layers)}")
+    return [list(chunk) if isinstance(chunk, list) else chunk for chunk in layers]
 
 
 def _vision_config(path: str, model_type: str, enc: Mapping[str, Any], proj: Mapping[str, Any],

@@ -121,6 +121,40 @@ def test_round_trip_through_tp2_pp2_and_tp1_pp4_gives_the_original_bytes(model_t
     assert not list(tmp_path.glob("**/*.mmrun-tmp-*"))
 
 
+def test_virtual_pipeline_chunks_convert_resplit_and_come_back_byte_identical(tiny, tmp_path, capsys):
+    """MindSpeed-MM's VPP lists (one list per virtual chunk, chunk-major): HF -> (TP=2, PP=2 x VPP=2) with the
+    megatron-core engine's model0./model1. names per rank -> resplit (TP=1, PP=2, flat) -> HF, the original bytes."""
+    raw = _hf_config(tiny, "qwen2_vl")
+    hf = _hf_dir(tmp_path / "hf", raw, "bfloat16")
+    vpp_lists = {"parallel_config.vit_pp_layers": [[2, 0], [0, 0]], "parallel_config.llm_pp_layers": [[1, 1], [1, 1]]}
+    code, out, err = _run(capsys, "Qwen2VLConverter", "hf_to_mm", mm_dir=str(tmp_path / "mm"),
+                          **{"hf_config.hf_dir": str(hf), "parallel_config.tp_size": 2, **vpp_lists})
+    assert code == 0, err
+    layout = VLMLayout.build(Qwen2VLConfig.from_hf_config(raw), 2, 2, [[2, 0], [0, 0]], [[1, 1], [1, 1]])
+    release = tmp_path / "mm" / "release"
+    for t in range(2):
+        for p in range(2):
+            held = SafetensorsFile(release / rank_dir_name(t, p, 2) / checkpoint_io.MODEL_FILE)
+            assert {n: held.shape(n) for n in held} == layout.rank_shapes(t, p)
+            assert {n.split(".", 1)[0] for n in held} == {"model0", "model1"}
+            assert json.loads((release / rank_dir_name(t, p, 2) / checkpoint_io.META_FILE).read_text())["parallel"][
+                "vpp"] == 2
+    source = checkpoint_vlm.open_checkpoint(tmp_path / "mm")  # the split read back from the names
+    assert (source.layout.vpp, source.layout.pipeline_num_layers("llm")) == (2, [[1, 1], [1, 1]])
+    code, out, err = _run(capsys, "Qwen2VLConverter", "resplit", source_dir=str(tmp_path / "mm"),
+                          target_dir=str(tmp_path / "flat"),
+                          **{"source_parallel_config.llm_pp_layers": [[1, 1], [1, 1]],
+                             "target_parallel_config.llm_pp_layers": [[1, 3]],
+                             "target_parallel_config.vit_pp_layers": [[2, 0]], "target_parallel_config.tp_size": 1})
+    assert code == 0, err
+    assert "vit_pp_layers [[2, 0], [0, 0]], llm_pp_layers [[1, 1], [1, 1]]" in out
+    code, out, err = _run(capsys, "Qwen2VLConverter", "mm_to_hf", save_hf_dir=str(tmp_path / "back"),
+                          mm_dir=str(tmp_path / "flat"), **{"hf_config.hf_dir": str(hf)})
+    assert code == 0, err
+    original, back = _tensors(hf), _tensors(tmp_path / "back")
+    assert sorted(original) == sorted(back) and not [n for n in original if original[n] != back[n]]
+
+
 def test_mm_convert_command_lines_of_the_guides_parse_unchanged():
     """The seeds' (000_*.txt) and MindSpeed-MM docs' command lines, token for token, on a 7B-shaped config."""
     seven_b = Qwen2VLConfig.from_hf_config({"model_type": "qwen2_vl", "num_hidden_layers": 28,
@@ -164,7 +198,10 @@ def converted(tmp_path_factory, tiny):
     ("hf_to_mm", {"parallel_config.llm_pp_layers": [[2, 2]], "parallel_config.vit_pp_layers": [[1, 1]]},
      "puts ViT layers after the first stage"),
     ("hf_to_mm", {"parallel_config.tp_size": 3}, "is not divisible by --tensor-model-parallel-size 3"),
-    ("hf_to_mm", {"parallel_config.llm_pp_layers": [[2, 2], [0, 0]]}, "gives 2 virtual pipeline chunks"),
+    ("hf_to_mm", {"parallel_config.llm_pp_layers": [[2, 2], [0, 0]]}, "leaves a virtual stage without decoder layers"),
+    ("hf_to_mm", {"parallel_config.llm_pp_layers": [[1, 1], [1, 1]], "parallel_config.vit_pp_layers": [[2, 0]]},
+     "give different numbers of pipeline stages or virtual chunks"),
+    ("hf_to_mm", {"parallel_config.llm_pp_layers": [[1, 1], [1]]}, "each as long as the others"),
     ("mm_to_hf", {"parallel_config.llm_pp_layers": [1, 3], "parallel_config.vit_pp_layers": [2, 0],
                   "parallel_config.tp_size": 2},
      "which holds tp_size 2, vit_pp_layers [2, 0], llm_pp_layers [2, 2]; pass those"),

@@ -159,3 +159,73 @@ def test_the_initial_state_is_the_one_process_models(worker):
             assert list(got) == list(expected)
             for name in got:
                 np.testing.assert_array_equal(got[name], expected[name])
+
+
+# ------------------------------------------------------------------------------------------ virtual pipeline stages
+
+VPP_LISTS = dict(vit_pp_layers=[[2, 0], [0, 0]], llm_pp_layers=[[1, 1], [1, 1]])  # MindSpeed-MM's form, chunk-major
+
+
+@pytest.mark.parametrize("tp,tied", [(1, True), (2, False)])
+def test_virtual_stages_split_and_join_back_with_the_engines_chunk_names(tp, tied):
+    cfg = config("qwen2_vl", layers=4, tied=tied)
+    layout = VLMLayout.build(cfg, tp=tp, pp=2, vpp=2, **VPP_LISTS)
+    assert (layout.vpp, layout.pp, layout.llm_pp_layers) == (2, 2, (1, 1, 1, 1))
+    assert layout.pipeline_num_layers("llm") == [[1, 1], [1, 1]]
+    # forward order D0V0 -> D1V0 -> D0V1 -> D1V1: global decoder layer 2 is rank 0's chunk 1, local layer 0
+    assert layout.locate("text_decoder.decoder.layers.2.input_layernorm.weight") == [
+        (0, "model1.text_decoder.decoder.layers.0.input_layernorm.weight")]
+    assert layout.locate("text_decoder.decoder.layers.1.input_layernorm.weight") == [
+        (1, "model0.text_decoder.decoder.layers.0.input_layernorm.weight")]
+    whole = dict(hf_to_mm(cfg, random_hf(cfg).__getitem__))
+    ranks = {(t, p): layout.rank_state(whole.__getitem__, t, p) for t in range(tp) for p in range(2)}
+    first, last = ranks[(0, 0)], ranks[(0, 1)]
+    assert all(name.startswith(("model0.", "model1.")) for state in ranks.values() for name in state)
+    assert "model0.image_encoder.encoder.blocks.layers.1.self_attention.linear_qkv.weight" in first
+    assert "model0." + WORD_EMBEDDINGS in first and "model1." + WORD_EMBEDDINGS not in first
+    assert "model1.text_decoder.decoder.final_layernorm.weight" in last and "model1." + OUTPUT_LAYER in last
+    assert not [n for n in first if n.startswith("model1.image_encoder")]
+    for (t, p), state in ranks.items():
+        assert {k: v.shape for k, v in state.items()} == layout.rank_shapes(t, p)
+        for v in range(2):  # one chunk's state, named inside the chunk (what model_provider(vp_stage=v) loads)
+            chunk = layout.rank_state(whole.__getitem__, t, p, vp_stage=v)
+            assert chunk.keys() == {n[len(f"model{v}."):] for n in state if n.startswith(f"model{v}.")}
+    for name, array in whole.items():
+        (stage, local), *copies = layout.locate(name)
+        assert layout.global_name(stage, local) == name
+        np.testing.assert_array_equal(layout.join(local, [ranks[(t, stage)][local] for t in range(tp)]), array)
+        for copy_stage, copy in copies:  # tied: the last virtual stage's output_layer copies the embeddings
+            np.testing.assert_array_equal(layout.join(copy, [ranks[(t, copy_stage)][copy] for t in range(tp)]),
+                                          whole[name])
+    assert sum(len(s) for s in ranks.values()) // tp == len(whole) + (1 if tied else 0)
+
+
+def test_a_flat_list_is_one_virtual_chunk_and_the_defaults_follow_the_chunks():
+    cfg = config(layers=4)
+    flat = VLMLayout.build(cfg, pp=2, vit_pp_layers=[2, 0], llm_pp_layers=[2, 2], vpp=1)
+    assert flat.vpp == 1 and "text_decoder.decoder.layers.1.input_layernorm.weight" in flat.rank_shapes(0, 0)
+    default = VLMLayout.build(cfg, pp=2, vpp=2)
+    assert default.pipeline_num_layers("vit") == [[2, 0], [0, 0]]
+    assert default.pipeline_num_layers("llm") == [[1, 1], [1, 1]]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(pp=2, vpp=2, vit_pp_layers=[[2, 0], [0, 0]], llm_pp_layers=[[1, 1, 0], [1, 1, 0]]),
+     "has a virtual chunk of 3 entries for 2 pipeline stages"),
+    (dict(pp=2, vpp=2, vit_pp_layers=[[2, 0], [0, 0]], llm_pp_layers=[[1, 1], [1, 0]]), "sums to 3"),
+    (dict(pp=2, vpp=2, vit_pp_layers=[[1, 0], [1, 0]], llm_pp_layers=[[1, 1], [1, 1]]),
+     "after the first virtual stage (chunk 0 of stage 0); mmrun keeps the whole ViT on stage 0: give [[2, 0], [0, 0]]"),
+    (dict(pp=2, vpp=2, vit_pp_layers=[[2, 0], [0, 0]], llm_pp_layers=[[2, 1], [0, 1]]),
+     "leaves a virtual stage without decoder layers"),
+    (dict(pp=2, vpp=1, **VPP_LISTS), "holds 2 virtual chunks per stage, but the run has "
+                                     "--virtual-pipeline-model-parallel-size 1; pass 2"),
+    (dict(pp=2, vpp=2, vit_pp_layers=[2, 0], llm_pp_layers=[2, 2]), "holds 1 virtual chunk per stage"),
+    (dict(pp=2, vit_pp_layers=[2, 0], llm_pp_layers=[[1, 1], [1, 1]]), "give both the same form"),
+    (dict(pp=2, llm_pp_layers=[[1, 1], 2]), "mixes counts and lists"),
+    (dict(pp=1, vpp=2), "need --pipeline-model-parallel-size 2 or more"),
+])
+def test_virtual_splits_that_cannot_be_made_say_why(kwargs, message):
+    with pytest.raises(LayoutError) as err:
+        VLMLayout.build(config(layers=4), **kwargs)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert err.value.exit_code == 2

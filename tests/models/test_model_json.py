@@ -71,7 +71,8 @@ def test_the_demo_model_json_is_a_qwen2vl_with_mindspeed_mm_defaults_for_what_it
     (("image_encoder", "vision_encoder", "freeze"), 1, "image_encoder.vision_encoder.freeze must be bool. Received: 1"),
     (("text_decoder", "mrope_section"), [4, 2, 1], "mrope_section [4, 2, 1] must sum to head_dim / 2 = 8"),
     (("model_id",), "llava", "model_id must be one of qwen2vl, qwen2_5vl"),
-    (("text_decoder", "pipeline_num_layers"), [[1], [1]], "pipeline_num_layers must be a list of layer counts"),
+    (("text_decoder", "pipeline_num_layers"), [[1], 1], "pipeline_num_layers must be a list of layer counts"),
+    (("text_decoder", "pipeline_num_layers"), [[1], []], "or one such list per virtual pipeline chunk"),
     (("image_encoder", "vision_projector", "hidden_size"), 32, "must equal text_decoder.hidden_size (64)"),
 ])
 def test_wrong_values_are_one_line_errors_naming_the_key(path, value, message):
@@ -110,3 +111,5 @@ def test_pipeline_num_layers_are_read_per_stage_for_the_parallel_engines():
     assert parse_model_json(raw).pipeline_layers == {"vit": [2, 0], "llm": [1, 1]}
     del raw["text_decoder"]["pipeline_num_layers"]
     assert parse_model_json(raw).pipeline_layers["llm"] is None
+    raw["text_decoder"]["pipeline_num_layers"] = [[1, 0], [0, 1]]  # virtual pipeline chunks (MindSpeed-MM's form)
+    assert parse_model_json(raw).pipeline_layers["llm"] == [[1, 0], [0, 1]]

@@ -143,3 +143,18 @@ def test_pipeline_num_layers_that_do_not_fit_are_one_line_errors(runs, tk, tmp_p
     assert "pipeline_num_layers [2, 0] has 2 entries for 1 pipeline stages" in errors[0], errors
     assert "Traceback" not in run.output
 
+
+
+def test_model_json_virtual_chunks_are_refused_in_one_line():
+    """MindSpore has no interleaved schedule (its engine refuses --virtual-pipeline-model-parallel-size): model.json's
+    lists of lists are refused as one line naming the flat form, before any model is built."""
+    from mmrun.backend.errors import UsageError
+    from mmrun.engines.mindspore.parallel.vlm import refuse_virtual_stages
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+
+    with pytest.raises(UsageError) as err:
+        refuse_virtual_stages(read_model_json(PP2_JSON.parent / "model_tiny_vpp.json"))
+    message = str(err.value)
+    assert "pipeline_num_layers [[2, 0], [0, 0]] gives 2 virtual pipeline chunks per stage" in message
+    assert "Give one count per stage, e.g. [2, 0]" in message and "\n" not in message and err.value.exit_code == 2
+    refuse_virtual_stages(read_model_json(PP2_JSON))  # flat lists pass

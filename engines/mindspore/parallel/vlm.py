@@ -43,7 +43,7 @@ from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.engines.mindspore.parallel.rank_state import RankState
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
-from mmrun.models.qwen2_vl.mm_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, LayoutError, VLMLayout
+from mmrun.models.qwen2_vl.mm_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, LayoutError, VLMLayout, virtual_chunks
 from mmrun.models.qwen2_vl.modeling import IGNORE_INDEX, merge_vision, vision_forward
 from mmrun.models.transformer_blocks import activation, apply_rotary, multimodal_rotary, rotary_inv_freq
 
@@ -390,6 +390,18 @@ def micro_batch(batch: dict[str, np.ndarray]) -> tuple[Any, ...]:
             np.where(mask, shifted, 0).astype(np.int64), mask.astype(np.float32))
 
 
+def refuse_virtual_stages(spec: Any) -> None:
+    """model.json's lists of lists (virtual pipeline chunks): one line, as the engine refuses
+    --virtual-pipeline-model-parallel-size for the GPT (no interleaved schedule on MindSpore)."""
+    for part, where in (("vit", "image_encoder.vision_encoder"), ("llm", "text_decoder")):
+        layers = spec.pipeline_layers.get(part)
+        if virtual_chunks(layers) > 1:
+            flat = [sum(counts) for counts in zip(*layers)]
+            raise UsageError(f"{spec.path}: {where}.pipeline_num_layers {layers} gives {len(layers)} virtual pipeline "
+                             "chunks per stage; the MindSpore engine has no virtual pipeline stages (megatron-core on "
+                             f"--ai-framework pytorch has). Give one count per stage, e.g. {flat}")
+
+
 def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], None] = print) -> ParallelTrainStep:
     """This rank's stage of model.json's model (`spec`: models/qwen2_vl/model_json.ModelJson), starting from the
     one-process run's initial weights (mm_layout.initial_state for --seed, --init-method-std) or from --load's
@@ -399,6 +411,7 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 
     config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    refuse_virtual_stages(spec)
     layout = VLMLayout.build(config, tp=state.tensor_model_parallel_size,
                              pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.pipeline_layers.get("vit"),
                              llm_pp_layers=spec.pipeline_layers.get("llm"))

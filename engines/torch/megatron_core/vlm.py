@@ -27,8 +27,11 @@ DotProductAttention applies any boolean mask given with attn_mask_type=arbitrary
 
 Pipeline: the ViT and projector on stage 0 (mmrun's rule, MindSpeed-MM's [V, 0, ...]), the decoder layers
 per stage as `llm_pp_layers` says, given to megatron-core as its pipeline_model_parallel_layout (which
-allows any per-stage counts). Sequences change length from batch to batch, so the schedule sends shapes
-first (TransformerConfig.variable_seq_lengths). Sequence parallelism covers the text decoder; the ViT and
+allows any per-stage counts). Virtual pipeline stages (--virtual-pipeline-model-parallel-size, model.json's
+lists of lists) are the same layout with one entry per virtual stage, chunk-major as megatron-core reads it:
+each model chunk is a Qwen2VLStage built for its vp_stage, the ViT on chunk 0 of stage 0 only, and
+megatron-core's interleaved 1F1B schedule runs them. Sequences change length from batch to batch, so the
+schedule sends shapes first (TransformerConfig.variable_seq_lengths). Sequence parallelism covers the text decoder; the ViT and
 projector see the whole (replicated) patch sequence on every tensor-parallel rank (their norms' gradients
 are then equal on every rank and need no sum).
 
@@ -271,7 +274,8 @@ class Qwen2VLStage(torch.nn.Module):
 
     checkpoint_names = "mindspeed-mm"  # engines/base.py MODEL_NAMES: the layout's names per (TP, PP) rank
 
-    def __init__(self, args: Any, layout: Any, pre_process: bool, post_process: bool) -> None:
+    def __init__(self, args: Any, layout: Any, pre_process: bool, post_process: bool,
+                 vp_stage: int | None = None) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.enums import ModelType
         from megatron.core.models.gpt import GPTModel
@@ -283,16 +287,16 @@ class Qwen2VLStage(torch.nn.Module):
         self.config = config  # what megatron-core's DDP, schedules and finalize_model_grads read
         self.model_type = ModelType.encoder_or_decoder  # the schedules ask (one decoder; the ViT feeds stage 0)
         model = layout.config
-        pp_rank = ps.get_pipeline_model_parallel_rank()
-        self.image_encoder = ImageEncoder(args, layout) if len(layout.stage_layers("vit", pp_rank)) else None
-        spec = TransformerBlockSubmodules(layer_specs=[_layer_spec(causal=True)] * len(layout.stage_layers("llm", pp_rank)),
-                                          layer_norm=TorchNorm)
+        pp_rank, chunk = ps.get_pipeline_model_parallel_rank(), vp_stage or 0
+        self.image_encoder = ImageEncoder(args, layout) if len(layout.stage_layers("vit", pp_rank, chunk)) else None
+        layers = len(layout.stage_layers("llm", pp_rank, chunk))
+        spec = TransformerBlockSubmodules(layer_specs=[_layer_spec(causal=True)] * layers, layer_norm=TorchNorm)
         self.text_decoder = GPTModel(
             config=config, transformer_layer_spec=spec, vocab_size=model.text.vocab_size,
             max_sequence_length=model.text.max_position_embeddings, pre_process=pre_process,
             post_process=post_process, parallel_output=True,
             share_embeddings_and_output_weights=model.tie_word_embeddings, position_embedding_type="mrope",
-            rotary_base=int(model.text.rope_theta))
+            rotary_base=int(model.text.rope_theta), vp_stage=vp_stage)
         self.share_embeddings_and_output_weights = self.text_decoder.share_embeddings_and_output_weights
 
     # megatron-core's hooks: the schedule's received activations, the tied embedding the finalizer reduces
@@ -386,39 +390,39 @@ def _shift_labels(labels: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ building
 
-def build_layout(args: Any, config: Any, vit_pp_layers: list[int] | None, llm_pp_layers: list[int] | None) -> Any:
-    """The run's VLMLayout (models/qwen2_vl/mm_layout.py: its checks are the one-line errors, exit 2)."""
+def build_layout(args: Any, config: Any, vit_pp_layers: list[Any] | None, llm_pp_layers: list[Any] | None) -> Any:
+    """The run's VLMLayout (models/qwen2_vl/mm_layout.py: its checks are the one-line errors, exit 2); model.json's
+    lists of lists (virtual chunks) must match --virtual-pipeline-model-parallel-size."""
     from mmrun.models.qwen2_vl.mm_layout import VLMLayout
 
     return VLMLayout.build(config, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                           vit_pp_layers=vit_pp_layers, llm_pp_layers=llm_pp_layers)
+                           vit_pp_layers=vit_pp_layers, llm_pp_layers=llm_pp_layers,
+                           vpp=args.virtual_pipeline_model_parallel_size or 1)
 
 
 def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
-              read_hf: Callable[[str], np.ndarray] | None = None) -> Qwen2VLStage:
-    """This rank's stage of the model, its weights from the seed (or from an HF directory's tensors)."""
+              read_hf: Callable[[str], np.ndarray] | None = None, vp_stage: int | None = None) -> Qwen2VLStage:
+    """This rank's stage (virtual chunk `vp_stage`) of the model, its weights from the seed (or from an HF
+    directory's tensors)."""
     from megatron.core import parallel_state as ps
 
     from mmrun.models.qwen2_vl import mm_layout
     from mmrun.engines.torch.megatron_core.gpt import load_numpy_state
 
     runtime.require_parallel_state()
-    refused = {"--virtual-pipeline-model-parallel-size": (
-                   args.virtual_pipeline_model_parallel_size or 1,
-                   "megatron-core's interleaved schedule is not built for a model whose first stage holds the ViT"),
-               "--context-parallel-size": (
+    refused = {"--context-parallel-size": (
                    args.context_parallel_size or 1,
                    "the ViT's features are put into the whole sequence on the first stage")}
     for flag, (size, why) in refused.items():
         if size > 1:
             raise UsageError(f"{flag} {size} is not built for the vision-language model ({why}). Received: "
                              f"{flag} {size}; use tensor, pipeline and data parallelism (set it to 1)")
-    model = Qwen2VLStage(args, layout, pre_process, post_process)
-    tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    model = Qwen2VLStage(args, layout, pre_process, post_process, vp_stage)
+    tp_rank, pp_rank, chunk = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), vp_stage or 0
     if read_hf is not None:
-        state = mm_layout.rank_state_from_hf(layout, read_hf, tp_rank, pp_rank)
+        state = mm_layout.rank_state_from_hf(layout, read_hf, tp_rank, pp_rank, vp_stage=chunk)
     else:
-        state = mm_layout.initial_state(layout, args.seed, tp_rank, pp_rank, std=args.init_method_std)
+        state = mm_layout.initial_state(layout, args.seed, tp_rank, pp_rank, std=args.init_method_std, vp_stage=chunk)
     load_numpy_state(model, state)
     return model
 
