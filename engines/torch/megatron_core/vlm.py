@@ -410,7 +410,10 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
     from mmrun.engines.torch.megatron_core.gpt import load_numpy_state
 
     runtime.require_parallel_state()
-    refused = {"--context-parallel-size": (
+    refused = {"--virtual-pipeline-model-parallel-size": (
+                   args.virtual_pipeline_model_parallel_size or 1,
+                   "its interleaved run of the VLM's chunks hangs at the first step here (branch vpp, unfinished)"),
+               "--context-parallel-size": (
                    args.context_parallel_size or 1,
                    "the ViT's features are put into the whole sequence on the first stage")}
     for flag, (size, why) in refused.items():
