@@ -20,10 +20,6 @@ MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
 # the same model over 2 pipeline stages: stage 0 = ViT + projector + embedding + decoder layer 0, stage 1 =
 # layer 1 + final norm + output layer (pipeline_num_layers [2, 0] and [1, 1])
 MODEL_JSON_PP2 = ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json"
-# a 4-decoder-layer model over 2 stages x 2 virtual chunks (MindSpeed-MM's lists of lists, chunk-major): rank 0's
-# chunk 0 = ViT + projector + embedding + layer 0, rank 1's chunk 0 = layer 1, rank 0's chunk 1 = layer 2, rank 1's
-# chunk 1 = layer 3 + final norm + output layer
-MODEL_JSON_VPP = ROOT / "scripts" / "qwen2vl" / "model_tiny_vpp.json"
 ITERS = 10
 TOLERANCE = 1e-5  # issue 23's bar: per-iteration loss within 1e-5 of the one-process run
 SHORT = ["--exit-interval", "4"]  # secondary layouts: the same LR schedule, 4 of the 10 iterations
@@ -172,6 +168,7 @@ def test_hugging_face_weights_load_sharded_for_each_rank(vlm, tk):
     hf = Path(vlm.base_dir) / "hf-at-5"
     if not hf.exists():
         config = Qwen2VLConfig.from_hf_config(read_model_json(MODEL_JSON).hf_config)
+        vlm("pytorch")  # the one-process run (shared, trained once), whose iteration-5 weights start both runs here
         weights = read_safetensors(vlm.ckpt("pytorch") / "iter_0000005" / "mp_rank_00" / "model.safetensors")
         save_hf_directory(hf, config, weights)
     common = ["--load", str(hf), "--train-iters", "2"]
@@ -196,43 +193,4 @@ def test_pipeline_num_layers_that_do_not_fit_are_one_line_errors(vlm, tk):
         assert run.returncode == 2 and len(errors) == 1 and message in errors[0], (name, run.output[-2000:])
         # torchrun reports its failed child with a traceback of its own; the workers print none
         assert "mmrun/engines/" not in run.output and "mmrun/models/" not in run.output, run.output[-2000:]
-
-
-def _flat_lists_json(vlm, source: Path) -> str:
-    """`source` without its pipeline_num_layers: the same model for one process (the default split)."""
-    raw = json.loads(source.read_text())
-    del raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"], raw["text_decoder"]["pipeline_num_layers"]
-    return _saved_json(vlm, f"{source.stem}_one_stage.json", raw)
-
-
-@pytest.mark.skip(reason="PP2 x VPP2 hangs at the first interleaved step (unfinished; vlm_model refuses VPP)")
-@pytest.mark.slow
-def test_virtual_pipeline_stages_train_the_one_process_losses_with_chunk_names(vlm):
-    """PP=2 x VPP=2 on 2 processes (megatron-core's interleaved 1F1B over model0/model1 chunks, the ViT on chunk 0 of
-    stage 0) against one process of the same 4-layer model: per-iteration losses within 1e-5, and each rank's
-    checkpoint holds exactly the layout's tensors, named model0./model1. as the layout names them."""
-    from safetensors.numpy import load_file
-
-    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
-    from mmrun.models.qwen2_vl.model_json import read_model_json
-
-    iters = ["--train-iters", "4"]
-    vlm.add("vpp-one", "pytorch", 1, ["--mm-model", _flat_lists_json(vlm, MODEL_JSON_VPP), *iters])
-    vlm.add("mcore-pp2-vpp2", "pytorch", 2, ["--mm-model", str(MODEL_JSON_VPP), *iters,
-                                             "--pipeline-model-parallel-size", "2",
-                                             "--virtual-pipeline-model-parallel-size", "2"])
-    one, split = vlm("vpp-one").losses(), vlm("mcore-pp2-vpp2").losses()
-    assert sorted(split) == [1, 2, 3, 4] and _close(one, split, [1, 2, 3, 4]) <= TOLERANCE, (one, split)
-    spec = read_model_json(MODEL_JSON_VPP)
-    layout = VLMLayout.build(Qwen2VLConfig.from_hf_config(spec.hf_config), pp=2, vpp=2,
-                             vit_pp_layers=spec.pipeline_layers["vit"], llm_pp_layers=spec.pipeline_layers["llm"])
-    saved = sorted((vlm.ckpt("mcore-pp2-vpp2")).glob("iter_*"))[-1]
-    for pp_rank in range(2):
-        tensors = load_file(saved / f"mp_rank_00_{pp_rank:03d}" / "model.safetensors")
-        assert {k: v.shape for k, v in tensors.items()} == layout.rank_shapes(0, pp_rank)
-        assert {name.split(".", 1)[0] for name in tensors} == {"model0", "model1"}
-    first = load_file(saved / "mp_rank_00_000" / "model.safetensors")
-    assert "model0.image_encoder.encoder.blocks.layers.1.mlp.linear_fc2.weight" in first
-    assert "model1.text_decoder.decoder.layers.0.input_layernorm.weight" in first  # global layer 2
 

@@ -99,6 +99,7 @@ def test_checkpoint_has_the_layouts_names_and_shards_per_rank(runs):
     spec = read_model_json(PP2_JSON)
     layout = VLMLayout.build(Qwen2VLConfig.from_hf_config(spec.hf_config), tp=2, pp=2,
                              vit_pp_layers=spec.pipeline_layers["vit"], llm_pp_layers=spec.pipeline_layers["llm"])
+    runs("ms-tp2pp2-sp")  # trained once, shared with the loss test
     iteration = runs.ckpt("ms-tp2pp2-sp") / "iter_0000005"
     for tp_rank in range(2):
         for pp_rank in range(2):

@@ -412,7 +412,8 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
     runtime.require_parallel_state()
     refused = {"--virtual-pipeline-model-parallel-size": (
                    args.virtual_pipeline_model_parallel_size or 1,
-                   "its interleaved run of the VLM's chunks hangs at the first step here (branch vpp, unfinished)"),
+                   "megatron-core's interleaved schedule stops at the first step with the VLM's chunks on CPU; "
+                   "docs/multimodal-parallel.md"),
                "--context-parallel-size": (
                    args.context_parallel_size or 1,
                    "the ViT's features are put into the whole sequence on the first stage")}
