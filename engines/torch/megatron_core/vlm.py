@@ -334,9 +334,10 @@ class Qwen2VLStage(torch.nn.Module):
         put where the image / video pad tokens are (index assignment, length unchanged)."""
         from megatron.core import tensor_parallel
         from mmrun.models.qwen2_vl import vision_layout
+        from mmrun.models.qwen2_vl.modeling import merge_vision
 
         config, model = self.config, self.layout.config
-        batch, seq = input_ids.shape
+        seq = input_ids.shape[1]
         if config.sequence_parallel and seq % config.tensor_model_parallel_size:
             raise UsageError(f"--sequence-parallel splits the sequence over {config.tensor_model_parallel_size} "
                              f"tensor-parallel ranks; this micro-batch has {seq} tokens (batches are padded to a "
@@ -345,38 +346,11 @@ class Qwen2VLStage(torch.nn.Module):
         if config.sequence_parallel:
             # the whole sequence for the index assignment; backward takes this rank's rows of the gradient
             embeds = tensor_parallel.gather_from_sequence_parallel_region(embeds, tensor_parallel_output_grad=False)
-        flat = embeds.transpose(0, 1).reshape(batch * seq, -1)  # rows in (b, s) order, as input_ids
-        ids = input_ids.reshape(-1)
-        parts, grids, tokens = [], [], []
-        unit = model.vision.spatial_merge_size ** 2
-        for name, token, pixels, grid_thw in (("image", model.image_token_id, pixel_values, image_grid_thw),
-                                              ("video", model.video_token_id, pixel_values_videos, video_grid_thw)):
-            is_token = ids == token
-            found = int(is_token.sum())
-            if pixels is None:
-                if found:
-                    raise ValueError(f"input_ids hold {found} {name} tokens (id {token}) but no {name} pixel values")
-                continue
-            grid = vision_layout.grid_array(grid_thw)
-            features = int(vision_layout.patch_counts(grid).sum()) // unit
-            if found != features:
-                raise ValueError(f"{name} tokens and features do not match: input_ids hold {found} {name} tokens, "
-                                 f"the {len(grid)} {name}(s) give {features} features")
-            parts.append(pixels)
-            grids.append(grid)
-            tokens.append(is_token)
-        if self.image_encoder is not None and not parts and self.training:
-            # No image in this micro-batch: the ViT still runs, on a blank 2x2 image counted zero times.
-            merge = model.vision.spatial_merge_size
-            blank = self.image_encoder(torch.zeros(unit, model.vision.patch_dim, device=flat.device),
-                                       np.array([[1, merge, merge]]))
-            flat = flat + blank.sum().to(flat.dtype) * 0.0
-        elif parts:
-            pixels = torch.cat([p.to(parts[0].dtype) for p in parts], dim=0)
-            vision = self.image_encoder(pixels, np.concatenate(grids, axis=0)).to(flat.dtype)
-            where = torch.cat([torch.nonzero(t).reshape(-1) for t in tokens])
-            flat = flat.index_put((where,), vision)
-        embeds = flat.reshape(batch, seq, -1).transpose(0, 1).contiguous()
+        # The ViT's features on the image / video pad tokens: the portable model's merge (its checks, one gather;
+        # a training micro-batch without images runs the ViT on a blank image that counts zero times).
+        embeds = merge_vision(model, self.image_encoder, self.training, input_ids, embeds.transpose(0, 1),
+                              pixel_values, vision_layout.grid_array(image_grid_thw), pixel_values_videos,
+                              vision_layout.grid_array(video_grid_thw)).transpose(0, 1).contiguous()
         if config.sequence_parallel:
             embeds = tensor_parallel.scatter_to_sequence_parallel_region(embeds)
         return embeds
