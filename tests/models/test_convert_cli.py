@@ -55,7 +55,8 @@ def test_usage_errors(argv, message, capsys):
     (["Qwen2VLConverter", "hf_to_mm", "--cfg.parallel_config.vit_pp_layers", "[[1,1]]"],
      "puts ViT layers after the first stage"),
     (["Qwen2VLConverter", "hf_to_mm", "--cfg.parallel_config.llm_pp_layers", "[[1,x]]"],
-     "llm_pp_layers must be a list of layer counts per pipeline stage such as [[12,16]]. Received: \"[[1,x]]\""),
+     "llm_pp_layers must be a list of layer counts per pipeline stage such as [[12,16]] (one list per virtual "
+     "pipeline chunk, each as long as the others). Received: \"[[1,x]]\""),
 ])
 def test_what_cannot_be_converted_writes_nothing(argv, message, hf_dir, tmp_path, capsys):
     mm_dir = tmp_path / "mm"
