@@ -297,8 +297,12 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     print_rank_0("> building the multimodal dataset ...")
     dataset = mllm_dataset.MultimodalDataset(data["dataset_param"], seq_length=args.seq_length,
                                              skip_bad_samples=args.skip_bad_samples)
+    # megatron-core's interleaved (VPP) schedule cannot send variable shapes: with two stages a rank's next and
+    # previous stage are one rank, and its shape messages of consecutive calls cross and deadlock. Its batches are
+    # padded to --seq-length (right padding: the causal model and the loss are unchanged).
+    fixed = (args.virtual_pipeline_model_parallel_size or 1) > 1
     collate = partial(collate_batch, pad_token_id=dataset.token_ids["pad"], rope_config=_rope_config(dataset),
-                      max_length=args.seq_length)
+                      max_length=args.seq_length, pad_to_multiple_of=args.seq_length if fixed else 8)
     train = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed,
                       shuffle=bool(loader.get("shuffle", True)), collate=collate)
     print_rank_0(f" > {len(dataset)} samples, {train.num_samples} to read "

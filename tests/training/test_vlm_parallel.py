@@ -20,6 +20,8 @@ MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
 # the same model over 2 pipeline stages: stage 0 = ViT + projector + embedding + decoder layer 0, stage 1 =
 # layer 1 + final norm + output layer (pipeline_num_layers [2, 0] and [1, 1])
 MODEL_JSON_PP2 = ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json"
+# a 4-decoder-layer demo model over PP=2 x VPP=2: one decoder layer per virtual stage, the ViT on chunk 0 of stage 0
+MODEL_JSON_VPP = ROOT / "scripts" / "qwen2vl" / "model_tiny_vpp.json"
 ITERS = 10
 TOLERANCE = 1e-5  # issue 23's bar: per-iteration loss within 1e-5 of the one-process run
 SHORT = ["--exit-interval", "4"]  # secondary layouts: the same LR schedule, 4 of the 10 iterations
@@ -91,6 +93,44 @@ def _qwen2_5_json(vlm, stages: int) -> str:
     raw["text_decoder"].update(model_id="qwen2_5_lm", untie_embeddings_and_output_weights=True,
                                pipeline_num_layers=[1, 1] if stages == 2 else [2])
     return _saved_json(vlm, f"model_qwen2_5_pp{stages}.json", raw)
+
+
+def _vpp_runs(vlm) -> tuple[str, str]:
+    """(one process, TP=2 x PP=2 x VPP=2 + SP on 4) of model_tiny_vpp.json's model; the split run saves at 5."""
+    raw = json.loads(MODEL_JSON_VPP.read_text())
+    raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"] = [2]
+    raw["text_decoder"]["pipeline_num_layers"] = [4]
+    vlm.add("vpp-one", "pytorch", 1, ["--mm-model", _saved_json(vlm, "model_tiny_vpp_flat.json", raw)])
+    vlm.add("mcore-tp2pp2vpp2-sp", "pytorch", 4, [
+        "--mm-model", str(MODEL_JSON_VPP), "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+        "--virtual-pipeline-model-parallel-size", "2", "--sequence-parallel", "--save-interval", "5"])
+    return "vpp-one", "mcore-tp2pp2vpp2-sp"
+
+
+@pytest.mark.slow
+def test_virtual_pipeline_stages_train_the_one_process_losses_and_resume_unsplit(vlm, tk):
+    """megatron-core's interleaved 1F1B over model.json's lists of lists (its batches padded to --seq-length: the
+    schedule cannot send variable shapes), and its checkpoint (`model0.` / `model1.` per rank) resumed by one
+    process of the same model with flat lists."""
+    from safetensors.numpy import load_file
+
+    one_name, split_name = _vpp_runs(vlm)
+    one, split = vlm(one_name).losses(), vlm(split_name).losses()
+    assert sorted(split) == list(range(1, ITERS + 1))
+    assert _close(one, split, range(1, ITERS + 1)) <= TOLERANCE, (one, split)
+    assert "pipeline-parallel 2" in vlm(split_name).output
+    ckpt = vlm.ckpt(split_name)
+    names = load_file(ckpt / "iter_0000005" / "mp_rank_01_001" / "model.safetensors")
+    assert {name.split(".")[0] for name in names} == {"model0", "model1"}
+    assert "model1.text_decoder.output_layer.weight" in names  # the tied copy, on the last virtual stage
+    copy = tk.resume_copy(ckpt, vlm.base_dir / "vpp-at-5", 5)
+    flat = vlm.base_dir / "model_tiny_vpp_flat.json"
+    resumed = tk.run_training(vlm.base_dir / "vpp-resume-one", [*vlm.args, "--mm-data", vlm.data_json, "--mm-model",
+                                                                str(flat), "--load", str(copy)],
+                              nproc=1, timeout=300, entry=VLM_ENTRY)
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert sorted(resumed.losses()) == list(range(6, ITERS + 1))
+    assert _close(resumed.losses(), split, range(6, ITERS + 1)) <= TOLERANCE
 
 
 @pytest.mark.slow

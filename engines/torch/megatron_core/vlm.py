@@ -31,7 +31,9 @@ allows any per-stage counts). Virtual pipeline stages (--virtual-pipeline-model-
 lists of lists) are the same layout with one entry per virtual stage, chunk-major as megatron-core reads it:
 each model chunk is a Qwen2VLStage built for its vp_stage, the ViT on chunk 0 of stage 0 only, and
 megatron-core's interleaved 1F1B schedule runs them. Sequences change length from batch to batch, so the
-schedule sends shapes first (TransformerConfig.variable_seq_lengths). Sequence parallelism covers the text decoder; the ViT and
+1F1B schedule sends shapes first (TransformerConfig.variable_seq_lengths); the interleaved one cannot (its shape
+messages of consecutive calls cross and deadlock when a rank's previous and next stage are one rank), so with
+virtual stages the entry pads every batch to --seq-length. Sequence parallelism covers the text decoder; the ViT and
 projector see the whole (replicated) patch sequence on every tensor-parallel rank (their norms' gradients
 are then equal on every rank and need no sum).
 
@@ -123,7 +125,9 @@ def text_config(args: Any, layout: Any) -> Any:
         normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         add_qkv_bias=True, mrope_section=list(text.mrope_section), pipeline_model_parallel_size=pp,
         pipeline_model_parallel_layout=stages if pp > 1 else None,
-        sequence_parallel=args.sequence_parallel, variable_seq_lengths=pp > 1,
+        # with VPP the batches come padded to --seq-length (models/pretrain_vlm.py): the interleaved schedule
+        # deadlocks on shape messages
+        sequence_parallel=args.sequence_parallel, variable_seq_lengths=pp > 1 and layout.vpp == 1,
         # 0.16 refuses variable sequence lengths with its default MoE dispatcher even without experts
         moe_token_dispatcher_type="alltoall",
         calculate_per_token_loss=bool(args.calculate_per_token_loss))
@@ -384,11 +388,7 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
     from mmrun.engines.torch.megatron_core.gpt import load_numpy_state
 
     runtime.require_parallel_state()
-    refused = {"--virtual-pipeline-model-parallel-size": (
-                   args.virtual_pipeline_model_parallel_size or 1,
-                   "megatron-core's interleaved schedule stops at the first step with the VLM's chunks on CPU; "
-                   "docs/multimodal-parallel.md"),
-               "--context-parallel-size": (
+    refused = {"--context-parallel-size": (
                    args.context_parallel_size or 1,
                    "the ViT's features are put into the whole sequence on the first stage")}
     for flag, (size, why) in refused.items():
