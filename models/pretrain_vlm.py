@@ -113,7 +113,6 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     """Build Qwen2-VL / Qwen2.5-VL from model.json, start from --load's Hugging Face weights when it is an
     HF directory (else from the seed's weights, the same on both frameworks), and freeze as model.json says."""
     from mmrun.backend import tensors
-    from mmrun.models.qwen2_vl import hf_checkpoint
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
     from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
 
@@ -128,10 +127,10 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} ...")
     model = Qwen2VLForConditionalGeneration(config)
     init_weights(model, args.seed, args.init_method_std)
-    arrays = _hf_arrays(config)
-    if arrays is not None:
-        model.load_state_dict(tensors.state_dict_from_numpy(hf_checkpoint.to_float_arrays(arrays)))
-        _loaded_hf(len(arrays))
+    weights = _hf_weights(config)
+    if weights is not None:
+        model.load_state_dict(tensors.state_dict_from_numpy({name: weights.read_float(name) for name in weights}))
+        _loaded_hf(len(weights))
     freeze = _MODEL_JSON.freeze
     model.freeze(vision_encoder=freeze["vision_encoder"], vision_projector=freeze["vision_projector"],
                  text_decoder=freeze["text_decoder"])
@@ -140,19 +139,15 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     return model
 
 
-def _hf_arrays(config: Any) -> dict[str, Any] | None:
-    """--load's tensors when it is a Hugging Face directory describing model.json's network, else None."""
+def _hf_weights(config: Any) -> Any:
+    """--load's weights when it is a Hugging Face directory describing model.json's network (read lazily, one
+    tensor at a time: a split run's rank reads only its shard), else None."""
     from mmrun.models.qwen2_vl import hf_checkpoint
 
     args = get_args()
     if not (args.load and hf_checkpoint.is_hf_directory(args.load)):
         return None
-    loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
-    theirs, ours = _structure(loaded.to_hf_config()), _structure(config.to_hf_config())
-    if theirs != ours:
-        raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path} "
-                         f"({_config_difference(theirs, ours)}); make model.json match the checkpoint")
-    return arrays
+    return hf_checkpoint.open_for_model(args.load, config, str(_MODEL_JSON.path))
 
 
 def _loaded_hf(count: int) -> None:
@@ -164,17 +159,16 @@ def _loaded_hf(count: int) -> None:
 def _core_model(config: Any, pre_process: bool, post_process: bool, vp_stage: Any) -> Any:
     """This pipeline stage on megatron-core (the registry's core_vlm_model), from --load's HF weights sharded
     for this (TP, PP) rank, or from the seed's weights (the one-process run's), frozen as model.json says."""
-    from mmrun.models.qwen2_vl.hf_checkpoint import to_float_arrays
     from mmrun.training import core_vlm_model
 
     args = get_args()
     print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} on megatron-core ...")
-    arrays = _hf_arrays(config)
-    read_hf = None if arrays is None else (lambda name: to_float_arrays({name: arrays[name]})[name])
-    model = core_vlm_model(config, _MODEL_JSON.pipeline_layers, pre_process, post_process, vp_stage, read_hf=read_hf,
-                           frozen=_MODEL_JSON.freeze)
-    if arrays is not None:
-        _loaded_hf(len(arrays))
+    weights = _hf_weights(config)
+    model = core_vlm_model(config, _MODEL_JSON.pipeline_layers, pre_process, post_process, vp_stage,
+                           read_hf=None if weights is None else weights.read_float, frozen=_MODEL_JSON.freeze)
+    last_chunk = vp_stage is None or vp_stage == (args.virtual_pipeline_model_parallel_size or 1) - 1
+    if weights is not None and last_chunk:  # every virtual stage's chunk reads its share first
+        _loaded_hf(len(weights))
     frozen = [name for name, on in _MODEL_JSON.freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     return model

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from mmrun.backend.errors import UsageError
 from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
 from mmrun.models.qwen2_vl.configuration import MODEL_TYPES, Qwen2VLConfig
 from mmrun.models.qwen2_vl.mm_layout import hf_shapes
@@ -309,6 +310,41 @@ class HFWeights(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self._where)
+
+    def read_float(self, name: str) -> np.ndarray:
+        """One tensor as a model loads it: bf16 bits widened to float32 (to_float_arrays), the rest as stored."""
+        array = self[name]
+        return bf16_bits_to_float32(array) if array.dtype == np.uint16 else array
+
+
+def open_for_model(path: str | os.PathLike, config: Qwen2VLConfig, described_by: str) -> HFWeights:
+    """A training run's --load of an HF directory: its weights, read lazily (each rank reads only the tensors of
+    its shard), after checking that its config.json describes `config`'s network (`described_by` names where
+    that came from, e.g. model.json's path). The dtype it was saved in does not count."""
+    weights = HFWeights(path)
+    difference = _config_difference(_structure(weights.config.to_hf_config()), _structure(config.to_hf_config()))
+    if difference:
+        raise UsageError(f"--load {path}: its config.json describes another model than {described_by} ({difference}); "
+                         f"make {described_by} match the checkpoint")
+    return weights
+
+
+def _structure(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """An HF config without the keys that do not change the network (the dtype the weights were saved in)."""
+    return {k: v for k, v in hf_config.items() if k not in ("torch_dtype", "dtype", "architectures")}
+
+
+def _config_difference(theirs: dict[str, Any], ours: dict[str, Any], prefix: str = "") -> str:
+    """The first few keys where two HF config dicts differ, as `key: checkpoint X, model.json Y` ('' if none)."""
+    found = []
+    for key in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(key), ours.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            inner = _config_difference(a, b, f"{prefix}{key}.")
+            found.extend([inner] if inner else [])
+        elif a != b:
+            found.append(f"{prefix}{key}: checkpoint {a!r}, model.json {b!r}")
+    return "; ".join(found[:3])
 
 
 def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen2VLConfig, dict[str, np.ndarray]]:

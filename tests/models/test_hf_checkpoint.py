@@ -195,3 +195,24 @@ def test_saving_refuses_to_replace_a_foreign_directory_and_names_wrong_tensors(t
     with pytest.raises(ValueError, match=r"\(missing 1: model.norm.weight; unexpected 1: lm_head.weight\)"):
         hf_checkpoint.save_hf_directory(tmp_path / "new", config, broken)
     assert not (tmp_path / "new").exists() and not list(tmp_path.glob(".new*"))
+
+
+def test_a_training_load_checks_the_network_and_reads_each_tensor_when_asked(tmp_path, tiny):
+    """open_for_model: what --load of an HF directory does on every rank of a split run (the dtype it was saved in
+    does not count; another network is one line naming the first differences)."""
+    import dataclasses
+
+    import torch
+
+    bf16_dir = tmp_path / "bf16"
+    tiny.hf_model("qwen2_vl").to(torch.bfloat16).save_pretrained(bf16_dir)
+    config = hf_checkpoint.load_hf_config(bf16_dir)
+    weights = hf_checkpoint.open_for_model(bf16_dir, dataclasses.replace(config, torch_dtype="float32"), "model.json")
+    norm = weights.read_float("model.norm.weight")
+    assert weights["model.norm.weight"].dtype == np.uint16 and norm.dtype == np.float32
+    np.testing.assert_array_equal(norm, hf_checkpoint.bf16_bits_to_float32(weights["model.norm.weight"]))
+    layers = config.text.num_hidden_layers
+    other = dataclasses.replace(config, text=dataclasses.replace(config.text, num_hidden_layers=layers + 1))
+    with pytest.raises(ValueError, match=rf"--load .*bf16: its config.json describes another model than model.json "
+                                         rf"\(num_hidden_layers: checkpoint {layers}, model.json {layers + 1}\)"):
+        hf_checkpoint.open_for_model(bf16_dir, other, "model.json")

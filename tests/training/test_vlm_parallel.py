@@ -100,7 +100,8 @@ def _vpp_runs(vlm) -> tuple[str, str]:
     raw = json.loads(MODEL_JSON_VPP.read_text())
     raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"] = [2]
     raw["text_decoder"]["pipeline_num_layers"] = [4]
-    vlm.add("vpp-one", "pytorch", 1, ["--mm-model", _saved_json(vlm, "model_tiny_vpp_flat.json", raw)])
+    vlm.add("vpp-one", "pytorch", 1, ["--mm-model", _saved_json(vlm, "model_tiny_vpp_flat.json", raw),
+                                      "--save-interval", "5"])
     vlm.add("mcore-tp2pp2vpp2-sp", "pytorch", 4, [
         "--mm-model", str(MODEL_JSON_VPP), "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
         "--virtual-pipeline-model-parallel-size", "2", "--sequence-parallel", "--save-interval", "5"])
@@ -124,13 +125,37 @@ def test_virtual_pipeline_stages_train_the_one_process_losses_and_resume_unsplit
     assert {name.split(".")[0] for name in names} == {"model0", "model1"}
     assert "model1.text_decoder.output_layer.weight" in names  # the tied copy, on the last virtual stage
     copy = tk.resume_copy(ckpt, vlm.base_dir / "vpp-at-5", 5)
-    flat = vlm.base_dir / "model_tiny_vpp_flat.json"
+    flat = vlm.base_dir / "model_tiny_vpp_flat.json"  # written by _vpp_runs
     resumed = tk.run_training(vlm.base_dir / "vpp-resume-one", [*vlm.args, "--mm-data", vlm.data_json, "--mm-model",
                                                                 str(flat), "--load", str(copy)],
                               nproc=1, timeout=300, entry=VLM_ENTRY)
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert sorted(resumed.losses()) == list(range(6, ITERS + 1))
     assert _close(resumed.losses(), split, range(6, ITERS + 1)) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_every_virtual_chunk_loads_its_share_of_hugging_face_weights(vlm):
+    """--load of an HF directory under PP=2 x VPP=2: each rank builds two chunks, and each takes its layers from the
+    directory (not only the first), so the split run trains the losses of one process started from it."""
+    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+    from mmrun.models.qwen2_vl.hf_checkpoint import read_safetensors, save_hf_directory
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+
+    one_name, _ = _vpp_runs(vlm)
+    flat = vlm.base_dir / "model_tiny_vpp_flat.json"
+    hf = Path(vlm.base_dir) / "hf-vpp-at-5"
+    if not hf.exists():
+        vlm(one_name)  # the shared one-process run, whose iteration-5 weights start both runs here
+        weights = read_safetensors(vlm.ckpt(one_name) / "iter_0000005" / "mp_rank_00" / "model.safetensors")
+        save_hf_directory(hf, Qwen2VLConfig.from_hf_config(read_model_json(flat).hf_config), weights)
+    common = ["--load", str(hf), "--train-iters", "2"]
+    vlm.add("from-hf-vpp-one", "pytorch", 1, ["--mm-model", str(flat), *common])
+    vlm.add("from-hf-pp2vpp2", "pytorch", 2, ["--mm-model", str(MODEL_JSON_VPP), "--pipeline-model-parallel-size", "2",
+                                             "--virtual-pipeline-model-parallel-size", "2", *common])
+    one, split = vlm("from-hf-vpp-one").losses(), vlm("from-hf-pp2vpp2").losses()
+    assert sorted(split) == [1, 2] and _close(one, split, [1, 2]) <= TOLERANCE, (one, split)
+    assert one[1] < vlm(one_name).losses()[1] - 0.3  # it did start from the trained weights, not the seed's
 
 
 @pytest.mark.slow

@@ -417,12 +417,8 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
                              llm_pp_layers=spec.pipeline_layers.get("llm"))
     model = Qwen2VLStage(config, layout, state)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
-        loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
-        if _structure(loaded) != _structure(config):
-            raise UsageError(f"--load {args.load}: its config.json describes another model than {spec.path}; make "
-                             "model.json match the checkpoint")
-        floats = hf_checkpoint.to_float_arrays(arrays)
-        model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, floats.__getitem__, state.tp_rank,
+        weights = hf_checkpoint.open_for_model(args.load, config, str(spec.path))
+        model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, weights.read_float, state.tp_rank,
                                                                 state.pp_rank))
         log(f" > loaded Hugging Face weights from {args.load}, this rank's shard; training starts at iteration 0")
         args.load = None  # nothing of the loop's own checkpoint layout to resume from
@@ -436,11 +432,6 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     per_token = bool(getattr(args, "calculate_per_token_loss", False))
     return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=False, fields=VLM_FIELDS,
                              hidden_size=config.text.hidden_size, loss_func=token_sum if per_token else None)
-
-
-def _structure(config: Qwen2VLConfig) -> dict[str, Any]:
-    """The config without what does not change the network (the dtype the weights were saved in)."""
-    return {k: v for k, v in config.to_hf_config().items() if k not in ("torch_dtype", "dtype", "architectures")}
 
 
 def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState,

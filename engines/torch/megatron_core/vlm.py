@@ -302,6 +302,8 @@ class Qwen2VLStage(torch.nn.Module):
             share_embeddings_and_output_weights=model.tie_word_embeddings, position_embedding_type="mrope",
             rotary_base=int(model.text.rope_theta), vp_stage=vp_stage)
         self.share_embeddings_and_output_weights = self.text_decoder.share_embeddings_and_output_weights
+        # the interleaved schedule sends [--seq-length, b, h] whatever the batch holds (module docstring)
+        self.fixed_length = args.seq_length if layout.vpp > 1 else None
 
     # megatron-core's hooks: the schedule's received activations, the tied embedding the finalizer reduces
     def set_input_tensor(self, input_tensor: Any) -> None:
@@ -314,6 +316,10 @@ class Qwen2VLStage(torch.nn.Module):
                 pixel_values: torch.Tensor | None = None, image_grid_thw: Any = None,
                 pixel_values_videos: torch.Tensor | None = None, video_grid_thw: Any = None,
                 calculate_per_token_loss: bool = False, **ignored: Any) -> Any:
+        if self.fixed_length is not None and input_ids.shape[1] != self.fixed_length:
+            raise UsageError(f"virtual pipeline stages send fixed shapes between stages: every micro-batch must be "
+                             f"--seq-length {self.fixed_length} tokens long. Received: {input_ids.shape[1]} tokens; pad "
+                             f"batches to --seq-length (models/pretrain_vlm.py does)")
         decoder_input = None
         if self.pre_process:
             decoder_input = self._embeddings(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
