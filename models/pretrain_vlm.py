@@ -174,24 +174,6 @@ def _core_model(config: Any, pre_process: bool, post_process: bool, vp_stage: An
     return model
 
 
-def _structure(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """An HF config without the keys that do not change the network (the dtype the weights were saved in)."""
-    return {k: v for k, v in hf_config.items() if k not in ("torch_dtype", "dtype", "architectures")}
-
-
-def _config_difference(theirs: dict[str, Any], ours: dict[str, Any], prefix: str = "") -> str:
-    """The first few keys where two HF config dicts differ, as `key: checkpoint X, model.json Y`."""
-    found = []
-    for key in sorted(set(theirs) | set(ours)):
-        a, b = theirs.get(key), ours.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            inner = _config_difference(a, b, f"{prefix}{key}.")
-            found.extend([inner] if inner else [])
-        elif a != b:
-            found.append(f"{prefix}{key}: checkpoint {a!r}, model.json {b!r}")
-    return "; ".join(found[:3])
-
-
 def get_batch(data_iterator: Iterator) -> dict[str, Any]:
     """The next collated micro-batch as tensors on this process's device: integer arrays as they are,
     floating ones (pixel values) in the model's compute dtype, as MindSpeed-MM's move_to_device does."""
