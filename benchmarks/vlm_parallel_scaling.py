@@ -9,7 +9,7 @@ through parallel_scaling.run_job (the same runner, --mock-data, seq 128). Step t
 warm-up iterations, from each job's --metrics-file. The table gives each layout's step time relative to
 its model's one-process megatron-core run (TP1): the scaling of the VLM against the scaling of the GPT.
 
-    python benchmarks/vlm_parallel_scaling.py                  # TP1, TP2, PP2 of both models (about 2 minutes)
+    python benchmarks/vlm_parallel_scaling.py                  # TP1, TP2, PP2, PP2 x VPP2 of both models (about 3 minutes)
     python benchmarks/vlm_parallel_scaling.py --markdown out.md
 
 On a CPU (gloo, one thread per process) figures are for shape, not speed: two processes share the cores
@@ -43,33 +43,45 @@ LAYOUTS = {
     "TP1": (1, ["--use-mcore-models"], "mcore DP1"),
     "TP2": (2, ["--tensor-model-parallel-size", "2"], "mcore TP2"),
     "PP2": (2, ["--pipeline-model-parallel-size", "2"], "mcore PP2"),
+    # batches padded to --seq-length here (the interleaved schedule sends fixed shapes), as the GPT's always are
+    "PP2xVPP2": (2, ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"],
+                 "mcore PP2 x VPP2"),
 }
 
 
-def model_json(out: Path, pipeline_stages: int) -> Path:
-    """The demo's model.json with parallel_scaling's GPT as its text decoder, split over `pipeline_stages`."""
+def model_json(out: Path, pipeline_stages: int, chunks: int = 1) -> Path:
+    """The demo's model.json with parallel_scaling's GPT as its text decoder, split over `pipeline_stages` (and
+    `chunks` virtual stages each: MindSpeed-MM's lists of lists)."""
     raw = json.loads(TINY_JSON.read_text())
     layers, hidden, heads = gpt_bench.LAYERS, gpt_bench.HIDDEN, gpt_bench.HEADS
     head_dim = hidden // heads
+    per_stage = [layers // (pipeline_stages * chunks)] * pipeline_stages
     raw["text_decoder"].update(num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden,
                                num_attention_heads=heads, group_query_attention=False,
                                mrope_section=[head_dim // 4, head_dim // 8, head_dim // 8],
-                               pipeline_num_layers=[layers // pipeline_stages] * pipeline_stages)
+                               pipeline_num_layers=_lists(per_stage, chunks, per_stage))
     encoder, projector = raw["image_encoder"]["vision_encoder"], raw["image_encoder"]["vision_projector"]
     encoder.update(num_layers=VIT_LAYERS, hidden_size=VIT_HIDDEN, ffn_hidden_size=4 * VIT_HIDDEN, llm_hidden_size=hidden,
-                   num_attention_heads=VIT_HEADS, pipeline_num_layers=[VIT_LAYERS] + [0] * (pipeline_stages - 1))
+                   num_attention_heads=VIT_HEADS,
+                   pipeline_num_layers=_lists([VIT_LAYERS] + [0] * (pipeline_stages - 1), chunks, [0] * pipeline_stages))
     projector.update(input_size=VIT_HIDDEN, hidden_size=hidden, ffn_hidden_size=4 * VIT_HIDDEN)
-    path = out / f"model_pp{pipeline_stages}.json"
+    path = out / f"model_pp{pipeline_stages}_vpp{chunks}.json"
     path.write_text(json.dumps(raw, indent=1))
     return path
+
+
+def _lists(first: list[int], chunks: int, others: list[int]) -> list:
+    """One count per stage (chunks 1), or one such list per virtual chunk: `first`, then `others`."""
+    return first if chunks == 1 else [first] + [others] * (chunks - 1)
 
 
 def run_vlm(label: str, iters: int, warmup: int, workdir: Path, data_json: str) -> gpt_bench.Measurement:
     nproc, extra, _ = LAYOUTS[label]
     stages = 2 if "--pipeline-model-parallel-size" in extra else 1
+    chunks = 2 if "--virtual-pipeline-model-parallel-size" in extra else 1
     metrics = workdir / f"vlm_{label}.jsonl"
     global_batch = gpt_bench.MICRO * gpt_bench.MICRO_BATCHES
-    args = ["--mm-model", str(model_json(workdir, stages)), "--mm-data", data_json, "--micro-batch-size",
+    args = ["--mm-model", str(model_json(workdir, stages, chunks)), "--mm-data", data_json, "--micro-batch-size",
             str(gpt_bench.MICRO), "--global-batch-size", str(global_batch), "--seq-length", str(gpt_bench.SEQ),
             "--lr", "1e-4", "--train-iters", str(iters), "--eval-iters", "0", "--log-interval", str(iters),
             "--metrics-file", str(metrics), *extra]
@@ -87,7 +99,7 @@ def run_vlm(label: str, iters: int, warmup: int, workdir: Path, data_json: str) 
     step_ms = statistics.median(steps)
     tokens = float(summary.get("tokens_per_s", float("nan")))
     m = gpt_bench.Measurement(f"VLM {label}", nproc, step_ms, tokens, float(summary.get("peak_rss_mb", float("nan"))))
-    print(f"  VLM {label:4s} {nproc} processes: {step_ms:8.1f} ms/step, rank 0 peak RSS {m.peak_rss_mb:6.0f} MB "
+    print(f"  VLM {label:8s} {nproc} processes: {step_ms:8.1f} ms/step, rank 0 peak RSS {m.peak_rss_mb:6.0f} MB "
           f"({time.time() - start:.0f} s)", flush=True)
     return m
 
