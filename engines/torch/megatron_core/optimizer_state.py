@@ -15,6 +15,7 @@ optimizer: a run with --use-distributed-optimizer resumes one without it, and th
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -75,12 +76,15 @@ def _step_of(all_slots: list[_Slot]) -> int:
 
 def gather(optimizer: Any, names: dict[torch.nn.Parameter, str], dp_group: Any,
            distributed: bool) -> tuple[int, dict[str, torch.Tensor]]:
-    """(step, {"<param>.<key>": whole tensor}) for every parameter of this (tensor, pipeline) rank.
+    """(step, {"<param>.<key>": whole tensor, on the host}) for every parameter of this (tensor, pipeline) rank.
     Every data-parallel rank must call it (the distributed optimizer's shards are all-reduced)."""
     all_slots = list(slots(optimizer, names))
     step = _step_of(all_slots)
+    # The buffers are reduced where the parameters live: NCCL (and HCCL) move device tensors only, so a
+    # buffer left on the host fails there ("No backend type associated with device type cpu"); gloo is CPU.
+    device = next(iter(names)).device if names else torch.device("cpu")
     if distributed:
-        step_t = torch.tensor([step], dtype=torch.int64)
+        step_t = torch.tensor([step], dtype=torch.int64, device=device)
         torch.distributed.all_reduce(step_t, op=torch.distributed.ReduceOp.MAX, group=dp_group)
         step = int(step_t.item())
     # Every parameter of the model, not only those this rank holds a shard of: the buffers must have the
@@ -91,8 +95,8 @@ def gather(optimizer: Any, names: dict[torch.nn.Parameter, str], dp_group: Any,
     for key in keys:
         wanted = [(n, p) for n, p in params if key != MAIN_PARAM_KEY or p.dtype != torch.float32]
         sizes = [p.numel() for _, p in wanted]
-        flat = torch.zeros(sum(sizes), dtype=torch.float32)
-        offsets = dict(zip((n for n, _ in wanted), torch.tensor([0] + sizes).cumsum(0).tolist()))
+        flat = torch.zeros(sum(sizes), dtype=torch.float32, device=device)
+        offsets = dict(zip((n for n, _ in wanted), itertools.accumulate([0] + sizes)))
         for s in all_slots:
             if s.name not in offsets:
                 continue
@@ -100,9 +104,10 @@ def gather(optimizer: Any, names: dict[torch.nn.Parameter, str], dp_group: Any,
             if value is None:
                 continue  # no step yet: the moments are zeros
             start = offsets[s.name] + (s.start if s.sharded else 0)
-            flat[start:start + value.numel()] = value.detach().reshape(-1).float().cpu()
+            flat[start:start + value.numel()] = value.detach().reshape(-1).to(device, torch.float32)
         if distributed:
             torch.distributed.all_reduce(flat, group=dp_group)
+        flat = flat.cpu()  # one transfer per kind of state; the checkpoint writer takes host tensors
         for (name, param), size in zip(wanted, sizes):
             offset = offsets[name]
             out[f"{name}.{key}"] = flat[offset:offset + size].view(param.shape)
