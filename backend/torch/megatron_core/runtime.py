@@ -10,6 +10,8 @@ rank); `prepare()` says it once, on rank 0, in its own words instead.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import warnings
 from typing import Any
@@ -99,3 +101,38 @@ def installed_kernels() -> dict[str, Any]:
     """What megatron-core found at import (for the start-up log line)."""
     return {"transformer_engine": importlib.util.find_spec("transformer_engine") is not None,
             "apex": importlib.util.find_spec("apex") is not None}
+
+
+# megatron-core's FusedScaleMaskSoftmax imports these compiled kernels (Apex / Megatron-LM's fused extensions) at
+# the first fp16/bf16 attention when masked_softmax_fusion is on; `pip install megatron-core` brings none of them.
+SOFTMAX_KERNELS = ("scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "scaled_softmax_cuda")
+
+
+@functools.lru_cache(maxsize=None)
+def fused_softmax_kernels() -> bool:
+    """Do megatron-core's fused softmax kernels import here? Probed once per process (a real import: a kernel
+    built for another CUDA or torch fails only then)."""
+    for name in SOFTMAX_KERNELS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # ImportError, or an undefined symbol of a kernel built against another torch
+            return False
+    return True
+
+
+def fusions(kind: str | None = None) -> dict[str, bool]:
+    """TransformerConfig's fusion flags for this device: the fused paths where their kernels run here. The
+    bias + GeLU and bias + dropout fusions are megatron-core's own TorchScript (any CUDA); the masked softmax
+    needs SOFTMAX_KERNELS. Unfused, each computes the same."""
+    on_cuda = (kind or device_kind()) == "cuda"
+    return {"masked_softmax_fusion": on_cuda and fused_softmax_kernels(),
+            "bias_activation_fusion": on_cuda, "bias_dropout_fusion": on_cuda}
+
+
+def fusion_notice(kind: str | None = None) -> str | None:
+    """The one line that says a fusion was asked for on this device and its kernel is absent, else None."""
+    if (kind or device_kind()) != "cuda" or fused_softmax_kernels():
+        return None
+    return ("notice: megatron-core's fused masked softmax needs the compiled kernel scaled_masked_softmax_cuda "
+            "(Apex or Megatron-LM's fused extensions), which does not import here; attention uses the unfused "
+            "softmax (same math, in fp32). Install Apex to use the fused kernel")

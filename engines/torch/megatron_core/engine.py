@@ -127,6 +127,9 @@ class MegatronCoreEngine:
                  f"{self.layout.describe()}; Transformer Engine {'found' if kernels['transformer_engine'] else 'absent'}, "
                  f"Apex {'found' if kernels['apex'] else 'absent'}"
                  + ("; CPU shims installed (backend/torch/megatron_core/cpu_shims.py)" if kind == "cpu" else ""))
+        notice = runtime.fusion_notice(kind)
+        if notice:
+            self.log(notice)
         return self.layout
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:

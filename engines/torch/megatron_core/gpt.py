@@ -52,15 +52,14 @@ def transformer_config(args: Any) -> Any:
     """Megatron's core_transformer_config_from_args for mmrun's GPT arguments."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    on_cuda = runtime.device_kind() == "cuda"
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
     with warnings.catch_warnings():
         # 0.16 warns on every config that its default cuda_graph_scope "full" is deprecated (graphs are off)
         warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
-        return _config(TransformerConfig, args, on_cuda, dtype)
+        return _config(TransformerConfig, args, dtype)
 
 
-def _config(TransformerConfig: type, args: Any, on_cuda: bool, dtype: torch.dtype) -> Any:
+def _config(TransformerConfig: type, args: Any, dtype: torch.dtype) -> Any:
     return TransformerConfig(
         num_layers=args.num_layers,
         hidden_size=args.hidden_size,
@@ -87,10 +86,8 @@ def _config(TransformerConfig: type, args: Any, on_cuda: bool, dtype: torch.dtyp
         use_cpu_initialization=runtime.device_kind() == "cpu",
         # megatron-core's init runs (it also marks the tensor-parallel parameters, which the gradient norm and
         # the optimizers rely on) and mmrun's initial weights replace its values right after.
-        # Fused kernels exist on CUDA (and through MindSpeed on Ascend); the unfused paths compute the same.
-        masked_softmax_fusion=on_cuda,
-        bias_activation_fusion=on_cuda,
-        bias_dropout_fusion=on_cuda,
+        # Fused kernels where they run here (runtime.fusions probes the compiled softmax); unfused is the same math.
+        **runtime.fusions(),
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,  # needs Apex's fused_weight_gradient_mlp_cuda
         persist_layer_norm=False,

@@ -89,14 +89,13 @@ class TorchNorm:
 
 def _common(args: Any) -> dict[str, Any]:
     """TransformerConfig fields every part shares: precision, fusions off where unfused is the same math."""
-    on_cuda = runtime.device_kind() == "cuda"
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
     return dict(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         hidden_dropout=0.0, attention_dropout=0.0,  # Qwen2-VL trains without dropout
         fp16=args.fp16, bf16=args.bf16, params_dtype=dtype, pipeline_dtype=dtype,
         attention_softmax_in_fp32=True, use_cpu_initialization=runtime.device_kind() == "cpu",
-        masked_softmax_fusion=on_cuda, bias_activation_fusion=False, bias_dropout_fusion=on_cuda,
+        **{**runtime.fusions(), "bias_activation_fusion": False},
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         init_method_std=args.init_method_std if args.init_method_std is not None else 0.02,
     )
