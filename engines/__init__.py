@@ -117,6 +117,16 @@ def create(args: argparse.Namespace, framework: str, log: Callable[[str], None])
 # What the floors above (training, the entries) need of one framework's engine code, reached through here so that
 # they never import mmrun.engines.<framework> or mmrun.backend.<framework> themselves (tests/test_layers.py).
 
+def megatron_core_installed() -> bool:
+    """Is megatron-core importable here? (Looked up, not imported: the entries ask before choosing an engine.)"""
+    import importlib.util
+
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in ("megatron", "megatron.core"))
+    except (ImportError, ValueError):  # a broken or hidden `megatron` package
+        return False
+
+
 def core_gpt_model(args: argparse.Namespace, pre_process: bool = True, post_process: bool = True,
                    vp_stage: int | None = None) -> Any:
     """megatron-core's GPTModel for this stage from the run's arguments, starting from mmrun's GPT weights

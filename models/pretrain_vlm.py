@@ -86,9 +86,22 @@ def _model_source(argv: list[str]) -> ModelSource:
 
     framework = resolve(argv).framework
     split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
+    # `pip install -e ".[torch]"` (the README's quick start) has no megatron-core: an unsplit model trains on
+    # the data-parallel engine there (the same network, as on MindSpore), said once; a split one still needs it.
+    without_mcore = framework == "pytorch" and not split and not _megatron_core_installed()
+    if without_mcore:
+        _warn_rank0("megatron-core is not installed: this run trains the model on mmrun's data-parallel engine (the "
+                    "same network and initial weights); pip install megatron-core (the [megatron] extra) to train it on "
+                    "megatron-core as --use-mcore-models asks")
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
-                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split))
+                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore)
+
+
+def _megatron_core_installed() -> bool:
+    from mmrun import engines
+
+    return engines.megatron_core_installed()
 
 
 def _warn_rank0(message: str) -> None:
