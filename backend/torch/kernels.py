@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from mmrun.backend import dropout_hash
 from mmrun.backend.errors import warn_once
 
-# Elements per Triton program: 4 warps x 32 lanes x 8 elements.
-_BLOCK = 1024
+# Elements per Triton program: the kernel module's BLOCK (8 warps x 32 lanes x 16 elements) unless set here (tests).
+_BLOCK: int | None = None
 _HALF = (torch.float16, torch.bfloat16)
 _kernel_failed = False  # set once when the Triton kernel cannot be built here; the eager path takes over
 
@@ -107,10 +107,11 @@ def _as_int32(word: int) -> int:
 
 
 def _launch(x: torch.Tensor, key: tuple[int, int, int], scale: float) -> torch.Tensor:
+    # Called once forward and once backward per dropout: kept to the few host operations a launch needs.
     x = x.contiguous()
     out = torch.empty_like(x)
-    multiplier, offset, threshold = (_as_int32(k) for k in key)
-    _triton_kernel().launch(x, out, x.numel(), multiplier, offset, threshold, scale, _BLOCK)
+    kernel = _triton_kernel()
+    kernel.launch(x, out, x.numel(), *key, scale, _BLOCK or kernel.BLOCK)
     return out
 
 
@@ -119,7 +120,7 @@ class _HashDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, key: tuple[int, int, int], scale: float) -> torch.Tensor:
-        ctx.key, ctx.scale = key, scale
+        ctx.key, ctx.scale = key, scale  # three ints and a float: the mask is redrawn, never stored
         return _launch(x, key, scale)
 
     @staticmethod
@@ -140,7 +141,7 @@ def hash_dropout(x: torch.Tensor, multiplier: int, offset: int, threshold: int, 
     if not _triton_usable(x):
         return None
     try:
-        return _HashDropout.apply(x, (multiplier, offset, threshold), scale)
+        return _HashDropout.apply(x, (_as_int32(multiplier), _as_int32(offset), _as_int32(threshold)), scale)
     except Exception as exc:  # noqa: BLE001  a Triton/driver mismatch must cost speed, never the run
         warn_once(f"the fused hash-dropout kernel failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
                   "using the eager hash dropout, which is slower; --dropout-impl native avoids it")

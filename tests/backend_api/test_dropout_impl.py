@@ -96,22 +96,24 @@ TRITON_CHECK = textwrap.dedent("""\
     import numpy as np, torch
     from mmrun.backend import dropout_hash
     from mmrun.backend.torch import kernels, ops, seeding
-    for dtype in (torch.float32, torch.float16):
-        for p in (0.1, 0.6, 0.999):
-            x = torch.randn(3, 1000, 7).to(dtype).requires_grad_()
-            seeding.seed_everything(5)
-            fused = ops.dropout(x, p, True, "hash")          # the Triton kernel (interpreted)
-            fused.backward(torch.ones_like(fused))
-            fused_grad, x.grad = x.grad.clone(), None
-            seeding.seed_everything(5)
-            os.environ["TRITON_INTERPRET"] = "0"              # not CUDA, not interpreted: the eager hash
-            eager = ops.dropout(x, p, True, "hash")
-            eager.backward(torch.ones_like(eager))
-            os.environ["TRITON_INTERPRET"] = "1"
-            bits = torch.int32 if dtype == torch.float32 else torch.int16
-            assert torch.equal(fused.detach().view(bits), eager.detach().view(bits)), (dtype, p)
-            assert torch.equal(fused_grad, x.grad), (dtype, p)
-            assert np.array_equal((fused != 0).numpy(), dropout_hash.keep_mask(5, 0, x.shape, p)), (dtype, p)
+    # (3, 1000, 7): the bounds-masked last block; (2, 4096): blocks that divide the size (unmasked loads)
+    for dtype, p, shape in [(d, p, s) for d in (torch.float32, torch.float16) for p in (0.1, 0.6, 0.999)
+                            for s in ((3, 1000, 7), (2, 4096))]:
+        x = torch.randn(*shape).to(dtype).requires_grad_()
+        seeding.seed_everything(5)
+        fused = ops.dropout(x, p, True, "hash")          # the Triton kernel (interpreted)
+        assert fused.grad_fn.saved_tensors == ()          # backward redraws the mask from the key: nothing kept
+        fused.backward(torch.ones_like(fused))
+        fused_grad, x.grad = x.grad.clone(), None
+        seeding.seed_everything(5)
+        os.environ["TRITON_INTERPRET"] = "0"              # not CUDA, not interpreted: the eager hash
+        eager = ops.dropout(x, p, True, "hash")
+        eager.backward(torch.ones_like(eager))
+        os.environ["TRITON_INTERPRET"] = "1"
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(fused.detach().view(bits), eager.detach().view(bits)), (dtype, p, shape)
+        assert torch.equal(fused_grad, x.grad), (dtype, p, shape)
+        assert np.array_equal((fused != 0).numpy(), dropout_hash.keep_mask(5, 0, x.shape, p)), (dtype, p, shape)
     assert not kernels._kernel_failed
     print("triton kernel ok")
     """)

@@ -101,14 +101,12 @@ def test_a_train_step_synchronises_with_the_gpu_once(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "float16"])
-def test_the_triton_hash_dropout_matches_the_cpu_masks_and_is_cheap(dtype_name):
-    """The fused kernel on the GPU draws the CPU's (and MindSpore's) masks bit for bit; its cost against
-    F.dropout is printed (the target is at most 2x)."""
-    import time
-
+def test_the_triton_hash_dropout_matches_the_cpu_masks(dtype_name):
+    """The fused kernel on the GPU draws the CPU's (and MindSpore's) masks bit for bit, forward and backward,
+    and keeps nothing for backward. Its speed against F.dropout is benchmarks/hash_dropout.py's (a ratio measured
+    in one run), not an assert here."""
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
     from mmrun.backend import dropout_hash
     from mmrun.backend.torch import kernels, ops, seeding
@@ -116,26 +114,17 @@ def test_the_triton_hash_dropout_matches_the_cpu_masks_and_is_cheap(dtype_name):
     if not kernels.has_fused_hash_dropout("cuda"):
         pytest.skip("Triton is not installed with this torch: the hash dropout runs eagerly on CUDA")
     dtype = getattr(torch, dtype_name)
-    x = torch.randn(8, 1024, 768, device="cuda").to(dtype)
-    seeding.seed_everything(3)
-    gpu = ops.dropout(x, 0.1, True, "hash")
-    seeding.seed_everything(3)
-    cpu = ops.dropout(x.cpu(), 0.1, True, "hash")
-    assert torch.equal(gpu.cpu(), cpu)
-    assert np.array_equal((gpu != 0).cpu().numpy() | (x == 0).cpu().numpy(),
-                          dropout_hash.keep_mask(3, 0, x.shape, 0.1) | (x == 0).cpu().numpy())
-
-    def timed(fn, reps=50):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / reps
-
-    ours, theirs = timed(lambda: ops.dropout(x, 0.1, True, "hash")), timed(lambda: F.dropout(x, 0.1, True))
-    print(f"hash dropout (Triton) {ours * 1e3:.3f} ms vs F.dropout {theirs * 1e3:.3f} ms on {tuple(x.shape)} "
-          f"{dtype_name}: {ours / theirs:.2f}x")
-    assert ours <= 4 * theirs  # generous: the target is 2x, reported above
+    for shape in ((8, 1024, 768), (3, 1000, 7)):  # blocks that divide the size, and a bounds-masked last block
+        x = torch.randn(*shape, device="cuda").to(dtype).requires_grad_()
+        seeding.seed_everything(3)
+        gpu = ops.dropout(x, 0.1, True, "hash")
+        assert gpu.grad_fn.saved_tensors == ()
+        gpu.backward(torch.ones_like(gpu))
+        seeding.seed_everything(3)
+        cpu_x = x.detach().cpu().requires_grad_()
+        cpu = ops.dropout(cpu_x, 0.1, True, "hash")
+        cpu.backward(torch.ones_like(cpu))
+        assert torch.equal(gpu.detach().cpu(), cpu.detach())
+        assert torch.equal(x.grad.cpu(), cpu_x.grad)
+        zero = (x == 0).cpu().numpy()
+        assert np.array_equal((gpu != 0).cpu().numpy() | zero, dropout_hash.keep_mask(3, 0, shape, 0.1) | zero)
