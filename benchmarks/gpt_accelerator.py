@@ -9,6 +9,8 @@ Every row is measured in this one invocation on the same device (a benchmark, no
   mmrun-hash    the same with --dropout-impl hash (the cross-framework masks; one Triton kernel on CUDA)
   plain-torch   the same GPT written as a user would: nn.Linear/LayerNorm/Embedding, F.scaled_dot_product_attention,
                 torch.optim.AdamW (fused on CUDA, as torch picks nothing faster by default), autocast for bf16
+  plain-torch-compile  the same model through torch.compile (default mode; its compile time is in the warm-up
+                steps, not in the timed ones); CUDA by default, --impls plain-torch-compile asks for it elsewhere
   megatron-core GPTModel with the local layer spec (no Transformer Engine) and torch.optim.AdamW, where installed
 
 GPU size: GPT-2 small (12 layers, hidden 768, 12 heads, seq 1024, micro-batch 8, vocab 50304), fp32 and bf16,
@@ -23,6 +25,7 @@ reaches on a large matmul in the same dtype, measured here (no vendor number is 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -42,7 +45,8 @@ SIZES = {  # layers, hidden, heads, seq, micro batch, vocab
     "cpu": dict(layers=2, hidden=256, heads=4, seq=256, batch=4, vocab=8192),
 }
 DROPOUT = 0.1
-IMPLS = ("mmrun", "mmrun-hash", "plain-torch", "megatron-core")
+IMPLS = ("mmrun", "mmrun-hash", "plain-torch", "plain-torch-compile", "megatron-core")
+CUDA_ONLY = ("mmrun-hash", "plain-torch-compile")  # left out by default elsewhere (no Triton kernel; slow compile)
 
 
 def _device() -> str:
@@ -83,8 +87,8 @@ def _timed_steps(step, iters: int, warmup: int, sync) -> list[float]:
     return times[warmup:]
 
 
-def worker_plain(s: dict, precision: str, iters: int, warmup: int) -> dict:
-    """The GPT a user writes in plain torch (nanoGPT-shaped), trained with torch's own tools."""
+def worker_plain(s: dict, precision: str, iters: int, warmup: int, compiled: bool = False) -> dict:
+    """The GPT a user writes in plain torch (nanoGPT-shaped), trained with torch's own tools (and torch.compile)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -128,6 +132,7 @@ def worker_plain(s: dict, precision: str, iters: int, warmup: int) -> dict:
             torch.nn.init.normal_(param, 0.0, 0.02)
     model = model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=dev == "cuda")
+    forward = torch.compile(model) if compiled else model
     ctx = (torch.autocast(dev, dtype=torch.bfloat16) if precision == "bf16"
            else torch.autocast(dev, enabled=False))
     idx = torch.randint(0, s["vocab"], (s["batch"], s["seq"]), device=dev)
@@ -136,7 +141,7 @@ def worker_plain(s: dict, precision: str, iters: int, warmup: int) -> dict:
 
     def step():
         with ctx:
-            loss = model(idx, tgt)
+            loss = forward(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -223,7 +228,8 @@ def worker_peak(s: dict, precision: str, iters: int, warmup: int) -> dict:
     return {"flops_per_s": 2.0 * n ** 3 / min(times)}
 
 
-WORKERS = {"plain-torch": worker_plain, "megatron-core": worker_mcore, "peak": worker_peak}
+WORKERS = {"plain-torch": worker_plain, "plain-torch-compile": functools.partial(worker_plain, compiled=True),
+           "megatron-core": worker_mcore, "peak": worker_peak}
 
 
 # ------------------------------------------------------------------------------------ the driver
@@ -311,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=None,
-                        help="rows to measure (default: all; mmrun-hash only on CUDA, where its Triton kernel runs)")
+                        help="rows to measure (default: all; mmrun-hash and plain-torch-compile only on CUDA)")
     parser.add_argument("--iters", type=int, default=None, help="timed steps per row (GPU 20, CPU 10)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (GPU 10, CPU 3)")
     parser.add_argument("--repeat", type=int, default=None,
@@ -331,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     iters = args.iters or (20 if device == "cuda" else 10)
     warmup = args.warmup or (10 if device == "cuda" else 3)
     repeat = args.repeat or (1 if device == "cuda" else 2)
-    impls = args.impls or [i for i in IMPLS if i != "mmrun-hash" or device == "cuda"]
+    impls = args.impls or [i for i in IMPLS if i not in CUDA_ONLY or device == "cuda"]
     try:
         import megatron.core  # noqa: F401
     except ImportError:
