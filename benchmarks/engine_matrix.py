@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        atomic_write(Path(out) / "engine_matrix.json", json.dumps({"device": device, "cells": results}, indent=1) + "\n")
+        atomic_write(Path(out) / "engine_matrix.json",
+                     json.dumps({"device": device, "cells": results}, indent=1) + "\n")
         atomic_write(Path(out) / "engine_matrix.md", table)
     return 0 if all(r["status"] != "FAILED" for r in results) else 1
 

@@ -74,7 +74,8 @@ else
 fi
 step environment 20 "$PY" -c "import importlib.util as u, torch, mmrun.backend as b
 print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')
-print(b.current()); print('triton', u.find_spec('triton') is not None, 'megatron-core', u.find_spec('megatron') is not None)"
+print(b.current())
+print('triton', u.find_spec('triton') is not None, 'megatron-core', u.find_spec('megatron') is not None)"
 
 cd "$CHECKOUT" || exit 1
 # pytest runs the checkout's tests against the installed copy (pyproject.toml adds --import-mode=importlib).

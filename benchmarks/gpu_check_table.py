@@ -103,7 +103,8 @@ def table(out: Path) -> str:
                 rows.append((f"{step} results", "missing", f"{filename} was not written (see {step}.log)"))
             continue
         rows += rows_of(data)
-    env = (out / "environment.log").read_text().strip().replace("\n", "; ") if (out / "environment.log").exists() else ""
+    log = out / "environment.log"
+    env = log.read_text().strip().replace("\n", "; ") if log.exists() else ""
     lines = [f"# gpu_check: {env}", "", "| what | result | detail |", "|---|---|---|"]
     lines += [f"| {_cell(a)} | {_cell(b)} | {_cell(c)} |" for a, b, c in rows]
     return "\n".join(lines)

@@ -55,7 +55,8 @@ def run(engine: str, precision: str, model_json: str, data_json: str, warmup: in
 
 def markdown(device: str, rows: list[dict]) -> str:
     lines = [f"VLM demo (one process) on {device}: megatron-core's engine against the portable engine", "",
-             "| precision | engine | step ms | tokens/s | megatron-core / portable (tokens/s) |", "|---|---|---|---|---|"]
+             "| precision | engine | step ms | tokens/s | megatron-core / portable (tokens/s) |",
+             "|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['precision']} | {r['impl']} | failed: {r['error']} | | |")
