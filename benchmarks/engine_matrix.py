@@ -156,6 +156,15 @@ def markdown(device: str, cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(device: str, results: list[dict], planned: int) -> None:
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(out) / "engine_matrix.json",
+                     json.dumps({"device": device, "planned": planned, "cells": results}, indent=1) + "\n")
+        atomic_write(Path(out) / "engine_matrix.md", markdown(device, results))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-smoke", "--cpu_smoke", dest="cpu_smoke", action="store_true",
@@ -189,14 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = results[-1]
                 print(f"[{time.strftime('%H:%M:%S')}] {r['model']} {r['engine']} {r['precision']}: {r['status']} "
                       f"{r['detail']}", file=sys.stderr, flush=True)
-    table = markdown(device, results)
-    print(table)
-    out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        atomic_write(Path(out) / "engine_matrix.json",
-                     json.dumps({"device": device, "cells": results}, indent=1) + "\n")
-        atomic_write(Path(out) / "engine_matrix.md", table)
+                _write(device, results, len(cells))  # after every cell: a time limit leaves what was done
+    print(markdown(device, results))
     return 0 if all(r["status"] != "FAILED" for r in results) else 1
 
 

@@ -27,8 +27,13 @@ def _cell(text: Any) -> str:
 
 
 def engine_rows(data: dict) -> list[tuple[str, str, str]]:
-    return [(f"{c['model']} {c['engine']} {c['precision']}: train 4 + save, resume 2", c["status"], c["detail"])
+    rows = [(f"{c['model']} {c['engine']} {c['precision']}: train 4 + save, resume 2", c["status"], c["detail"])
             for c in data["cells"]]
+    left = data.get("planned", len(data["cells"])) - len(data["cells"])
+    if left > 0:
+        rows.append(("engine cells not finished", "missing", f"{left} of {data['planned']} cells did not finish "
+                     "(the step's time limit; see engines.log)"))
+    return rows
 
 
 def gpt_rows(data: dict) -> list[tuple[str, str, str]]:

@@ -154,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", "--cpu_smoke", dest="cpu_smoke", action="store_true",
                         help="tiny sizes on the CPU, a few seconds: checks the script, measures nothing of note")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 5, smoke 1)")
-    parser.add_argument("--reps", type=int, default=None, help="calls per timing (default 50, smoke 3)")
+    parser.add_argument("--reps", type=int, default=None, help="calls per timing (default 50, smoke 20)")
     args = parser.parse_args(argv)
     import torch
 
     device = "cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda"
     sizes_of = "smoke" if args.cpu_smoke else device
     rounds = args.rounds or (1 if args.cpu_smoke else 5)
-    reps = args.reps or (3 if args.cpu_smoke else 50)
+    reps = args.reps or (20 if args.cpu_smoke else 50)
     rows = [measure(device, shape, dtype, rounds, reps) for shape in SIZES[sizes_of] for dtype in DTYPES[sizes_of]]
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     text = (f"hash dropout vs F.dropout, p={P}, on {name} (torch {torch.__version__}); medians of {rounds} "

@@ -48,7 +48,8 @@ def run(engine: str, precision: str, model_json: str, data_json: str, warmup: in
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return {"error": f"exit {proc.returncode}: {tail[0][:240]}"}
     step = statistics.median(r["elapsed_ms"] for r in train)
-    return {"step_ms": round(step, 2), "tokens_per_s": round(statistics.median(r["tokens_per_second"] for r in train)),
+    tokens = train[0]["tokens_per_second"] * train[0]["elapsed_ms"] / 1e3  # per step: global batch x --seq-length
+    return {"step_ms": round(step, 2), "tokens_per_s": round(tokens / step * 1e3),
             "engine": summary.get("engine"), "device": summary.get("device"),
             "peak_device_memory_mb": summary.get("peak_device_memory_mb"), "loss": train[-1]["lm_loss"]}
 
