@@ -98,8 +98,11 @@ def table(out: Path) -> str:
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines() if line] if (
         out / "steps.tsv").exists() else []
     ran = {s[0] for s in steps}
+    with_rows = {step for step, _, _ in SOURCES}
     for step in steps:
         name, result, detail = (step + ["", ""])[:3]
+        if name in with_rows and result == "ok":
+            detail = f"its rows below ({name}.log)"  # its last log line is a table row: the rows say it better
         rows.append((f"step {name}", result, detail))
     for step, filename, rows_of in SOURCES:
         data = _load(out, filename)
@@ -110,7 +113,7 @@ def table(out: Path) -> str:
         rows += rows_of(data)
     log = out / "environment.log"
     env = log.read_text().strip().replace("\n", "; ") if log.exists() else ""
-    lines = [f"# gpu_check: {env}", "", "| what | result | detail |", "|---|---|---|"]
+    lines = [f"gpu_check, environment: {env}", "", "| what | result | detail |", "|---|---|---|"]
     lines += [f"| {_cell(a)} | {_cell(b)} | {_cell(c)} |" for a, b, c in rows]
     return "\n".join(lines)
 
