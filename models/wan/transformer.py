@@ -69,6 +69,12 @@ def _layer_norm(x: Any, eps: float) -> Any:
     return ops.layer_norm(_float32(x), (x.shape[-1],), None, None, eps)
 
 
+def _fp32_layer_norm(norm: Any, x: Any) -> Any:
+    """diffusers' FP32LayerNorm with weights (`norm`, an nn.LayerNorm): computed in fp32 (ops.layer_norm upcasts
+    fp16/bf16 input and weights), returned in x's dtype."""
+    return ops.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
 # ------------------------------------------------------------------------------------------ tables (host)
 
 @functools.lru_cache(maxsize=8)
@@ -196,7 +202,7 @@ class WanImageEmbedding(nn.Module):
         if self.pos_embed is not None:  # first and last frame: two images' tokens as one sequence
             b, seq, dim = x.shape
             x = ops.reshape(x, (-1, 2 * seq, dim)) + self.pos_embed
-        return self.norm2(self.ff(self.norm1(x)))
+        return _fp32_layer_norm(self.norm2, self.ff(_fp32_layer_norm(self.norm1, x)))
 
 
 class WanTimeTextImageEmbedding(nn.Module):
@@ -294,7 +300,7 @@ class WanTransformerBlock(nn.Module):
                                                                  1, dim=1)
         h = tensors.cast(_layer_norm(x, self.eps) * (1.0 + scale) + shift, dtype)
         x = tensors.cast(_float32(x) + self.attn1(h, None, cos, sin) * gate, dtype)
-        h = x if self.norm2 is None else tensors.cast(self.norm2(_float32(x)), dtype)
+        h = x if self.norm2 is None else _fp32_layer_norm(self.norm2, x)
         x = x + self.attn2(h, context, None, None, context_image)
         h = tensors.cast(_layer_norm(x, self.eps) * (1.0 + c_scale) + c_shift, dtype)
         return tensors.cast(_float32(x) + _float32(self.ffn(h)) * c_gate, dtype)

@@ -24,7 +24,9 @@ from mmrun.models.wan import WanConfigError, WanTransformerConfig
 WORKER = Path(__file__).resolve().parent / "workers" / "wan_run.py"
 TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
             text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, cross_attn_norm=True)
-CONFIGS = {"t2v": TINY, "i2v": {**TINY, "image_dim": 8, "added_kv_proj_dim": 24, "cross_attn_norm": False}}
+# i2v with one block: its 257 + 512 context tokens make it the slow case (MindSpore's PyNative runs op by op).
+CONFIGS = {"t2v": TINY, "i2v": {**TINY, "image_dim": 8, "added_kv_proj_dim": 24, "cross_attn_norm": False,
+                                "num_layers": 1}}
 # diffusers' i2v attention takes everything before the last 512 context tokens as image tokens.
 TEXT_LEN = {"t2v": 9, "i2v": 512}
 LATENT = (2, 4, 3, 5, 7)  # batch, channels, frames, height, width: odd frames, odd H and W
@@ -118,7 +120,7 @@ def test_mindspore_equals_pytorch(reference, torch_results, tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ms = dict(np.load(tmp_path / "ms.npz"))
-    assert sorted(ms) == sorted(torch_results) and len(ms) > 100
+    assert sorted(ms) == sorted(torch_results) and len(ms) > 90
     for key, expected in torch_results.items():
         close(ms[key], expected, key)
 
