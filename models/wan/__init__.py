@@ -13,7 +13,8 @@ from mmrun.models.wan.configuration import WanConfigError, WanTransformerConfig 
 def __getattr__(name: str):
     # The model imports the chosen framework: load it on first use only, so reading a config needs none.
     if name in ("WanTransformer3DModel", "DiffusersWeights", "parameter_shapes", "read_diffusers_weights",
-                "load_diffusers_weights", "save_diffusers_directory", "is_diffusers_directory"):
+                "load_diffusers_weights", "save_diffusers_directory", "is_diffusers_directory", "init_weights",
+                "initial_state"):
         from mmrun.models.wan import transformer
         return getattr(transformer, name)
     raise AttributeError(f"module 'mmrun.models.wan' has no attribute {name!r}")

@@ -30,8 +30,10 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -422,6 +424,47 @@ def parameter_shapes(config: WanTransformerConfig) -> dict[str, tuple[int, ...]]
         linear(block + "ffn.net.0.proj", dim, config.ffn_dim)
         linear(block + "ffn.net.2", config.ffn_dim, dim)
     return shapes
+
+
+# Wan2.1's own initialisation (its WanModel.init_weights; diffusers and MindSpeed-MM keep torch's defaults), as
+# rules on diffusers' parameter names, the first that matches wins: (test, rule).
+INIT_RULES: tuple[tuple[str, str], ...] = (
+    (r"\.bias$|pos_embed$", "zeros"),
+    (r"(^|\.)norm[^.]*\.weight$", "ones"),  # norm_q, norm_k, norm_added_k, the LayerNorms
+    (r"scale_shift_table$", "modulation"),  # N(0, 1/dim), as diffusers' constructor draws it
+    (r"^proj_out\.weight$", "zeros"),  # Wan's head starts at zero
+    (r"\.(time|text)_embedder\.", "normal_0.02"),
+    (r"", "xavier_uniform"),  # every other Linear, and the patch embedding's kernel as (hidden, in * patch)
+)
+
+
+def initial_value(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Parameter `name`'s initial value by INIT_RULES, drawn by numpy from (seed, name): the same on every
+    framework and whatever the order in which parameters are visited."""
+    rule = next(rule for pattern, rule in INIT_RULES if re.search(pattern, name))
+    if rule == "zeros":
+        return np.zeros(shape, np.float32)
+    if rule == "ones":
+        return np.ones(shape, np.float32)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if rule == "modulation":
+        return (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)
+    if rule == "normal_0.02":
+        return (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-bound, bound, shape).astype(np.float32)
+
+
+def initial_state(config: WanTransformerConfig, seed: int) -> dict[str, np.ndarray]:
+    """Every parameter's initial value (initial_value), without building the model."""
+    return {name: initial_value(name, shape, seed) for name, shape in parameter_shapes(config).items()}
+
+
+def init_weights(model: WanTransformer3DModel, seed: int) -> None:
+    """Wan2.1's initialisation, deterministic and framework-independent (initial_value): PyTorch and MindSpore
+    start training from identical weights for the same seed."""
+    load_diffusers_weights(model, initial_state(model.config, seed))
 
 
 def _weight_files(path: Path) -> list[Path]:

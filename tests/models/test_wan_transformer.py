@@ -87,10 +87,16 @@ def reference(tmp_path_factory):
     return out
 
 
+def all_cases(reference) -> dict[str, np.ndarray]:
+    """The forward cases of both tasks, and an init_weights case (seed 7) of the i2v config."""
+    cases = {f"{task}/{k}": v for task, (_, _, case) in reference.items() for k, v in case.items()}
+    cases["init/dir"], cases["init/seed"] = cases["i2v/dir"], np.array(7)
+    return cases
+
+
 @pytest.fixture(scope="module")
 def torch_results(reference, wan_worker):
-    cases = {f"{task}/{k}": v for task, (_, _, case) in reference.items() for k, v in case.items()}
-    return wan_worker.run_cases(cases)
+    return wan_worker.run_cases(all_cases(reference))
 
 
 @pytest.mark.parametrize("task", ["t2v", "i2v"])
@@ -113,8 +119,7 @@ def test_outputs_and_gradients_equal_diffusers(reference, torch_results, task):
 @pytest.mark.slow
 def test_mindspore_equals_pytorch(reference, torch_results, tmp_path):
     pytest.importorskip("mindspore")
-    cases = {f"{task}/{k}": v for task, (_, _, case) in reference.items() for k, v in case.items()}
-    np.savez(tmp_path / "cases.npz", **cases)
+    np.savez(tmp_path / "cases.npz", **all_cases(reference))
     env = {**os.environ, "MMRUN_AI_FRAMEWORK": "mindspore", "GLOG_v": "3"}
     done = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "cases.npz"), str(tmp_path / "ms.npz")],
                           env=env, capture_output=True, text=True, timeout=300)
@@ -122,7 +127,30 @@ def test_mindspore_equals_pytorch(reference, torch_results, tmp_path):
     ms = dict(np.load(tmp_path / "ms.npz"))
     assert sorted(ms) == sorted(torch_results) and len(ms) > 90
     for key, expected in torch_results.items():
-        close(ms[key], expected, key)
+        if key.startswith("init/"):  # the same seed, the same initial weights
+            np.testing.assert_array_equal(ms[key], expected, err_msg=key)
+        else:
+            close(ms[key], expected, key)
+
+
+def test_init_weights_follows_wan_and_is_framework_independent(reference, torch_results):
+    from mmrun.models.wan import WanTransformerConfig, initial_state
+
+    _, path, _ = reference["i2v"]
+    expected = initial_state(WanTransformerConfig.from_diffusers(path), 7)
+    params = {k.split("/param/", 1)[1]: v for k, v in torch_results.items() if k.startswith("init/param/")}
+    assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(params[name], value, err_msg=name)
+    # Wan2.1's init_weights: xavier-uniform Linears, zero biases, N(0, 0.02) time/text embedders, a zero head.
+    assert not params["proj_out.weight"].any() and not params["blocks.0.attn1.to_q.bias"].any()
+    assert np.all(params["blocks.0.attn2.norm_added_k.weight"] == 1)
+    assert abs(params["condition_embedder.time_embedder.linear_1.weight"].std() - 0.02) < 0.004
+    bound = np.sqrt(6 / (24 + 32))
+    ffn = params["blocks.0.ffn.net.0.proj.weight"]
+    assert np.abs(ffn).max() <= bound and np.abs(ffn).max() > 0.9 * bound
+    assert not np.array_equal(initial_state(WanTransformerConfig.from_diffusers(path), 8)["blocks.0.attn1.to_q.weight"],
+                              params["blocks.0.attn1.to_q.weight"])
 
 
 def test_from_pretrained_loads_every_diffusers_weight(reference, wan_worker):
