@@ -337,6 +337,9 @@ class WanTransformer3DModel(nn.Module):
             raise ValueError(f"this Wan transformer is {config.model_type}: "
                              + ("pass encoder_hidden_states_image (the CLIP image tokens)" if config.image_dim
                                 else "it takes no encoder_hidden_states_image"))
+        if tuple(timestep.shape) != (b,):
+            raise ValueError(f"timestep has shape {tuple(timestep.shape)}; pass one timestep per sample, shape ({b},) "
+                             "(Wan2.2's per-token timesteps are not supported)")
         if min(grid) == 0:
             raise ValueError(f"hidden_states {tuple(hidden_states.shape)} hold no whole patch of {config.patch_size}")
         cos, sin = rotary_tables(config.rope_dims, config.rope_max_seq_len, grid)

@@ -206,7 +206,7 @@ def test_save_pretrained_is_read_back_by_diffusers(reference, wan_worker, tmp_pa
     assert (tmp_path / "data" / "keep.txt").read_text() == "user data"
 
 
-def test_forward_refuses_a_missing_or_unexpected_image(reference, wan_worker):
+def test_forward_refuses_a_missing_or_unexpected_image_and_bad_timesteps(reference, wan_worker):
     from mmrun.backend import tensors
     from mmrun.models.wan import WanTransformer3DModel
 
@@ -217,6 +217,9 @@ def test_forward_refuses_a_missing_or_unexpected_image(reference, wan_worker):
         image = None if task == "i2v" else tensors.from_numpy(np.zeros((2, 257, 8), np.float32))
         with pytest.raises(ValueError, match=message):
             model(**args, encoder_hidden_states_image=image)
+    args["timestep"] = tensors.from_numpy(np.array([1.0], np.float32))
+    with pytest.raises(ValueError, match=r"timestep has shape \(1,\); pass one timestep per sample, shape \(2,\)"):
+        model(**args)
 
 
 def test_weights_that_do_not_fit_the_config_fail_in_one_line(reference, wan_worker, tmp_path):
@@ -287,6 +290,9 @@ def test_unknown_mindspeed_keys_get_one_warning():
     with pytest.warns(UserWarning, match=r"does not read 'my_switch', 'zz'; ignored") as record:
         WanTransformerConfig.from_mindspeed({**MINDSPEED_T2V, "my_switch": 1, "zz": None})
     assert len(record) == 1
+    lines = []
+    WanTransformerConfig.from_mindspeed({**MINDSPEED_T2V, "zz": 1}, where="m.json: predictor", warn=lines.append)
+    assert lines == ["m.json: predictor: mmrun's Wan DiT does not read 'zz'; ignored"]
 
 
 @pytest.mark.parametrize("raw, message", [
