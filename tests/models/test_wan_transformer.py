@@ -153,18 +153,21 @@ def test_init_weights_follows_wan_and_is_framework_independent(reference, torch_
                               params["blocks.0.attn1.to_q.weight"])
 
 
-def test_from_pretrained_loads_every_diffusers_weight(reference, wan_worker):
+def test_from_pretrained_loads_every_diffusers_weight_from_one_file_or_shards(reference, wan_worker, tmp_path):
     from mmrun.backend import tensors
     from mmrun.models.wan import WanTransformer3DModel
 
     model, path, _ = reference["i2v"]
-    ours = WanTransformer3DModel.from_pretrained(path)
-    assert ours.config == WanTransformerConfig.from_diffusers(dict(model.config))
-    state = tensors.state_dict_to_numpy(ours.state_dict())
+    model.save_pretrained(tmp_path, max_shard_size="20KB")  # diffusers' shards + index, as the 14B models come
+    assert len(list(tmp_path.glob("diffusion_pytorch_model-*-of-*.safetensors"))) > 1
     theirs = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    assert sorted(state) == sorted(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_array_equal(state[name], value, err_msg=name)
+    for directory in (path, tmp_path):
+        ours = WanTransformer3DModel.from_pretrained(directory)
+        assert ours.config == WanTransformerConfig.from_diffusers(dict(model.config))
+        state = tensors.state_dict_to_numpy(ours.state_dict())
+        assert sorted(state) == sorted(theirs)
+        for name, value in theirs.items():
+            np.testing.assert_array_equal(state[name], value, err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
