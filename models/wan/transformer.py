@@ -568,9 +568,10 @@ def save_diffusers_directory(path: str | os.PathLike, config: WanTransformerConf
         raise WanConfigError(f"refusing to replace {path}: it exists and is not a diffusers Wan transformer "
                              "directory; name a new directory")
     expected = parameter_shapes(config)
-    if set(state) != set(expected):
-        raise WanConfigError(f"the state to save does not fit its config (missing "
-                             f"{sorted(set(expected) - set(state))[:3]}, unexpected {sorted(set(state) - set(expected))[:3]})")
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise WanConfigError(f"the state to save does not fit its config (missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]}); save a state dict of a model built from that config")
     specs = {name: (_stored_dtype(value, dtype), expected[name]) for name, value in state.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
