@@ -5,7 +5,8 @@
     noise_pred = model(hidden_states=latents, timestep=t, encoder_hidden_states=prompt_embeds)
 
 Modules: configuration (WanTransformerConfig: diffusers' config.json and MindSpeed-MM's predictor),
-transformer (the DiT, its diffusers directories).
+transformer (the DiT, its init, its diffusers directories), mindspeed_names (MindSpeed-MM's WanDiT parameter and
+LoRA target names <-> diffusers').
 """
 from mmrun.models.wan.configuration import WanConfigError, WanTransformerConfig  # noqa: F401
 

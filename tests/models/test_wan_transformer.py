@@ -312,3 +312,27 @@ def test_bad_diffusers_configs_fail_in_one_line(raw, message):
     with pytest.raises(WanConfigError) as error:
         WanTransformerConfig.from_diffusers(raw)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_mindspeed_parameter_names_map_both_ways():
+    from mmrun.models.wan import mindspeed_names
+    from mmrun.models.wan.transformer import parameter_shapes
+
+    flf2v = WanTransformerConfig(**{**CONFIGS["i2v"], "pos_embed_seq_len": 514, "cross_attn_norm": True})
+    names = [n for config in (WanTransformerConfig(**TINY), flf2v) for n in parameter_shapes(config)]
+    theirs = [mindspeed_names.to_mindspeed(n) for n in names]
+    assert [mindspeed_names.from_mindspeed(n) for n in theirs] == names
+    assert len(set(theirs)) == len(set(names))
+    # MindSpeed-MM's WanDiT names (mindspeed_mm/models/predictor/dits/wan_dit.py), spot checks.
+    for ours, mindspeed in (("blocks.1.attn2.norm_added_k.weight", "blocks.1.cross_attn.k_norm_img.weight"),
+                            ("blocks.1.attn2.norm_k.weight", "blocks.1.cross_attn.k_norm.weight"),
+                            ("blocks.0.attn1.to_out.0.bias", "blocks.0.self_attn.proj_out.bias"),
+                            ("blocks.0.norm2.weight", "blocks.0.norm3.weight"),
+                            ("blocks.0.scale_shift_table", "blocks.0.modulation"),
+                            ("scale_shift_table", "head.modulation"), ("proj_out.weight", "head.head.weight"),
+                            ("blocks.0.ffn.net.0.proj.weight", "blocks.0.ffn.0.weight"),
+                            ("patch_embedding.weight", "patch_embedding.weight")):
+        assert mindspeed_names.to_mindspeed(ours) == mindspeed and mindspeed_names.from_mindspeed(mindspeed) == ours
+    # finetune_lora.sh's --lora-target-modules: MindSpeed-MM's proj_out is the attention output, not the head.
+    assert mindspeed_names.lora_targets_from_mindspeed(["ffn.2", "ffn.0", "proj_q", "proj_k", "proj_v", "proj_out"]) \
+        == ["ffn.net.2", "ffn.net.0.proj", "to_q", "to_k", "to_v", "to_out.0"]
