@@ -88,7 +88,7 @@ def timestep_frequencies(freq_dim: int) -> np.ndarray:
     return np.exp(exponent.astype(np.float64)).astype(np.float32)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)  # one entry per clip shape in use; a 1.3B 81-frame 480p grid's is 17 MB
 def rotary_tables(rope_dims: tuple[int, int, int], max_seq_len: int, grid: tuple[int, int, int]
                   ) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin (frames*rows*cols, head_dim // 2) float32 for a (frames, rows, cols) patch grid, tokens in
