@@ -43,9 +43,6 @@ WAN21_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.151
                       0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
 WAN21_LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                      3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
-# config.json keys that do not change the network (diffusers' bookkeeping).
-_IGNORED_KEYS = ("_class_name", "_diffusers_version", "_name_or_path")
-
 
 @dataclasses.dataclass(frozen=True)
 class WanVAEConfig:
@@ -90,11 +87,8 @@ class WanVAEConfig:
         if class_name != CLASS_NAME:
             raise UsageError(f"{WHAT}: {where} is a {class_name} config, not {CLASS_NAME}; pass the Wan "
                              "Diffusers directory's vae/ folder")
+        # Other keys (diffusers' bookkeeping, `clip_output` of older releases) do not change the network.
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in raw if k not in fields and k not in _IGNORED_KEYS)
-        if unknown:
-            raise UsageError(f"{WHAT}: {where} has keys {unknown} that {CLASS_NAME} does not take; "
-                             "pass an AutoencoderKLWan config.json")
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in fields}
         return cls(**values)
 
