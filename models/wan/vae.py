@@ -82,10 +82,10 @@ class WanVAEConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "config") -> "WanVAEConfig":
-        """From a diffusers vae/config.json dict; one-line errors for another class or unknown keys."""
-        class_name = raw.get("_class_name", CLASS_NAME)
+        """From a diffusers vae/config.json dict (its `_class_name` must be AutoencoderKLWan)."""
+        class_name = raw.get("_class_name")
         if class_name != CLASS_NAME:
-            raise UsageError(f"{WHAT}: {where} is a {class_name} config, not {CLASS_NAME}; pass the Wan "
+            raise UsageError(f"{WHAT}: {where} has _class_name {class_name!r}, not {CLASS_NAME!r}; pass the Wan "
                              "Diffusers directory's vae/ folder")
         # Other keys (diffusers' bookkeeping, `clip_output` of older releases) do not change the network.
         fields = {f.name for f in dataclasses.fields(cls)}
