@@ -94,3 +94,18 @@ def check_shapes(what: str, path: str | os.PathLike, expected: Mapping[str, tupl
     if wrong:
         raise UsageError(f"{what}: {path} has tensors of other shapes than its config.json gives "
                          f"({'; '.join(wrong[:3])}); pass the weights saved with this config")
+
+
+def load_into(model: Any, arrays: Mapping[str, np.ndarray], what: str, path: str | os.PathLike,
+              dtype: str | None = None) -> Any:
+    """Load `arrays` into a portable-API model after checking names and shapes (one-line errors), then cast it to
+    `dtype` ("fp16", "bf16", ...) when given; returns the model."""
+    from mmrun.backend import tensors
+
+    expected = {name: tuple(param.shape) for name, param in model.named_parameters()}
+    check_names(what, path, expected, arrays)
+    check_shapes(what, path, expected, arrays)
+    model.load_state_dict(tensors.state_dict_from_numpy(arrays))
+    if dtype is not None:
+        model.to(tensors.dtype(dtype))
+    return model

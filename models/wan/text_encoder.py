@@ -178,14 +178,7 @@ class UMT5EncoderModel(nn.Module):
         if TIED_COPY in arrays:  # the tied copy of shared.weight that some writers keep
             copy = arrays.pop(TIED_COPY)
             arrays.setdefault("shared.weight", copy)
-        model = cls(config)
-        expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        pretrained_dir.check_names(WHAT, path, expected, arrays)
-        pretrained_dir.check_shapes(WHAT, path, expected, arrays)
-        model.load_state_dict(tensors.state_dict_from_numpy(arrays))
-        if dtype is not None:
-            model.to(tensors.dtype(dtype))
-        return model
+        return pretrained_dir.load_into(cls(config), arrays, WHAT, path, dtype)
 
     def forward(self, input_ids, attention_mask=None):
         """last_hidden_state (b, s, d_model) of token ids (b, s); attention_mask (b, s) 1 for tokens, 0 for padding

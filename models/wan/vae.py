@@ -403,14 +403,7 @@ class AutoencoderKLWan(nn.Module):
         weights in float32, or `dtype` ("fp16", "bf16", ...) when given."""
         config = WanVAEConfig.from_dict(pretrained_dir.read_config(path, WHAT), f"{path}/config.json")
         arrays = pretrained_dir.read_weights(path, WHAT)
-        model = cls(config)
-        expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        pretrained_dir.check_names(WHAT, path, expected, arrays)
-        pretrained_dir.check_shapes(WHAT, path, expected, arrays)
-        model.load_state_dict(tensors.state_dict_from_numpy(arrays))
-        if dtype is not None:
-            model.to(tensors.dtype(dtype))
-        return model
+        return pretrained_dir.load_into(cls(config), arrays, WHAT, path, dtype)
 
     def enable_tiling(self, *args: Any, **kwargs: Any) -> None:
         raise UsageError(f"{WHAT}: tiling (enable_tiling) is not supported by mmrun's Wan VAE; set enable_tiling "
