@@ -30,6 +30,8 @@ from mmrun.models import pretrained_dir
 
 WHAT = "the UMT5 text encoder"
 TIED_COPY = "encoder.embed_tokens.weight"  # transformers ties it to shared.weight
+
+
 @dataclasses.dataclass(frozen=True)
 class UMT5Config:
     """The encoder's part of transformers' UMT5Config (config.json keys), with its defaults."""

@@ -44,6 +44,7 @@ WAN21_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.151
 WAN21_LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                      3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
 
+
 @dataclasses.dataclass(frozen=True)
 class WanVAEConfig:
     """diffusers' AutoencoderKLWan constructor arguments (its config.json keys), with its defaults."""
@@ -446,7 +447,8 @@ class AutoencoderKLWan(nn.Module):
     # ------------------------------------------------------------------------------------------ decode
 
     def decode(self, z):
-        """Video (b, out_channels, 1+4(k-1) frames, 8h, 8w) in [-1, 1] from latents z (b, z_dim, k, h, w)."""
+        """Video (b, out_channels, 1 + 4(k-1) frames, 8h, 8w) in [-1, 1] from latents z (b, z_dim, k, h, w) (Wan's
+        factors; `config.temporal_compression` and `config.spatial_compression` give a config's own)."""
         with autograd.no_grad():
             x = self.post_quant_conv(z)
             cache = CausalCache()
