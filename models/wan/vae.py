@@ -88,7 +88,7 @@ class WanVAEConfig:
         if class_name != CLASS_NAME:
             raise UsageError(f"{WHAT}: {where} has _class_name {class_name!r}, not {CLASS_NAME!r}; pass the Wan "
                              "Diffusers directory's vae/ folder")
-        # Other keys (diffusers' bookkeeping, `clip_output` of older releases) do not change the network.
+        # Other keys (diffusers' bookkeeping) do not change the network.
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in fields}
         return cls(**values)
