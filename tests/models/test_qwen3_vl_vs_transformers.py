@@ -3,9 +3,9 @@
 One tiny random model (tests/models/tiny_qwen3_vl.py: every weight perturbed, DeepStack after two ViT
 blocks, a learned position table resampled to a non-square grid, explicit head_dim, interleaved M-RoPE with
 all three rows used) written by transformers' save_pretrained and loaded by mmrun from that directory.
-For one image + text and for text alone: logits at real tokens, the loss and the gradient of every
+For one image + text, an image and a 2-frame video, and text alone: logits at real tokens, the loss and the gradient of every
 parameter within 1e-5 of transformers'; MindSpore (one subprocess, workers/qwen2_vl_run.py) within 1e-5 of
-PyTorch on the same cases.
+PyTorch on the image + video and text-only cases.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 TOL = 1e-5
-BATCHES = ("image_batch", "text_batch")
+BATCHES = ("image_batch", "image_video_batch", "text_batch")
+MINDSPORE_BATCHES = ("image_video_batch", "text_batch")  # the image case is inside the first
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +62,19 @@ def test_logits_loss_and_every_gradient_equal_transformers(runs, batch_name):
     # The ViT, its learned positions and both DeepStack mergers took part (or, text alone, none did).
     for name in ("model.visual.pos_embed.weight", "model.visual.deepstack_merger_list.0.linear_fc2.weight",
                  "model.visual.deepstack_merger_list.1.norm.weight", "model.visual.blocks.2.attn.qkv.weight"):
-        assert (np.abs(ours[f"grad/{name}"]).max() > 1e-4) == (batch_name == "image_batch"), name
+        assert (np.abs(ours[f"grad/{name}"]).max() > 1e-4) == (batch_name != "text_batch"), name
 
 
 def test_positions_computed_in_the_model_equal_transformers(tiny3, hf3, runs):
+    """Without position_ids the model computes them (each video frame its own grid) as transformers does."""
     from mmrun.backend import tensors
     from mmrun.models.qwen3_vl import from_pretrained
 
-    batch, reference, _ = runs["image_batch"]
-    keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")
+    batch, reference, _ = runs["image_video_batch"]
+    keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
     out = from_pretrained(str(hf3[1]))(**{k: tensors.from_numpy(batch[k]) for k in keys})
-    np.testing.assert_allclose(tensors.to_numpy(out["logits"]), reference["logits"], rtol=0, atol=TOL)
+    real = batch["attention_mask"] == 1
+    np.testing.assert_allclose(tensors.to_numpy(out["logits"])[real], reference["logits"][real], rtol=0, atol=TOL)
     assert out["loss_dict"] == {}
 
 
@@ -94,7 +97,7 @@ def test_config_round_trips_through_transformers_and_moe_is_refused(hf3, tmp_pat
 def test_mindspore_equals_pytorch(tiny3, hf3, runs, tmp_path):
     pytest.importorskip("mindspore")
     cases: dict[str, np.ndarray] = {}
-    for name in BATCHES:
+    for name in MINDSPORE_BATCHES:
         cases.update({f"{name}/{k}": v for k, v in runs[name][0].items()})
         cases[f"{name}/dir"] = np.array(str(hf3[1]))
     np.savez(tmp_path / "cases.npz", **cases)
@@ -104,7 +107,7 @@ def test_mindspore_equals_pytorch(tiny3, hf3, runs, tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ms = dict(np.load(tmp_path / "ms.npz"))
-    for name in BATCHES:
+    for name in MINDSPORE_BATCHES:
         batch, _, torch_out = runs[name]
         real = batch["attention_mask"] == 1
         np.testing.assert_allclose(ms[f"{name}/logits"][real], torch_out["logits"][real], rtol=0, atol=TOL)

@@ -58,6 +58,22 @@ def image_batch(seed: int = 0) -> dict[str, np.ndarray]:
                          "image_grid_thw": np.array([GRID], np.int64)})
 
 
+def image_video_batch(seed: int = 1) -> dict[str, np.ndarray]:
+    """Sample 0: text, the image, text, a 2-frame video of 4 x 4 patches (each frame its own vision block, a
+    timestamp token between them, as Qwen3-VL's processor writes videos), text; sample 1: text, right-padded.
+    DeepStack then adds image and video features at their own rows."""
+    rng = np.random.default_rng(seed)
+    frame = [VS] + [VIDEO] * 4 + [VE]
+    first = (rng.integers(3, 240, 3).tolist() + [VS] + [IMAGE] * (int(np.prod(GRID)) // 4) + [VE]
+             + rng.integers(3, 240, 2).tolist() + frame + rng.integers(3, 240, 1).tolist() + frame
+             + rng.integers(3, 240, 3).tolist())
+    return _pack([first, rng.integers(3, 240, 5).tolist()], {
+        "pixel_values": rng.standard_normal((int(np.prod(GRID)), PATCH_DIM)).astype(np.float32),
+        "image_grid_thw": np.array([GRID], np.int64),
+        "pixel_values_videos": rng.standard_normal((32, PATCH_DIM)).astype(np.float32),
+        "video_grid_thw": np.array([[2, 4, 4]], np.int64)})
+
+
 def text_batch(seed: int = 2) -> dict[str, np.ndarray]:
     """Two text-only samples, the second right-padded."""
     rng = np.random.default_rng(seed)
@@ -68,12 +84,13 @@ def hf_position_ids(model, batch) -> np.ndarray:
     """transformers' own M-RoPE positions (3, B, S) for the batch (what its forward uses)."""
     import torch
 
-    if "image_grid_thw" not in batch:
+    if "image_grid_thw" not in batch and "video_grid_thw" not in batch:
         positions = np.cumsum(batch["attention_mask"], axis=1) - 1
         return np.broadcast_to(np.where(batch["attention_mask"] == 1, positions, 0), (3,) + positions.shape).copy()
     t = {k: torch.from_numpy(v) for k, v in batch.items()}
-    positions, _ = model.model.get_rope_index(t["input_ids"], t["mm_token_type_ids"], image_grid_thw=t["image_grid_thw"],
-                                              attention_mask=t["attention_mask"])
+    positions, _ = model.model.get_rope_index(t["input_ids"], t["mm_token_type_ids"],
+                                              image_grid_thw=t.get("image_grid_thw"),
+                                              video_grid_thw=t.get("video_grid_thw"), attention_mask=t["attention_mask"])
     return positions.numpy()
 
 
