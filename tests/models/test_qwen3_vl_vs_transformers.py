@@ -3,8 +3,8 @@
 One tiny random model (tests/models/tiny_qwen3_vl.py: every weight perturbed, DeepStack after two ViT
 blocks, a learned position table resampled to a non-square grid, explicit head_dim, interleaved M-RoPE with
 all three rows used) written by transformers' save_pretrained and loaded by mmrun from that directory.
-For one image + text, an image and a 2-frame video, and text alone: logits at real tokens, the loss and the gradient of every
-parameter within 1e-5 of transformers'; MindSpore (one subprocess, workers/qwen2_vl_run.py) within 1e-5 of
+For one image + text, an image and a 2-frame video, and text alone: logits at real tokens, the loss and the
+gradient of every parameter within 1e-5 of transformers'; MindSpore (one subprocess, workers/qwen2_vl_run.py) within 1e-5 of
 PyTorch on the image + video and text-only cases.
 """
 from __future__ import annotations

@@ -90,7 +90,8 @@ def hf_position_ids(model, batch) -> np.ndarray:
     t = {k: torch.from_numpy(v) for k, v in batch.items()}
     positions, _ = model.model.get_rope_index(t["input_ids"], t["mm_token_type_ids"],
                                               image_grid_thw=t.get("image_grid_thw"),
-                                              video_grid_thw=t.get("video_grid_thw"), attention_mask=t["attention_mask"])
+                                              video_grid_thw=t.get("video_grid_thw"),
+                                              attention_mask=t["attention_mask"])
     return positions.numpy()
 
 
