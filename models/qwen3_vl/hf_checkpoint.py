@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterator, Mapping
-
 import numpy as np
 
+from mmrun.models.qwen2_vl import hf_checkpoint as qwen2_checkpoint
 from mmrun.models.qwen2_vl.hf_checkpoint import (CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError,
                                                  SafetensorsFile)
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_MODEL_TYPE, MOE_REFUSAL, Qwen3VLConfig
@@ -79,8 +78,11 @@ def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
     return Qwen3VLConfig.from_hf_config(raw)
 
 
-class HFWeights(Mapping[str, np.ndarray]):
-    """A Qwen3-VL directory's weights, read lazily one tensor at a time, names checked against its config."""
+class HFWeights(qwen2_checkpoint.HFWeights):
+    """A Qwen3-VL directory's weights, read lazily one tensor at a time (`weights[name]`, Qwen2-VL's reader),
+    the names checked against its config at once from the files' headers."""
+
+    patch_embed_name = PATCH_EMBED
 
     def __init__(self, path: str | os.PathLike) -> None:
         path = Path(path)
@@ -92,32 +94,13 @@ class HFWeights(Mapping[str, np.ndarray]):
         else:
             raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors "
                                         "weights only (re-save with save_pretrained(safe_serialization=True))")
-        self._where: dict[str, tuple[SafetensorsFile, str]] = {}
+        self._where = {}
         for file in files:
             opened = SafetensorsFile(path / file)
-            for stored in opened:
-                if not stored.endswith(".inv_freq"):  # rotary buffers: computed, not learned
-                    self._where[stored] = (opened, stored)
+            self._where.update({stored: (opened, stored) for stored in opened if not stored.endswith(".inv_freq")})
         if self.config.tie_word_embeddings:
             self._where.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
-        expected = set(hf_parameter_names(self.config))
-        missing, unexpected = sorted(expected - set(self._where)), sorted(set(self._where) - expected)
-        if missing or unexpected:
-            shown = "; ".join(f"{label} {len(keys)}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
-                              for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
-            raise ValueError(f"{path} does not hold the tensors of its qwen3_vl config ({shown}); pass the weights "
-                             "saved with this config")
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        file, stored = self._where[name]
-        array = file[stored]
-        return array.reshape(array.shape[0], -1) if name == PATCH_EMBED else array
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
-
-    def __len__(self) -> int:
-        return len(self._where)
+        qwen2_checkpoint._check_names(str(path), self.config, set(self._where), hf_parameter_names(self.config))
 
 
 def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str, np.ndarray]]:
