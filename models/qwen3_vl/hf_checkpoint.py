@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 import numpy as np
 
+from mmrun.backend.errors import UsageError
 from mmrun.models.qwen2_vl import hf_checkpoint as qwen2_checkpoint
 from mmrun.models.qwen2_vl.hf_checkpoint import (CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError,
                                                  SafetensorsFile)
@@ -107,3 +108,15 @@ def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str,
     """(config, {parameter name: array}) of a Hugging Face Qwen3-VL directory, in mmrun's layout."""
     weights = HFWeights(path)
     return weights.config, dict(weights)
+
+
+def open_for_model(path: str | os.PathLike, config: Qwen3VLConfig, described_by: str) -> HFWeights:
+    """A training run's --load of a Qwen3-VL directory: its weights (read lazily), after checking that its
+    config.json describes `config`'s network (`described_by`: where that came from, e.g. model.json's path)."""
+    weights = HFWeights(path)
+    difference = qwen2_checkpoint._config_difference(qwen2_checkpoint._structure(weights.config.to_hf_config()),
+                                                     qwen2_checkpoint._structure(config.to_hf_config()))
+    if difference:
+        raise UsageError(f"--load {path}: its config.json describes another model than {described_by} ({difference}); "
+                         f"make {described_by} match the checkpoint")
+    return weights

@@ -35,14 +35,18 @@ from mmrun.data.multimodal.rope_index import get_rope_index
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.modeling import (VisionAttention, VisionPatchEmbed, _host, causal_lm_loss,
                                             merge_vision, vision_rotary)
+# Qwen2-VL's seeded, framework-independent init serves any model named by checkpoint keys (re-exported).
+from mmrun.models.qwen2_vl.modeling import init_weights  # noqa: F401
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig
 from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation,
                                              interleaved_multimodal_rotary, rotary_inv_freq)
 
-# The three parts `freeze` switches, by parameter-name prefix (MindSpeed-MM's names for them): the mergers
-# (main and DeepStack) are the projector.
-VISION_PROJECTOR_PREFIXES = ("model.visual.merger.", "model.visual.deepstack_merger_list.")
+# The three parts `freeze` switches, by parameter-name prefix (MindSpeed-MM's names for them). MindSpeed-MM's
+# Qwen3-VL ViT keeps its learned positions and DeepStack layers trainable when the encoder is frozen
+# (qwen3vl_vit_model.py, unfreeze_param_names): so does `freeze` here.
+VISION_PROJECTOR_PREFIX = "model.visual.merger."
 VISION_ENCODER_PREFIX = "model.visual."
+NEVER_FROZEN_PREFIXES = ("model.visual.pos_embed.", "model.visual.deepstack_merger_list.")
 
 
 # ------------------------------------------------------------------------------------------ vision
@@ -293,20 +297,21 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         return tensors.from_numpy(np.asarray(positions, dtype=np.int64))
 
     def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:
-        """MindSpeed-MM's model.freeze (defaults: ViT frozen, mergers and LLM trained); returns {part: number of
-        parameters frozen}. Projector = the main and DeepStack mergers."""
+        """MindSpeed-MM's model.freeze (defaults: ViT frozen, merger and LLM trained); returns {part: number of
+        parameters frozen}. The ViT's learned positions and DeepStack mergers always train, as there."""
         frozen = {"vision_encoder": 0, "vision_projector": 0, "text_decoder": 0}
         wanted = {"vision_encoder": vision_encoder, "vision_projector": vision_projector, "text_decoder": text_decoder}
         for name, param in self.named_parameters():
             part = parameter_part(name)
-            (nn.freeze if wanted[part] else nn.unfreeze)([param])
-            frozen[part] += int(wanted[part])
+            off = wanted[part] and not name.startswith(NEVER_FROZEN_PREFIXES)
+            (nn.freeze if off else nn.unfreeze)([param])
+            frozen[part] += int(off)
         return frozen
 
 
 def parameter_part(name: str) -> str:
     """Which of the three freezable parts a parameter belongs to."""
-    if name.startswith(VISION_PROJECTOR_PREFIXES):
+    if name.startswith(VISION_PROJECTOR_PREFIX):
         return "vision_projector"
     if name.startswith(VISION_ENCODER_PREFIX):
         return "vision_encoder"
