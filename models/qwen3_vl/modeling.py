@@ -154,8 +154,10 @@ class Qwen3VisionTransformer(nn.Module):
         indices, weights = position_taps(grid, config.num_grid_per_side, merge)
         taps = ops.reshape(ops.embedding(tensors.from_numpy(indices.reshape(-1)), self.pos_embed.weight),
                            (total, 4, -1))
-        positions = ops.sum(taps * ops.reshape(tensors.cast(tensors.from_numpy(weights), taps.dtype),
-                                               (total, 4, 1)), dim=1)
+        # fp32 weights, as transformers' (a bf16 table's taps are promoted, summed in fp32, then cast back)
+        if taps.dtype != tensors.float32:
+            taps = tensors.cast(taps, "float32")
+        positions = ops.sum(taps * ops.reshape(tensors.from_numpy(weights), (total, 4, 1)), dim=1)
         x = x + tensors.cast(positions, x.dtype)
         cos, sin = vision_rotary(vision_layout.rotary_position_ids(grid, merge), self.inv_freq)
         frames = vision_layout.frame_cu_seqlens(grid)
