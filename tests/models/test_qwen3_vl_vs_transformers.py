@@ -116,3 +116,24 @@ def test_mindspore_equals_pytorch(tiny3, hf3, runs, tmp_path):
         assert sorted(grads) == sorted(k[len(name) + 1:] for k in ms if k.startswith(f"{name}/grad/"))
         for key in grads:
             np.testing.assert_allclose(ms[f"{name}/{key}"], torch_out[key], rtol=0, atol=TOL, err_msg=key)
+
+
+def test_freeze_as_mindspeed_mm_and_load_checks_the_config(hf3):
+    """MindSpeed-MM's Qwen3-VL ViT keeps pos_embed and the DeepStack layers trainable when the encoder is frozen;
+    --load of an HF directory refuses a model.json describing another network."""
+    from mmrun.backend.errors import UsageError
+    from mmrun.models.qwen3_vl import from_pretrained, load_hf_config
+    from mmrun.models.qwen3_vl.hf_checkpoint import open_for_model
+
+    model = from_pretrained(str(hf3[1]))
+    counts = model.freeze(vision_encoder=True, vision_projector=True)
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    assert {n for n in trained if n.startswith("model.visual.")} == {
+        n for n, _ in model.named_parameters()
+        if n.startswith(("model.visual.pos_embed.", "model.visual.deepstack_merger_list."))}
+    assert counts == {"vision_encoder": 2 + 3 * 12, "vision_projector": 6, "text_decoder": 0}
+    config = load_hf_config(hf3[1])
+    assert len(open_for_model(hf3[1], config, "model.json")) == len(list(model.named_parameters()))
+    config.text.num_hidden_layers = 3
+    with pytest.raises(UsageError, match="describes another model than model.json.*num_hidden_layers"):
+        open_for_model(hf3[1], config, "model.json")
