@@ -1,4 +1,4 @@
-"""Fine-tune a vision-language model (Qwen2-VL, Qwen2.5-VL), MindSpeed-MM style, on PyTorch or MindSpore.
+"""Fine-tune a vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), MindSpeed-MM style, on PyTorch or MindSpore.
 
     mmrun --ai-framework pytorch   --nproc-per-node 2 models/pretrain_vlm.py $GPT_ARGS --mm-model model.json --mm-data data.json
     mmrun --ai-framework mindspore --nproc-per-node 2 models/pretrain_vlm.py $GPT_ARGS --mm-model model.json --mm-data data.json
@@ -72,6 +72,7 @@ def _model_source(argv: list[str]) -> ModelSource:
     """Read --mm-model before the training arguments are parsed: its sizes replace the network flags."""
     global _MODEL_JSON
     from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.qwen3_vl import model_json as qwen3_model_json
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--mm-model", "--mm_model", dest="mm_model")
@@ -81,6 +82,13 @@ def _model_source(argv: list[str]) -> ModelSource:
     if known.mm_model is None:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
                          "scripts/finetune_qwen2vl.sh)")
+    raw = _read_json(known.mm_model, "--mm-model")
+    if qwen3_model_json.is_qwen3_model_json(raw):  # Qwen3-VL: data parallelism only (no TP/PP split built)
+        _MODEL_JSON = qwen3_model_json.parse_model_json(raw, known.mm_model)
+        qwen3_model_json.check_one_stage(_MODEL_JSON)
+        for line in _MODEL_JSON.warnings:
+            _warn_rank0(line)
+        return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data", data_parallel_only=True)
     _MODEL_JSON = read_model_json(known.mm_model, warn=_warn_rank0)
     from mmrun.backend.selection import resolve
 
@@ -130,15 +138,23 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
 
     args = get_args()
-    config = Qwen2VLConfig.from_hf_config(_MODEL_JSON.hf_config)
-    if args.use_mcore_models:
-        return _core_model(config, pre_process, post_process, vp_stage)
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+    if _MODEL_JSON.hf_config["model_type"] == "qwen3_vl":  # unsplit only: _model_source checked its stage lists
+        from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
+        from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration
 
-    VLMLayout.build(config, vit_pp_layers=_MODEL_JSON.pipeline_layers.get("vit"),
-                    llm_pp_layers=_MODEL_JSON.pipeline_layers.get("llm"))  # model.json's stage lists fit one stage
+        config = Qwen3VLConfig.from_hf_config(_MODEL_JSON.hf_config)
+        model_class = Qwen3VLForConditionalGeneration
+    else:
+        config = Qwen2VLConfig.from_hf_config(_MODEL_JSON.hf_config)
+        model_class = Qwen2VLForConditionalGeneration
+        if args.use_mcore_models:
+            return _core_model(config, pre_process, post_process, vp_stage)
+        from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+
+        VLMLayout.build(config, vit_pp_layers=_MODEL_JSON.pipeline_layers.get("vit"),
+                        llm_pp_layers=_MODEL_JSON.pipeline_layers.get("llm"))  # model.json's stage lists fit one stage
     print_rank_0(f"building {config.model_type} model from {_MODEL_JSON.path} ...")
-    model = Qwen2VLForConditionalGeneration(config)
+    model = model_class(config)
     init_weights(model, args.seed, args.init_method_std)
     weights = _hf_weights(config)
     if weights is not None:
@@ -156,8 +172,11 @@ def _hf_weights(config: Any) -> Any:
     """--load's weights when it is a Hugging Face directory describing model.json's network (read lazily, one
     tensor at a time: a split run's rank reads only its shard), else None."""
     from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.qwen3_vl import hf_checkpoint as qwen3_checkpoint
 
     args = get_args()
+    if config.model_type == "qwen3_vl":
+        hf_checkpoint = qwen3_checkpoint
     if not (args.load and hf_checkpoint.is_hf_directory(args.load)):
         return None
     return hf_checkpoint.open_for_model(args.load, config, str(_MODEL_JSON.path))
@@ -305,6 +324,9 @@ def _rope_config(dataset: Any) -> Any:
     from mmrun.data.multimodal.rope_index import RopeConfig
 
     config = _MODEL_JSON.hf_config
+    if config["model_type"] == "qwen3_vl" and dataset.config.attr.get("videos"):
+        raise UsageError(f"{get_args().mm_data}: attr.videos is set, but Qwen3-VL's video layout (a timestamp and a "
+                         "vision block per frame) is not built in mmrun's data pipeline; train Qwen3-VL on images")
     rope = RopeConfig.from_model_config(config)
     ids = dataset.token_ids
     pairs = (("img_context_token_id", rope.image_token_id, "<|image_pad|>", ids["image_pad"]),
@@ -314,9 +336,9 @@ def _rope_config(dataset: Any) -> Any:
         if ours != theirs:
             raise UsageError(f"{_MODEL_JSON.path}: {key} is {ours} but the tokenizer of --mm-data gives {token} the "
                              f"id {theirs}; set {key} to {theirs} (model.json and tokenizer.json must agree)")
-    vocab = dataset.tokenizer.vocab_size
-    if vocab > config["vocab_size"]:
-        raise UsageError(f"{_MODEL_JSON.path}: text_decoder.vocab_size {config['vocab_size']} is smaller than the "
+    vocab, ours = dataset.tokenizer.vocab_size, config.get("vocab_size") or config["text_config"]["vocab_size"]
+    if vocab > ours:
+        raise UsageError(f"{_MODEL_JSON.path}: text_decoder.vocab_size {ours} is smaller than the "
                          f"tokenizer's {vocab} tokens; raise it to at least {vocab}")
     return rope
 

@@ -74,6 +74,26 @@ def multimodal_rotary(position_ids: Any, inv_freq: np.ndarray, mrope_section: tu
     return out[0], out[1]
 
 
+def interleaved_multimodal_rotary(position_ids: Any, inv_freq: np.ndarray, mrope_section: tuple[int, ...],
+                                  dtype: Any) -> tuple[Any, Any]:
+    """Qwen3-VL's interleaved M-RoPE: cos, sin (batch, seq, head_dim) in `dtype` from position_ids (3, batch,
+    seq). Frequency j takes its angle from row h (1) when j % 3 == 1 and j < 3 * mrope_section[1], from row w
+    (2) when j % 3 == 2 and j < 3 * mrope_section[2], else from row t (0); repeated for rotate_half's two
+    halves. transformers' Qwen3VLTextRotaryEmbedding. Each angle is one fp32 product, as there: the rows are
+    selected by 0/1 masks on the frequencies, and a sum with zeros is exact."""
+    rows, batch, seq = position_ids.shape
+    half = inv_freq.shape[0]
+    index = np.arange(half)
+    row = np.zeros(half, np.int64)
+    for r in (1, 2):
+        row[(index % 3 == r) & (index < 3 * mrope_section[r])] = r
+    table = np.stack([np.where(row == r, inv_freq, 0).astype(np.float32) for r in range(3)])  # (3, half)
+    freqs = ops.sum(ops.reshape(tensors.cast(position_ids, "float32"), (rows, batch, seq, 1))
+                    * ops.reshape(tensors.from_numpy(table), (3, 1, 1, half)), dim=0)  # (B, S, half)
+    full = ops.cat([freqs, freqs], dim=-1)
+    return tensors.cast(ops.cos(full), dtype), tensors.cast(ops.sin(full), dtype)
+
+
 # ------------------------------------------------------------------------------------------ layers
 
 class SwiGLUMLP(nn.Module):
@@ -92,24 +112,35 @@ class SwiGLUMLP(nn.Module):
 
 class GQASelfAttention(nn.Module):
     """Causal self-attention with grouped-query heads and rotary positions: q/k/v projections with bias,
-    o_proj without (Qwen2). forward(x (B, S, hidden), cos, sin (B, S, head_dim)) -> (B, S, hidden)."""
+    o_proj without (Qwen2). forward(x (B, S, hidden), cos, sin (B, S, head_dim)) -> (B, S, hidden).
+
+    Qwen3's variant: `head_dim` given (not hidden / heads), `qk_norm_eps` set adds `q_norm` / `k_norm`, an
+    RMSNorm over each head of q and k before the rotary, and `o_bias` a bias on o_proj (attention_bias)."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, attention_dropout: float = 0.0,
-                 qkv_bias: bool = True) -> None:
+                 qkv_bias: bool = True, head_dim: int | None = None, qk_norm_eps: float | None = None,
+                 o_bias: bool = False) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.head_dim = hidden_size // num_heads
+        self.head_dim = hidden_size // num_heads if head_dim is None else head_dim
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.attention_dropout = attention_dropout
         self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=o_bias)
+        self.qk_norm = qk_norm_eps is not None
+        if self.qk_norm:  # only then: Qwen2's checkpoints have no such parameters
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
 
     def forward(self, x, cos, sin):
         batch, seq, _ = x.shape
-        q = ops.transpose(ops.reshape(self.q_proj(x), (batch, seq, self.num_heads, self.head_dim)), 1, 2)
-        k = ops.transpose(ops.reshape(self.k_proj(x), (batch, seq, self.num_kv_heads, self.head_dim)), 1, 2)
+        q = ops.reshape(self.q_proj(x), (batch, seq, self.num_heads, self.head_dim))
+        k = ops.reshape(self.k_proj(x), (batch, seq, self.num_kv_heads, self.head_dim))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = ops.transpose(q, 1, 2), ops.transpose(k, 1, 2)
         v = ops.transpose(ops.reshape(self.v_proj(x), (batch, seq, self.num_kv_heads, self.head_dim)), 1, 2)
         cos, sin = ops.reshape(cos, (batch, 1, seq, self.head_dim)), ops.reshape(sin, (batch, 1, seq, self.head_dim))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -71,7 +71,8 @@ IGNORED: dict[str, dict[str, tuple[tuple, str]]] = {
         "val_rate": ((None, 0, 0.0), "mmrun builds no validation set from data.json yet: all samples train"),
         "packing": ((None, False), "sequence packing is not implemented"),
         "neat_packing": ((False,), "sequence packing is not implemented"),
-        "enable_thinking": ((True, None), "the qwen2vl template has no thinking mode"),
+        "enable_thinking": ((True, None), "MindSpeed-MM's templates never read it (qwen2vl has no thinking mode; "
+                                          "qwen3_vl always trains an empty thought before an answer without one)"),
     },
     "attr": {
         "formatting": (("sharegpt",), "only the ShareGPT (messages) layout is read"),

@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw
 
 from mmrun.common.atomic_write import atomic_write
 from mmrun.data.multimodal.image_processing import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-from mmrun.data.multimodal.templates import QWEN2VL
+from mmrun.data.multimodal.templates import QWEN2VL, TEMPLATES
 
 # Qwen2-VL's added tokens, in the order of their ids there (151643...); here they get ids 0...
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
@@ -38,6 +38,12 @@ TEXT_ONLY = (("What colour is a ripe tomato?", "red."), ("How many sides does a 
 MIN_SIDE, MAX_SIDE = 56, 112
 TEXT_ONLY_EVERY = 8  # one sample in eight has no image
 VOCAB_SIZE = 600
+# --model: what differs between the demo's model families (the template, the processor's patch and normalisation;
+# Qwen3-VL's processor normalises with 0.5 / 0.5, transformers' IMAGENET_STANDARD_MEAN / _STD).
+DEMO_MODELS = {
+    "qwen2_vl": {"template": "qwen2vl", "patch_size": 14, "image_mean": OPENAI_CLIP_MEAN, "image_std": OPENAI_CLIP_STD},
+    "qwen3_vl": {"template": "qwen3_vl", "patch_size": 16, "image_mean": (0.5, 0.5, 0.5), "image_std": (0.5, 0.5, 0.5)},
+}
 PIXELS = {"min_pixels": 56 * 56, "max_pixels": 112 * 112}  # at most 8x8 patches = 16 image tokens
 
 
@@ -100,7 +106,7 @@ def special_token_ids_for_model_config(model_dir: str) -> dict[str, int]:
             "pad_token_id": ids[QWEN2VL.pad], "vocab_size": vocab_size}
 
 
-def data_json(dataset_file: str, dataset_dir: str, model_dir: str) -> dict[str, Any]:
+def data_json(dataset_file: str, dataset_dir: str, model_dir: str, template: str = QWEN2VL.name) -> dict[str, Any]:
     """MindSpeed-MM's data.json for the demo (examples/qwen2vl/data_*.json's keys)."""
     return {
         "dataset_param": {
@@ -111,7 +117,7 @@ def data_json(dataset_file: str, dataset_dir: str, model_dir: str) -> dict[str, 
                 "image_min_pixels": PIXELS["min_pixels"],
             },
             "basic_parameters": {
-                "template": QWEN2VL.name,
+                "template": template,
                 "dataset_dir": dataset_dir,
                 "dataset": dataset_file,
                 "cache_dir": None,
@@ -132,10 +138,13 @@ def data_json(dataset_file: str, dataset_dir: str, model_dir: str) -> dict[str, 
     }
 
 
-def make_demo(out_dir: str, num_samples: int = 64, seed: int = 1234) -> dict[str, str]:
-    """Write the demo (see the module docstring); returns the paths: data_json, dataset, model_dir."""
+def make_demo(out_dir: str, num_samples: int = 64, seed: int = 1234, model: str = "qwen2_vl") -> dict[str, str]:
+    """Write the demo (see the module docstring) for `model` (a DEMO_MODELS family: its template and image
+    processor); returns the paths: data_json, dataset, model_dir."""
     if num_samples < 1:
         raise ValueError(f"num_samples must be at least 1. Received: {num_samples}")
+    family = DEMO_MODELS[model]
+    template = TEMPLATES[family["template"]]
     rng = random.Random(seed)
     out_dir = os.path.abspath(out_dir)
     data_dir, model_dir = os.path.join(out_dir, "data"), os.path.join(out_dir, "model")
@@ -160,14 +169,17 @@ def make_demo(out_dir: str, num_samples: int = 64, seed: int = 1234) -> dict[str
     texts += [caption(c, col, shp) for c in (1, 2, 3) for col in COLOURS for shp in SHAPES]
     texts += [q for q in QUESTIONS] + [q + " " + a for q, a in TEXT_ONLY]
     texts += [QWEN2VL.system_slot.format(content=QWEN2VL.default_system) + slot for slot in QWEN2VL.slots.values()]
+    if template is not QWEN2VL:  # (Qwen2-VL's demo tokenizer stays as it was)
+        texts += [slot + template.empty_thought for slot in template.slots.values()]
     atomic_write(os.path.join(model_dir, "tokenizer.json"), build_tokenizer_json(texts * 4) + "\n")
     preprocessor = {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
-                    **PIXELS, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-                    "image_mean": list(OPENAI_CLIP_MEAN), "image_std": list(OPENAI_CLIP_STD),
+                    **PIXELS, "patch_size": family["patch_size"], "temporal_patch_size": 2, "merge_size": 2,
+                    "image_mean": list(family["image_mean"]), "image_std": list(family["image_std"]),
                     "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}
     atomic_write(os.path.join(model_dir, "preprocessor_config.json"), json.dumps(preprocessor, indent=2) + "\n")
     data_json_path = os.path.join(out_dir, "data.json")
-    atomic_write(data_json_path, json.dumps(data_json(dataset_file, data_dir, model_dir), indent=2) + "\n")
+    atomic_write(data_json_path, json.dumps(data_json(dataset_file, data_dir, model_dir, template.name), indent=2)
+                 + "\n")
     return {"data_json": data_json_path, "dataset": dataset_file, "model_dir": model_dir}
 
 
@@ -177,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", help="directory to write into (created)")
     parser.add_argument("--num-samples", "--num_samples", type=int, default=64, help="samples (64)")
     parser.add_argument("--seed", type=int, default=1234, help="random seed (1234)")
+    parser.add_argument("--model", choices=sorted(DEMO_MODELS), default="qwen2_vl",
+                        help="the model family the data is for: its chat template and image processor (qwen2_vl)")
     args = parser.parse_args(argv)
-    paths = make_demo(args.out_dir, args.num_samples, args.seed)
+    paths = make_demo(args.out_dir, args.num_samples, args.seed, args.model)
     print(f"demo written: {paths['data_json']} ({args.num_samples} samples in {paths['dataset']}, tokenizer and "
           f"image processor in {paths['model_dir']})")
     return 0

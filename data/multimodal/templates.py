@@ -12,6 +12,8 @@ as MindSpeed-MM's `Qwen2VLPlugin.process_messages` does, before tokenization.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -37,6 +39,20 @@ class ChatTemplate:
     video_pad: str
     end_of_turn: str
     pad: str  # the padding token the collator uses (Qwen: <|endoftext|>)
+    # A reasoning template (MindSpeed-MM's ReasoningTemplate): the (open, close) thought words; None: plain.
+    thought_words: tuple[str, str] | None = None
+
+    @property
+    def empty_thought(self) -> str:
+        """The empty thought a reasoning template puts before an answer that has none: `<think>\n\n</think>\n\n`."""
+        return f"{self.thought_words[0]}\n\n{self.thought_words[1]}\n\n" if self.thought_words else ""
+
+    def remove_thought(self, content: str) -> str:
+        """`content` without its thoughts (open ... close, across lines) and the newlines that then lead it."""
+        if not self.thought_words:
+            return content
+        opening, closing = (re.escape(word) for word in self.thought_words)
+        return re.sub(f"{opening}(.*?){closing}", "", content, flags=re.DOTALL).lstrip("\n")
 
     @property
     def special_tokens(self) -> dict[str, str]:
@@ -62,8 +78,30 @@ QWEN2VL = ChatTemplate(
     pad="<|endoftext|>",
 )
 
+# Qwen3-VL (MindSpeed-MM's template.py, "copied from qwen template"): no default system prompt, tool results
+# come back as a user turn; "qwen3_vl" is a reasoning template (an answer without <think>...</think> is
+# trained with an empty thought before it), "qwen3_vl_nothink" a plain one.
+_QWEN3_VL_SLOTS = {
+    USER: "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n",
+    ASSISTANT: "{content}<|im_end|>\n",
+    OBSERVATION: "<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+}
+QWEN3_VL_NOTHINK = ChatTemplate(
+    name="qwen3_vl_nothink",
+    slots=_QWEN3_VL_SLOTS,
+    system_slot=QWEN2VL.system_slot,
+    default_system="",
+    vision_start=QWEN2VL.vision_start,
+    vision_end=QWEN2VL.vision_end,
+    image_pad=QWEN2VL.image_pad,
+    video_pad=QWEN2VL.video_pad,
+    end_of_turn=QWEN2VL.end_of_turn,
+    pad=QWEN2VL.pad,
+)
+QWEN3_VL = dataclasses.replace(QWEN3_VL_NOTHINK, name="qwen3_vl", thought_words=("<think>", "</think>"))
+
 # MindSpeed-MM's `basic_parameters.template` names. Qwen2.5-VL's examples use "qwen2vl" too.
-TEMPLATES: dict[str, ChatTemplate] = {QWEN2VL.name: QWEN2VL}
+TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (QWEN2VL, QWEN3_VL, QWEN3_VL_NOTHINK)}
 
 
 class TextTokenizer(Protocol):
@@ -102,15 +140,31 @@ def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int
 
 def encode_conversation(tokenizer: TextTokenizer, messages: Sequence[dict], template: ChatTemplate,
                         cutoff_len: int, system: str | None = None, train_on_prompt: bool = False,
-                        mask_history: bool = False) -> tuple[list[int], list[int]]:
+                        mask_history: bool = False, enable_thinking: bool = True) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of a conversation of alternating prompt/answer messages (roles already mapped, an
-    even count, placeholders already expanded); `system` None or "" means the template's default."""
+    even count, placeholders already expanded); `system` None or "" means the template's default.
+
+    A reasoning template (thought_words) does what MindSpeed-MM's ReasoningTemplate.encode_multiturn does: an
+    answer holding no thought word gets the empty thought, tokenized on its own, before it (trained on) with
+    `enable_thinking`, else at the end of its prompt (not trained on), every thought removed from the answers
+    first. MindSpeed-MM's data.json `enable_thinking` never reaches its template, whose True always applies."""
     system = system or template.default_system
+    if template.thought_words and not enable_thinking:
+        messages = [{**m, "content": template.remove_thought(m["content"])} if i % 2 else m
+                    for i, m in enumerate(messages)]
     encoded = []
     for index, message in enumerate(messages):
         text = template.system_slot.format(content=system) if index == 0 and system else ""
         text += template.slots[message["role"]].format(content=message["content"])
         encoded.append(tokenizer.tokenize(text))
+    if template.thought_words:
+        thought = tokenizer.tokenize(template.empty_thought)
+        for i in range(0, len(messages) - 1, 2):
+            if not any(word in messages[i + 1]["content"] for word in template.thought_words):
+                if enable_thinking:
+                    encoded[i + 1] = thought + encoded[i + 1]
+                else:
+                    encoded[i] = encoded[i] + thought
     pairs = [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
     if mask_history:
         pairs = pairs[::-1]  # the last turn first: it is the one trained on, and it must survive the cut-off

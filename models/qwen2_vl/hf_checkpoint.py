@@ -222,8 +222,9 @@ def _hub_name(name: str) -> str:
     return name
 
 
-def _check_names(where: str, config: Qwen2VLConfig, names: set[str]) -> None:
-    expected = set(hf_parameter_names(config))
+def _check_names(where: str, config: Any, names: set[str], expected: Iterable[str] | None = None) -> None:
+    """One error listing the missing and unexpected names; `expected` defaults to this config's (Qwen2-VL's)."""
+    expected = set(hf_parameter_names(config) if expected is None else expected)
     missing, unexpected = sorted(expected - names), sorted(names - expected)
     if missing or unexpected:
         shown = "; ".join(f"{label} {len(keys)}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
@@ -268,7 +269,9 @@ def load_hf_config(path: str | os.PathLike) -> Qwen2VLConfig:
 class HFWeights(Mapping[str, np.ndarray]):
     """A Hugging Face directory's weights, read lazily one tensor at a time (`weights[name]`), in mmrun's names
     and layout (module docstring); `config` is its Qwen2VLConfig. The names are checked against the config at
-    once, from the files' headers alone."""
+    once, from the files' headers alone. (Qwen3-VL's reader subclasses it with its own `__init__`.)"""
+
+    patch_embed_name = PATCH_EMBED  # the Conv3d kernel read flattened
 
     def __init__(self, path: str | os.PathLike) -> None:
         path = Path(path)
@@ -303,7 +306,7 @@ class HFWeights(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         file, stored = self._where[name]
         array = file[stored]
-        return array.reshape(array.shape[0], -1) if name == PATCH_EMBED else array
+        return array.reshape(array.shape[0], -1) if name == self.patch_embed_name else array
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)

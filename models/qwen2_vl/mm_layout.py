@@ -77,7 +77,9 @@ _TOP_RENAMES = {"visual.patch_embed.proj": VISION + "patch_embed.proj", "visual.
                 "visual.merger.mlp.2": PROJECTOR + "encoder.linear_fc2",
                 "model.embed_tokens": TEXT + "embedding.word_embeddings", "model.norm": TEXT + "decoder.final_layernorm",
                 "lm_head": TEXT + "output_layer"}
-_HF_NORM_MODULES = frozenset({"norm1", "norm2", "ln_q", "input_layernorm", "post_attention_layernorm", "norm"})
+# (q_norm, k_norm: Qwen3-VL's per-head norms, which initial_value serves too.)
+_HF_NORM_MODULES = frozenset({"norm1", "norm2", "ln_q", "input_layernorm", "post_attention_layernorm", "norm",
+                              "q_norm", "k_norm"})
 _NORM_MODULES = ("layernorm",)  # every MindSpeed-MM norm module name ends so: input_/pre_mlp_/final_layernorm, layernorm
 
 

@@ -93,8 +93,9 @@ class ModelJson:
     pipeline_layers: dict[str, list[Any] | None] = field(default_factory=dict)
 
 
-def _check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str]) -> None:
-    schema = SCHEMA[section]
+def _check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str],
+                   schemas: Mapping[str, Mapping[str, tuple[type, ...]]] = SCHEMA) -> None:
+    schema = schemas[section]
     unknown = sorted(set(values) - set(schema))
     if unknown:
         warnings.append(f"{path}: unknown key(s) in {where}: {', '.join(unknown)} (mmrun does not read them)")

@@ -92,3 +92,46 @@ def test_expansion_equals_qwen2vl_processor(tokenizer, tokenizer_file):
     want = processor(text=[hf_text], images=images, return_tensors="np")
     assert ids == want["input_ids"][0].tolist()
     assert counts == [6 * 10 // 4 * 1, 4 * 4 // 4] and grids.tolist() == want["image_grid_thw"].tolist()
+
+
+# ------------------------------------------------------------------------------------------ Qwen3-VL
+
+QWEN3_USER = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_qwen3_vl_templates_as_mindspeed_mm_defines_them(tokenizer):
+    """MindSpeed-MM's template.py: qwen3_vl / qwen3_vl_nothink have no default system prompt, tool results come
+    back as a user turn, and qwen3_vl (a ReasoningTemplate, enable_thinking True) trains an answer without a
+    thought with an empty `<think>\\n\\n</think>\\n\\n` before it; the nothink one adds nothing."""
+    from mmrun.data.multimodal.templates import QWEN3_VL, QWEN3_VL_NOTHINK, TEMPLATES
+
+    assert TEMPLATES["qwen3_vl"] is QWEN3_VL and TEMPLATES["qwen3_vl_nothink"] is QWEN3_VL_NOTHINK
+    messages = _turns("hello there", "fine thanks", "what is this", "a red circle")
+    trained = lambda ids, labels: tokenizer.detokenize([i for i, l in zip(ids, labels) if l != IGNORE_INDEX])
+
+    ids, labels = encode_conversation(tokenizer, messages, QWEN3_VL_NOTHINK, cutoff_len=1000)
+    assert tokenizer.detokenize(ids) == (QWEN3_USER.format("hello there") + "fine thanks<|im_end|>\n"
+                                         + QWEN3_USER.format("what is this") + "a red circle<|im_end|>\n")
+    assert trained(ids, labels) == "fine thanks<|im_end|>\na red circle<|im_end|>\n"
+
+    ids, labels = encode_conversation(tokenizer, messages, QWEN3_VL, cutoff_len=1000)
+    think = "<think>\n\n</think>\n\n"
+    assert tokenizer.detokenize(ids) == (QWEN3_USER.format("hello there") + think + "fine thanks<|im_end|>\n"
+                                         + QWEN3_USER.format("what is this") + think + "a red circle<|im_end|>\n")
+    assert trained(ids, labels) == think + "fine thanks<|im_end|>\n" + think + "a red circle<|im_end|>\n"
+    # An answer that has its own thought keeps it and gets no empty one.
+    reasoned = _turns("what is this", "<think>\nround and red\n</think>\n\na red circle")
+    ids, labels = encode_conversation(tokenizer, reasoned, QWEN3_VL, cutoff_len=1000)
+    assert trained(ids, labels) == "<think>\nround and red\n</think>\n\na red circle<|im_end|>\n"
+    # enable_thinking False: thoughts removed, the empty thought goes to the prompt, untrained.
+    ids, labels = encode_conversation(tokenizer, reasoned, QWEN3_VL, cutoff_len=1000, enable_thinking=False)
+    assert tokenizer.detokenize(ids) == QWEN3_USER.format("what is this") + think + "a red circle<|im_end|>\n"
+    assert trained(ids, labels) == "a red circle<|im_end|>\n"
+    # A system prompt, a tool result, and the same vision expansion as qwen2vl.
+    ids, _ = encode_conversation(tokenizer, [{"role": "observation", "content": "42"},
+                                             {"role": "assistant", "content": "fine"}], QWEN3_VL_NOTHINK, 1000,
+                                 system="be brief")
+    assert tokenizer.detokenize(ids) == ("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n<tool_response>"
+                                         "\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\nfine<|im_end|>\n")
+    expanded = expand_placeholders([{"role": "user", "content": "<image>what"}], QWEN3_VL, [2], [])
+    assert expanded[0]["content"] == "<|vision_start|><|image_pad|><|image_pad|><|vision_end|>what"

@@ -29,6 +29,12 @@ def tiny() -> ModuleType:
 
 
 @pytest.fixture(scope="session")
+def tiny3() -> ModuleType:
+    """tests/models/tiny_qwen3_vl.py: the tiny Qwen3-VL config, batches and transformers reference runs."""
+    return load_helper("mmrun_tests_tiny_qwen3_vl", HERE / "tiny_qwen3_vl.py")
+
+
+@pytest.fixture(scope="session")
 def worker() -> ModuleType:
     """tests/models/workers/qwen2_vl_run.py, imported into this (PyTorch) process."""
     from mmrun import backend

@@ -64,10 +64,22 @@ def initialised(config_dir: str, seed: int) -> dict[str, np.ndarray]:
     return {**state, "names": np.array([n for n, _ in model.named_parameters()])}
 
 
+def from_pretrained(path: str):
+    """mmrun's model of the directory's model_type: Qwen3-VL, or Qwen2-VL / Qwen2.5-VL."""
+    import json
+    import os
+
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        qwen3 = json.load(f).get("model_type") == "qwen3_vl"
+    if qwen3:
+        from mmrun.models.qwen3_vl import from_pretrained as load
+    else:
+        from mmrun.models.qwen2_vl import from_pretrained as load
+    return load(path)
+
+
 def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Each case `<c>`: `<c>/kind` forward (default) | freeze | init, `<c>/dir`, and the batch arrays."""
-    from mmrun.models.qwen2_vl import from_pretrained
-
     out: dict[str, np.ndarray] = {}
     for case in sorted({k.split("/", 1)[0] for k in cases}):
         fields = {k.split("/", 1)[1]: v for k, v in cases.items() if k.startswith(case + "/")}

@@ -1,0 +1,21 @@
+"""Qwen3-VL (dense) on mmrun's portable API (PyTorch and MindSpore), equal to transformers.
+
+    from mmrun.models.qwen3_vl import from_pretrained
+    model = from_pretrained("Qwen3-VL-8B-Instruct/")          # a Hugging Face directory
+    out = model(**batch)                                       # {"logits", "loss_dict"}
+
+Modules: configuration (VisionConfig, TextConfig, Qwen3VLConfig), modeling (the model, freeze, loading),
+hf_checkpoint (reading Hugging Face directories). The MoE sibling (qwen3_vl_moe) is refused in one line.
+"""
+from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig  # noqa: F401
+
+
+def __getattr__(name: str):
+    # The model imports the chosen framework: load it on first use only, so reading a config needs none.
+    if name in ("Qwen3VLForConditionalGeneration", "load_hf_weights", "from_pretrained", "init_weights"):
+        from mmrun.models.qwen3_vl import modeling
+        return getattr(modeling, name)
+    if name in ("load_hf_directory", "load_hf_config", "is_hf_directory", "hf_parameter_names"):
+        from mmrun.models.qwen3_vl import hf_checkpoint
+        return getattr(hf_checkpoint, name)
+    raise AttributeError(f"module 'mmrun.models.qwen3_vl' has no attribute {name!r}")

@@ -1,0 +1,122 @@
+"""Hugging Face Qwen3-VL directories read into mmrun's names (= the checkpoint keys).
+
+The safetensors reading, the bf16 handling and the error style are Qwen2-VL's (models/qwen2_vl/hf_checkpoint.py,
+imported): each tensor read lazily from its byte offsets, BF16 as uint16 bits. Qwen3-VL checkpoints already
+use transformers' in-memory names (`model.visual.*`, `model.language_model.*`, `lm_head.weight`), so no
+renaming; only `model.visual.patch_embed.proj.weight`, the Conv3d kernel (D, 3, 2, 16, 16), is read flattened
+to the Linear's (D, 1536) (same bytes, same order).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+import numpy as np
+
+from mmrun.backend.errors import UsageError
+from mmrun.models.qwen2_vl import hf_checkpoint as qwen2_checkpoint
+from mmrun.models.qwen2_vl.hf_checkpoint import (CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError,
+                                                 SafetensorsFile)
+from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_MODEL_TYPE, MOE_REFUSAL, Qwen3VLConfig
+
+PATCH_EMBED = "model.visual.patch_embed.proj.weight"
+
+
+def hf_parameter_names(config: Qwen3VLConfig) -> list[str]:
+    """Every parameter name of the model (= checkpoint keys), without building it."""
+    v, t = config.vision, config.text
+    both = ("weight", "bias")
+    names = [PATCH_EMBED, "model.visual.patch_embed.proj.bias", "model.visual.pos_embed.weight"]
+    for i in range(v.depth):
+        block = f"model.visual.blocks.{i}."
+        names += [block + f"{n}.{p}" for n in ("norm1", "norm2", "attn.qkv", "attn.proj", "mlp.linear_fc1",
+                                               "mlp.linear_fc2") for p in both]
+    for merger in ["model.visual.merger."] + [f"model.visual.deepstack_merger_list.{k}."
+                                              for k in range(len(v.deepstack_visual_indexes))]:
+        names += [merger + f"{n}.{p}" for n in ("norm", "linear_fc1", "linear_fc2") for p in both]
+    text = "model.language_model."
+    names.append(text + "embed_tokens.weight")
+    bias = ("weight", "bias") if t.attention_bias else ("weight",)
+    for i in range(t.num_hidden_layers):
+        layer = f"{text}layers.{i}."
+        names += [layer + f"self_attn.{n}.{p}" for n in ("q_proj", "k_proj", "v_proj", "o_proj") for p in bias]
+        names += [layer + f"self_attn.{n}.weight" for n in ("q_norm", "k_norm")]
+        names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
+        names += [layer + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
+    names.append(text + "norm.weight")
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def is_hf_directory(path: str | os.PathLike) -> bool:
+    """True when `path` is a directory with a Qwen3-VL config.json and safetensors weights."""
+    path = Path(path)
+    try:
+        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return model_type == MODEL_TYPE and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+
+
+def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
+    """The Qwen3VLConfig of a Hugging Face directory's config.json (one-line errors otherwise)."""
+    path = Path(path)
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise NotAnHFDirectoryError(f"{path} has no config.json, so it is not a Hugging Face model directory; "
+                                    "pass the directory that save_pretrained wrote")
+    try:
+        raw = json.loads(config_file.read_text())
+    except ValueError as error:
+        raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
+    found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+    if found == MOE_MODEL_TYPE:
+        raise NotAnHFDirectoryError(f"{config_file}: {MOE_REFUSAL}")
+    if found != MODEL_TYPE:
+        raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not Qwen3-VL; mmrun's qwen3_vl reads "
+                                    f"model_type {MODEL_TYPE!r}")
+    return Qwen3VLConfig.from_hf_config(raw)
+
+
+class HFWeights(qwen2_checkpoint.HFWeights):
+    """A Qwen3-VL directory's weights, read lazily one tensor at a time (`weights[name]`, Qwen2-VL's reader),
+    the names checked against its config at once from the files' headers."""
+
+    patch_embed_name = PATCH_EMBED
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        self.path, self.config = path, load_hf_config(path)
+        if (path / INDEX_FILE).is_file():
+            files = sorted(set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values()))
+        elif (path / SINGLE_FILE).is_file():
+            files = [SINGLE_FILE]
+        else:
+            raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors "
+                                        "weights only (re-save with save_pretrained(safe_serialization=True))")
+        self._where = {}
+        for file in files:
+            opened = SafetensorsFile(path / file)
+            self._where.update({stored: (opened, stored) for stored in opened if not stored.endswith(".inv_freq")})
+        if self.config.tie_word_embeddings:
+            self._where.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
+        qwen2_checkpoint._check_names(str(path), self.config, set(self._where), hf_parameter_names(self.config))
+
+
+def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str, np.ndarray]]:
+    """(config, {parameter name: array}) of a Hugging Face Qwen3-VL directory, in mmrun's layout."""
+    weights = HFWeights(path)
+    return weights.config, dict(weights)
+
+
+def open_for_model(path: str | os.PathLike, config: Qwen3VLConfig, described_by: str) -> HFWeights:
+    """A training run's --load of a Qwen3-VL directory: its weights (read lazily), after checking that its
+    config.json describes `config`'s network (`described_by`: where that came from, e.g. model.json's path)."""
+    weights = HFWeights(path)
+    difference = qwen2_checkpoint._config_difference(qwen2_checkpoint._structure(weights.config.to_hf_config()),
+                                                     qwen2_checkpoint._structure(config.to_hf_config()))
+    if difference:
+        raise UsageError(f"--load {path}: its config.json describes another model than {described_by} ({difference}); "
+                         f"make {described_by} match the checkpoint")
+    return weights

@@ -1,0 +1,339 @@
+"""Qwen3-VL (dense) written once against the portable API (`mmrun.backend`): PyTorch and MindSpore.
+
+Equal to transformers' Qwen3VLForConditionalGeneration (fp32 logits, loss and gradients within 1e-5,
+tests/models/test_qwen3_vl_vs_transformers.py), with parameter names equal to its checkpoint keys:
+
+    model.visual.patch_embed.proj.{weight (D, 3*2*16*16): the Conv3d kernel flattened, bias}
+    model.visual.pos_embed.weight                     learned positions, a square grid resampled per image
+    model.visual.blocks.N.{norm1,norm2,attn.qkv,attn.proj,mlp.linear_fc1,mlp.linear_fc2}
+    model.visual.merger.{norm,linear_fc1,linear_fc2}, model.visual.deepstack_merger_list.K.{same}
+    model.language_model.embed_tokens.weight, model.language_model.layers.N.{input_layernorm,
+        self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm, mlp.{gate,up,down}_proj},
+    model.language_model.norm.weight, lm_head.weight (only when tie_word_embeddings is False)
+
+What Qwen3-VL adds to Qwen2-VL, and where it lives here:
+- ViT: a learned position table (num_position_embeddings = side x side) bilinearly resampled
+  (align_corners) to each image's grid, four taps per patch, computed on the host (`position_taps`);
+  patch-embedding bias; LayerNorm blocks with a gelu-tanh MLP; the same 2-D rotary as Qwen2-VL.
+- DeepStack: the outputs of blocks `deepstack_visual_indexes` each go through their own merger (LayerNorm
+  after the 2x2 shuffle) and are ADDED to the hidden states of the vision tokens after decoder layers
+  0, 1, 2, ... (`deepstack_add`).
+- Text: Qwen3 decoder (explicit head_dim, RMSNorm on each head of q and k, optional attention bias) with
+  interleaved M-RoPE (`transformer_blocks.interleaved_multimodal_rotary`).
+Shared with Qwen2-VL (imported, not copied): the ViT attention, rotary tables and host-side layout, the
+vision-token merge (`merge_vision`: one gather), the loss (`causal_lm_loss`), the M-RoPE position rule
+(`get_rope_index`, with each video frame its own grid, as Qwen3-VL's timestamps separate frames).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from mmrun.backend import nn, ops, tensors
+from mmrun.data.multimodal.rope_index import get_rope_index
+from mmrun.models.qwen2_vl import vision_layout
+from mmrun.models.qwen2_vl.modeling import (VisionAttention, VisionPatchEmbed, _host, causal_lm_loss,
+                                            merge_vision, vision_rotary)
+# Qwen2-VL's seeded, framework-independent init serves any model named by checkpoint keys (re-exported).
+from mmrun.models.qwen2_vl.modeling import init_weights  # noqa: F401
+from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig
+from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation,
+                                             interleaved_multimodal_rotary, rotary_inv_freq)
+
+# The three parts `freeze` switches, by parameter-name prefix (MindSpeed-MM's names for them). MindSpeed-MM's
+# Qwen3-VL ViT keeps its learned positions and DeepStack layers trainable when the encoder is frozen
+# (qwen3vl_vit_model.py, unfreeze_param_names): so does `freeze` here.
+VISION_PROJECTOR_PREFIX = "model.visual.merger."
+VISION_ENCODER_PREFIX = "model.visual."
+NEVER_FROZEN_PREFIXES = ("model.visual.pos_embed.", "model.visual.deepstack_merger_list.")
+
+
+# ------------------------------------------------------------------------------------------ vision
+
+class Qwen3VisionPatchEmbed(VisionPatchEmbed):
+    """Qwen2-VL's patch Linear (the Conv3d kernel flattened) with the bias Qwen3-VL's Conv3d has."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        nn.Module.__init__(self)
+        self.proj = nn.Linear(config.patch_dim, config.hidden_size, bias=True)
+
+
+class Qwen3VisionMLP(nn.Module):
+    """linear_fc2(act(linear_fc1(x))), both with bias."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.linear_fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x):
+        return self.linear_fc2(self.act(self.linear_fc1(x)))
+
+
+class Qwen3VisionBlock(nn.Module):
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(config.hidden_size, eps=1e-6)
+        self.attn = VisionAttention(config)
+        self.mlp = Qwen3VisionMLP(config)
+
+    def forward(self, x, cos, sin, cu_seqlens: np.ndarray):
+        x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens)
+        return x + self.mlp(self.norm2(x))
+
+
+class Qwen3PatchMerger(nn.Module):
+    """Each 2x2 group of patches as one (4*D) vector -> linear_fc1 -> GELU -> linear_fc2 (text hidden). The
+    main merger normalises each patch before the shuffle (norm over D), the DeepStack mergers after it (4*D)."""
+
+    def __init__(self, config: VisionConfig, postshuffle_norm: bool) -> None:
+        super().__init__()
+        self.merged_size = config.hidden_size * config.spatial_merge_size ** 2
+        self.postshuffle_norm = postshuffle_norm
+        self.norm = nn.LayerNorm(self.merged_size if postshuffle_norm else config.hidden_size, eps=1e-6)
+        self.linear_fc1 = nn.Linear(self.merged_size, self.merged_size)
+        self.linear_fc2 = nn.Linear(self.merged_size, config.out_hidden_size)
+
+    def forward(self, x):
+        if self.postshuffle_norm:
+            x = self.norm(ops.reshape(x, (-1, self.merged_size)))
+        else:
+            x = ops.reshape(self.norm(x), (-1, self.merged_size))
+        return self.linear_fc2(ops.gelu(self.linear_fc1(x)))
+
+
+def position_taps(grid: np.ndarray, side: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bilinear resampling (align_corners) of the side x side learned position table to each image's (h, w)
+    grid: (patches, 4) int64 rows of the table and (patches, 4) float32 weights, patches in 2x2-merge order and
+    repeated per frame. transformers' get_vision_interpolation_indices_and_weights(mode="bilinear",
+    align_corners=True), in the same float32 operations."""
+    indices, weights = [], []
+    positions = vision_layout.rotary_position_ids(grid, merge)  # (row, column) per patch, same order
+    counts = vision_layout.patch_counts(grid)
+    heights, widths = np.repeat(grid[:, 1], counts), np.repeat(grid[:, 2], counts)
+    axis = []
+    for coordinate, size in ((positions[:, 0], heights), (positions[:, 1], widths)):
+        source = (coordinate.astype(np.float32) * np.float32(side - 1)
+                  / np.maximum(size - 1, 1).astype(np.float32))
+        floor = np.floor(source)
+        taps = np.clip(floor.astype(np.int64)[:, None] + np.arange(2), 0, side - 1)
+        distance = np.abs((source[:, None] - floor[:, None]) - np.arange(2, dtype=np.float32))
+        axis.append((taps, np.maximum(np.float32(1) - distance, np.float32(0)).astype(np.float32)))
+    (h_taps, h_weights), (w_taps, w_weights) = axis
+    indices = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
+    weights = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, 4).astype(np.float32)
+    return indices, weights
+
+
+class Qwen3VisionTransformer(nn.Module):
+    """The ViT + mergers: forward(pixel_values (patches, 1536), grid (n, 3) numpy) -> (features (patches / 4,
+    text hidden), [DeepStack features, one per deepstack_visual_indexes entry, same shape])."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.patch_embed = Qwen3VisionPatchEmbed(config)
+        self.pos_embed = nn.Embedding(config.num_position_embeddings, config.hidden_size)
+        self.blocks = nn.ModuleList([Qwen3VisionBlock(config) for _ in range(config.depth)])
+        self.merger = Qwen3PatchMerger(config, postshuffle_norm=False)
+        self.deepstack_merger_list = nn.ModuleList([Qwen3PatchMerger(config, postshuffle_norm=True)
+                                                    for _ in config.deepstack_visual_indexes])
+        self.inv_freq = rotary_inv_freq(config.head_dim // 2, config.rope_theta)  # numpy: no buffers in the API
+
+    def forward(self, pixel_values, grid: np.ndarray):
+        config = self.config
+        merge = config.spatial_merge_size
+        total = int(vision_layout.patch_counts(grid).sum())
+        if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
+                             f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid")
+        x = self.patch_embed(pixel_values)
+        indices, weights = position_taps(grid, config.num_grid_per_side, merge)
+        taps = ops.reshape(ops.embedding(tensors.from_numpy(indices.reshape(-1)), self.pos_embed.weight),
+                           (total, 4, -1))
+        # fp32 weights, as transformers' (a bf16 table's taps are promoted, summed in fp32, then cast back)
+        if taps.dtype != tensors.float32:
+            taps = tensors.cast(taps, "float32")
+        positions = ops.sum(taps * ops.reshape(tensors.from_numpy(weights), (total, 4, 1)), dim=1)
+        x = x + tensors.cast(positions, x.dtype)
+        cos, sin = vision_rotary(vision_layout.rotary_position_ids(grid, merge), self.inv_freq)
+        frames = vision_layout.frame_cu_seqlens(grid)
+        deepstack = []
+        for index, block in enumerate(self.blocks):
+            x = block(x, cos, sin, frames)
+            if index in config.deepstack_visual_indexes:
+                deepstack.append(self.deepstack_merger_list[config.deepstack_visual_indexes.index(index)](x))
+        return self.merger(x), deepstack
+
+
+# ------------------------------------------------------------------------------------------ text
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = GQASelfAttention(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                                          config.attention_dropout, qkv_bias=config.attention_bias,
+                                          head_dim=config.head_dim, qk_norm_eps=config.rms_norm_eps,
+                                          o_bias=config.attention_bias)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3TextModel(nn.Module):
+    """embed_tokens, decoder layers with interleaved M-RoPE and DeepStack, final norm.
+    forward(embeds (B, S, H), position_ids (3, B, S), deepstack=None) where deepstack is (index, tables) from
+    `deepstack_index`: after layer i < len(tables), the vision rows get tables[i] added."""
+
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.inv_freq = rotary_inv_freq(config.head_dim, config.rope_theta)
+
+    def forward(self, embeds, position_ids, deepstack=None):
+        cos, sin = interleaved_multimodal_rotary(position_ids, self.inv_freq, self.config.mrope_section, embeds.dtype)
+        x = embeds
+        for index, layer in enumerate(self.layers):
+            x = layer(x, cos, sin)
+            if deepstack is not None and index < len(deepstack[1]):
+                x = deepstack_add(x, deepstack[0], deepstack[1][index])
+        return self.norm(x)
+
+
+def deepstack_index(config: Qwen3VLConfig, input_ids, image_features: int):
+    """(B*S,) int64 on the device: 0 for a text row, 1 + k for the k-th vision feature (images first, then
+    videos after the `image_features` image rows): the rows of [zero row; features] each position adds."""
+    batch, seq = input_ids.shape
+    ids = ops.reshape(input_ids, (batch * seq,))
+    is_image = tensors.cast(ids == config.image_token_id, "int64")
+    is_video = tensors.cast(ids == config.video_token_id, "int64")
+    return is_image * ops.cumsum(is_image, 0) + is_video * (image_features + ops.cumsum(is_video, 0))
+
+
+def deepstack_add(hidden, index, features):
+    """hidden (B, S, H) with features[k] added to the k-th vision row, by one gather (text rows add zero)."""
+    batch, seq, size = hidden.shape
+    table = ops.cat([ops.zeros((1, size), dtype=hidden.dtype, like=hidden),
+                     tensors.cast(features, hidden.dtype) if features.dtype != hidden.dtype else features], dim=0)
+    return hidden + ops.reshape(ops.embedding(index, table), (batch, seq, size))
+
+
+class Qwen3VLModel(nn.Module):
+    """`model.visual` and `model.language_model`: the names transformers' checkpoints use."""
+
+    def __init__(self, config: Qwen3VLConfig) -> None:
+        super().__init__()
+        self.visual = Qwen3VisionTransformer(config.vision)
+        self.language_model = Qwen3TextModel(config.text)
+
+
+# ------------------------------------------------------------------------------------------ whole model
+
+class Qwen3VLForConditionalGeneration(nn.Module):
+    """Dense Qwen3-VL for training: forward returns logits and the loss, as mmrun's Qwen2-VL does.
+
+    forward(input_ids (B, S), attention_mask=None, labels=None, pixel_values=None (patches, 1536),
+            image_grid_thw=None (images, 3), pixel_values_videos=None, video_grid_thw=None, position_ids=None
+            (3, B, S), calculate_per_token_loss=False, **ignored) -> {"logits": (B, S, vocab), "loss_dict"}
+
+    loss_dict as Qwen2VLForConditionalGeneration's (models/qwen2_vl/modeling.py): {} without labels, else
+    the shifted fp32 cross-entropy mean (or sum and num_tokens with calculate_per_token_loss).
+    position_ids: when None, from `get_rope_index` on the host. Attention is causal, padding on the right.
+    """
+
+    def __init__(self, config: Qwen3VLConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Qwen3VLModel(config)
+        self.lm_head = (None if config.tie_word_embeddings
+                        else nn.Linear(config.text.hidden_size, config.text.vocab_size, bias=False))
+
+    def forward(self, input_ids, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
+                pixel_values_videos=None, video_grid_thw=None, position_ids=None,
+                calculate_per_token_loss: bool = False, **ignored):
+        image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
+        text = self.model.language_model
+        deepstack: list = []
+
+        def visual(pixels, grid):  # merge_vision's ViT call: keep the DeepStack features beside the merged ones
+            merged, stacked = self.model.visual(pixels, grid)
+            deepstack.extend(stacked)
+            return merged
+
+        embeds = merge_vision(self.config, visual, self.training, input_ids, text.embed_tokens(input_ids),
+                              pixel_values, image_grid, pixel_values_videos, video_grid)
+        injection = None
+        if deepstack and (pixel_values is not None or pixel_values_videos is not None):
+            unit = self.config.vision.spatial_merge_size ** 2
+            images = 0 if pixel_values is None else int(vision_layout.patch_counts(image_grid).sum()) // unit
+            injection = (deepstack_index(self.config, input_ids, images), deepstack)
+        if position_ids is None:
+            position_ids = self._rope_positions(input_ids, attention_mask, image_grid, video_grid)
+        hidden = text(embeds, position_ids, injection)
+        weight = text.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = ops.linear(hidden, weight)
+        loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
+        return {"logits": logits, "loss_dict": loss_dict}
+
+    def _rope_positions(self, input_ids, attention_mask, image_grid, video_grid):
+        """position_ids (3, B, S) on the device. Qwen3-VL separates video frames by timestamp text, each frame
+        its own <|vision_start|> block: Qwen2-VL's rule over one (1, h, w) grid per frame is Qwen3-VL's."""
+        config = self.config
+        if video_grid is not None:
+            video_grid = np.repeat(video_grid, video_grid[:, 0], axis=0)
+            video_grid[:, 0] = 1
+        positions, _ = get_rope_index(
+            _host(input_ids), image_grid, video_grid, _host(attention_mask),
+            spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
+            video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id)
+        return tensors.from_numpy(np.asarray(positions, dtype=np.int64))
+
+    def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:
+        """MindSpeed-MM's model.freeze (defaults: ViT frozen, merger and LLM trained); returns {part: number of
+        parameters frozen}. The ViT's learned positions and DeepStack mergers always train, as there."""
+        frozen = {"vision_encoder": 0, "vision_projector": 0, "text_decoder": 0}
+        wanted = {"vision_encoder": vision_encoder, "vision_projector": vision_projector, "text_decoder": text_decoder}
+        for name, param in self.named_parameters():
+            part = parameter_part(name)
+            off = wanted[part] and not name.startswith(NEVER_FROZEN_PREFIXES)
+            (nn.freeze if off else nn.unfreeze)([param])
+            frozen[part] += int(off)
+        return frozen
+
+
+def parameter_part(name: str) -> str:
+    """Which of the three freezable parts a parameter belongs to."""
+    if name.startswith(VISION_PROJECTOR_PREFIX):
+        return "vision_projector"
+    if name.startswith(VISION_ENCODER_PREFIX):
+        return "vision_encoder"
+    return "text_decoder"
+
+
+# ------------------------------------------------------------------------------------------ weights
+
+def load_hf_weights(model: Qwen3VLForConditionalGeneration, arrays: Mapping[str, np.ndarray]) -> None:
+    """Load `hf_checkpoint.load_hf_directory`'s arrays (bf16 as uint16 bits) strictly: a missing or unexpected
+    name is an error naming it."""
+    from mmrun.models.qwen2_vl.hf_checkpoint import to_float_arrays
+    model.load_state_dict(tensors.state_dict_from_numpy(to_float_arrays(arrays)))
+
+
+def from_pretrained(path: str) -> Qwen3VLForConditionalGeneration:
+    """A model built from a Hugging Face Qwen3-VL directory, its weights loaded (fp32 where the checkpoint is
+    bf16: cast the model afterwards for mixed precision)."""
+    from mmrun.models.qwen3_vl.hf_checkpoint import load_hf_directory
+    config, arrays = load_hf_directory(path)
+    model = Qwen3VLForConditionalGeneration(config)
+    load_hf_weights(model, arrays)
+    return model
