@@ -181,7 +181,8 @@ def run(argv: list[str]) -> int:
         notice(f"generation_config keys not used by mmrun's generation: {len(generation.ignored)} "
                f"({', '.join(generation.ignored[:6])}{', ...' if len(generation.ignored) > 6 else ''})")
     generator = Generator(model)
-    hidden = set(generation.eos_token_id) | set(ids.values())
+    # Not printed, as transformers' skip_special_tokens: the template's special tokens and the EOS ids.
+    hidden = set(generation.eos_token_id) | set(ids.values()) | {tokenizer.vocab.get("<|im_start|>", -1)}
     for text in prompts:
         prompt = Prompt(**encode_prompt(tokenizer, QWEN2VL, text, pictures, image_config))
         generator.check_length(prompt, generation)
@@ -190,7 +191,7 @@ def run(argv: list[str]) -> int:
         tokens = generator.generate(prompt, generation,
                                     streamer=lambda t: print(stream.push(t), end="", flush=True))
         seconds = time.perf_counter() - start
-        print(flush=True)
+        print(stream.flush(), flush=True)
         print(f"> {len(tokens)} new tokens after a prompt of {prompt.input_ids.shape[1]} in {seconds:.2f} s "
               f"({len(tokens) / max(seconds, 1e-9):.1f} tokens/s), {info.framework} on {info.device_kind}, "
               f"{dtype}", file=sys.stderr, flush=True)

@@ -93,6 +93,12 @@ class TextStream:
         new, self.printed = text[self.printed:], len(text)
         return new
 
+    def flush(self) -> str:
+        """What is left at the end (a held-back partial character is printed as the decoder renders it)."""
+        text = self.tokenizer.detokenize(self.ids)
+        new, self.printed = text[self.printed:], len(text)
+        return new
+
     @property
     def text(self) -> str:
         return self.tokenizer.detokenize(self.ids)

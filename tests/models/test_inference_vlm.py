@@ -1,0 +1,149 @@
+"""models/inference_vlm.py: MindSpeed-MM's inference json as it is, weights from a Hugging Face directory or a
+split mmrun checkpoint, the answer streamed; bad input is one line and exit 2; MindSpore prints what PyTorch
+prints."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = ROOT / "models" / "inference_vlm.py"
+MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+# MindSpeed-MM's examples/qwen2.5vl/inference_qwen2_5_vl_7b.json generation_config, abridged, max_new_tokens cut
+GENERATION = {"bos_token_id": 0, "do_sample": True, "kv_cache": True, "output_attentions": False, "max_length": 20,
+              "min_length": 0, "min_new_tokens": None, "repetition_penalty": 1.05, "num_beams": 1, "use_cache": True,
+              "eos_token_id": [2, 0], "max_new_tokens": 8, "pad_token_id": 0, "temperature": 0.1, "top_k": 1,
+              "top_p": 0.001, "dola_layers": None, "stop_strings": None}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A tiny Qwen2-VL (model_tiny.json, strong random weights) as an HF directory with the demo's tokenizer and
+    processor, the demo's pictures, and the inference json pointing at them."""
+    from mmrun.backend import tensors
+    from mmrun.data.multimodal.demo import make_demo
+    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+    from mmrun.models.qwen2_vl.hf_checkpoint import save_hf_directory
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
+
+    root = tmp_path_factory.mktemp("inference")
+    make_demo(str(root / "demo"), num_samples=8)
+    config = Qwen2VLConfig.from_hf_config(read_model_json(MODEL_JSON).hf_config)
+    model = Qwen2VLForConditionalGeneration(config)
+    init_weights(model, seed=3, std=0.3)  # far from uniform logits: varied tokens, no near-ties
+    save_hf_directory(root / "hf", config, tensors.state_dict_to_numpy(model.state_dict()),
+                      copy_files_from=root / "demo" / "model")
+    raw = json.loads(MODEL_JSON.read_text())
+    raw.pop("model_id")
+    raw.update({"pipeline_class": "Qwen2VlPipeline", "generation_config": GENERATION, "dtype": "fp32",
+                "device": "npu", "min_pixels": 3136, "max_pixels": 12544,
+                "tokenizer": {"hub_backend": "hf", "autotokenizer_name": "AutoTokenizer",
+                              "from_pretrained": str(root / "hf")},
+                "image_path": str(root / "demo" / "data" / "images" / "0001.png"),
+                "prompts": ["What is in the picture?", "Describe the image."]})
+    path = root / "inference.json"
+    path.write_text(json.dumps(raw))
+    return root, path, raw
+
+
+def write_json(job, **changes) -> str:
+    root, _, raw = job
+    path = root / f"changed-{len(list(root.glob('changed-*')))}.json"
+    path.write_text(json.dumps({**raw, **changes}))
+    return str(path)
+
+
+def expected_answers(job, new_tokens: int = 8) -> list[str]:
+    """The answers straight from the generation loop (what the entry must print)."""
+    from mmrun.data.multimodal.image_processing import ImageProcessorConfig
+    from mmrun.data.multimodal.templates import QWEN2VL
+    from mmrun.data.multimodal.vlm_prompt import encode_prompt, open_image, with_pixel_limits
+    from mmrun.data.tokenizers import HuggingFaceTokenizer
+    from mmrun.models.qwen2_vl import from_pretrained
+    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+
+    root, _, raw = job
+    tokenizer = HuggingFaceTokenizer(str(root / "hf"))
+    images = [open_image(raw["image_path"], "test")]
+    processor = with_pixel_limits(ImageProcessorConfig.from_pretrained(str(root / "hf")), 3136, 12544)
+    generator = Generator(from_pretrained(str(root / "hf")))
+    config = GenerationConfig.from_dict(GENERATION).replace(seed=1234, max_new_tokens=new_tokens)
+    answers = []
+    for text in raw["prompts"][:1 if new_tokens != 8 else None]:
+        tokens = generator.generate(Prompt(**encode_prompt(tokenizer, QWEN2VL, text, images, processor)), config)
+        answers.append(tokenizer.detokenize([t for t in tokens if t not in (0, 1, 2, 3, 4, 5, 6)]))
+    return answers
+
+
+def run_entry(capsys, *argv) -> tuple[int, str, str]:
+    from mmrun.models import inference_vlm
+
+    try:
+        code = inference_vlm.main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_streams_the_answers_of_the_generation_loop_from_an_hf_directory(job, capsys):
+    root, path, _ = job
+    code, out, err = run_entry(capsys, "--mm-model", str(path), "--load", str(root / "hf"), "--use-mcore-models",
+                               "--tensor-model-parallel-size", "1", "--bf16")
+    assert code == 0, err
+    answers = expected_answers(job)
+    assert out == "".join(a + "\n" for a in answers) and all(answers)
+    assert "notice: ignored (one process runs the whole model): --use-mcore-models --tensor-model-parallel-size" in err
+    assert "generation_config keys not used by mmrun's generation: 6 (bos_token_id, output_attentions" in err
+    assert err.count("new tokens after a prompt of") == 2
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"generation_config": {**GENERATION, "temperature": "hot"}},
+     "error: generation_config.temperature: received 'hot' (str); pass a number >= 0 (0: greedy)"),
+    ({"prompts": "many words " * 600}, "error: the prompt has 4227 tokens and 8 new ones are asked for, more than"),
+    ({"pipeline_class": "InternVLPipeline"}, "error: --mm-model"),
+])
+def test_bad_input_is_one_line_and_exit_2(job, capsys, change, message):
+    code, out, err = run_entry(capsys, "--mm-model", write_json(job, **change))
+    lines = [line for line in err.splitlines() if not line.startswith("notice:")]
+    assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith(message), err
+
+
+def test_an_image_that_will_not_decode_is_one_line_and_exit_2(job, capsys):
+    root = job[0]
+    broken = root / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    code, _, err = run_entry(capsys, "--mm-model", write_json(job, image_path=str(broken)))
+    assert code == 2 and err.strip().startswith(f"error: image_path {broken}: cannot decode the image")
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_mindspore_prints_what_pytorch_prints_from_a_split_checkpoint(job, capsys, tmp_path):
+    pytest.importorskip("mindspore")
+    from mmrun.models.qwen2_vl import convert
+
+    root, path, _ = job
+    convert.hf_to_mm("Qwen2VLConverter", {"mm_dir": str(tmp_path / "mm"), "hf_config": {"hf_dir": str(root / "hf")},
+                                          "parallel_config": {"tp_size": 2, "vit_pp_layers": [2, 0],
+                                                              "llm_pp_layers": [1, 1]}})
+    capsys.readouterr()
+    env = {**os.environ, "GLOG_v": "3"}
+    # One prompt, three tokens: MindSpore's PyNative steps are slow on a CPU (the loop is the same).
+    short = write_json(job, prompts=job[2]["prompts"][:1], generation_config={**GENERATION, "max_new_tokens": 3})
+    # `python ENTRY --ai-framework mindspore` selects MindSpore as `mmrun --ai-framework mindspore ENTRY` does,
+    # without msrun's start-up (about 25 s here); docs/inference.md runs it under mmrun.
+    done = subprocess.run([sys.executable, str(ENTRY), "--ai-framework", "mindspore", "--mm-model", short,
+                           "--load", str(tmp_path / "mm")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tp_size 2, vit_pp_layers [2, 0], llm_pp_layers [1, 1]" in done.stderr
+    assert "> 3 new tokens after a prompt of" in done.stderr and "mindspore on cpu" in done.stderr
+    answer = expected_answers(job, new_tokens=3)[0]
+    assert answer and done.stdout == answer + "\n"
