@@ -132,30 +132,73 @@ def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[
     return model
 
 
+class Qwen2VlPipeline:
+    """MindSpeed-MM's Qwen2VlPipeline: the json's tokenizer, processor settings, generation_config and model;
+    `answer(text, images, streamer)` -> (new token ids, their text). evaluate_vlm.py uses it too."""
+
+    def __init__(self, raw: dict[str, Any], path: str, load: str | None, seed: int) -> None:
+        from mmrun import backend
+        from mmrun.backend import tensors
+        from mmrun.data.multimodal.image_processing import ImageProcessorConfig
+        from mmrun.data.multimodal.mllm_dataset import special_token_ids
+        from mmrun.data.multimodal.templates import QWEN2VL
+        from mmrun.data.multimodal.vlm_prompt import with_pixel_limits
+        from mmrun.data.tokenizers import HuggingFaceTokenizer
+        from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator
+
+        generation = GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")
+        model_dir = raw["tokenizer"]["from_pretrained"]
+        self.tokenizer = HuggingFaceTokenizer(model_dir)
+        ids = special_token_ids(self.tokenizer, QWEN2VL, f"{model_dir}/tokenizer.json")
+        if not generation.eos_token_id:
+            generation = generation.replace(eos_token_id=(ids["end_of_turn"], ids["pad"]))
+        self.generation = generation.replace(seed=seed)
+        self.image_config = with_pixel_limits(ImageProcessorConfig.from_pretrained(model_dir), raw.get("min_pixels"),
+                                              raw.get("max_pixels"))
+        self.info = backend.current()
+        wanted = str(raw.get("device") or self.info.device_kind)
+        if wanted != self.info.device_kind:
+            notice(f"device {wanted!r} in the json is not this machine's; running on {self.info.device_kind}")
+        model = build_model(raw, path, load, notice)
+        if model.config.image_token_id != ids["image_pad"]:
+            raise UsageError(f"the model's image token id {model.config.image_token_id} is not the tokenizer's "
+                             f"<|image_pad|> {ids['image_pad']}; use the model's own tokenizer directory")
+        self.dtype = DTYPES[raw.get("dtype") or "fp32"]
+        if self.dtype != "float32":
+            model.to(tensors.dtype(self.dtype))
+        model.eval()
+        if generation.ignored:
+            shown = ", ".join(generation.ignored[:6]) + (", ..." if len(generation.ignored) > 6 else "")
+            notice(f"generation_config keys not used by mmrun's generation: {len(generation.ignored)} ({shown})")
+        self.generator = Generator(model)
+        # Not printed, as transformers' skip_special_tokens: the template's special tokens and the EOS ids.
+        self.hidden = (set(self.generation.eos_token_id) | set(ids.values())
+                       | {self.tokenizer.vocab.get("<|im_start|>", -1)})
+
+    def answer(self, text: str, images: list[Any], streamer: Callable[[str], None] | None = None
+               ) -> tuple[list[int], str, int]:
+        """(new token ids, the answer's text, prompt length) for one user turn: the images, then the text."""
+        from mmrun.data.multimodal.templates import QWEN2VL
+        from mmrun.data.multimodal.vlm_prompt import TextStream, encode_prompt
+        from mmrun.models.qwen2_vl.generation import Prompt
+
+        prompt = Prompt(**encode_prompt(self.tokenizer, QWEN2VL, text, images, self.image_config))
+        stream = TextStream(self.tokenizer, self.hidden)
+        emit = (lambda token: streamer(stream.push(token))) if streamer is not None else stream.push
+        tokens = self.generator.generate(prompt, self.generation, streamer=emit)
+        rest = stream.flush()
+        if streamer is not None:
+            streamer(rest)
+        return tokens, stream.text, prompt.input_ids.shape[1]
+
+
 def run(argv: list[str]) -> int:
     args, rest = parse_args(argv)
     if rest:
         notice(f"ignored (one process runs the whole model): {' '.join(a for a in rest if a.startswith('--'))}")
     raw = read_inference_json(args.mm_model)
+    from mmrun.data.multimodal.vlm_prompt import open_image
 
-    from mmrun import backend
-    from mmrun.backend import tensors
-    from mmrun.data.multimodal.image_processing import ImageProcessorConfig
-    from mmrun.data.multimodal.mllm_dataset import special_token_ids
-    from mmrun.data.multimodal.templates import QWEN2VL
-    from mmrun.data.multimodal.vlm_prompt import TextStream, encode_prompt, open_image, with_pixel_limits
-    from mmrun.data.tokenizers import HuggingFaceTokenizer
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
-
-    generation = GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")
-    generation = generation.replace(seed=args.seed)
-    model_dir = raw["tokenizer"]["from_pretrained"]
-    tokenizer = HuggingFaceTokenizer(model_dir)
-    ids = special_token_ids(tokenizer, QWEN2VL, f"{model_dir}/tokenizer.json")
-    if not generation.eos_token_id:
-        generation = generation.replace(eos_token_id=(ids["end_of_turn"], ids["pad"]))
-    image_config = with_pixel_limits(ImageProcessorConfig.from_pretrained(model_dir), raw.get("min_pixels"),
-                                     raw.get("max_pixels"))
     images = raw.get("image_path")
     images = [] if images in (None, "") else [images] if isinstance(images, str) else images
     pictures = [open_image(p, f"image_path {p}") for p in images]
@@ -164,37 +207,15 @@ def run(argv: list[str]) -> int:
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise UsageError(f"--mm-model {args.mm_model}: prompts must be a string or a list of strings; received "
                          f"{raw.get('prompts')!r}")
-
-    info = backend.current()
-    wanted = str(raw.get("device") or info.device_kind)
-    if wanted != info.device_kind:
-        notice(f"device {wanted!r} in the json is not this machine's; running on {info.device_kind}")
-    model = build_model(raw, args.mm_model, args.load, notice)
-    if model.config.image_token_id != ids["image_pad"]:
-        raise UsageError(f"the model's image token id {model.config.image_token_id} is not the tokenizer's "
-                         f"<|image_pad|> {ids['image_pad']}; use the model's own tokenizer directory")
-    dtype = DTYPES[raw.get("dtype") or "fp32"]
-    if dtype != "float32":
-        model.to(tensors.dtype(dtype))
-    model.eval()
-    if generation.ignored:
-        notice(f"generation_config keys not used by mmrun's generation: {len(generation.ignored)} "
-               f"({', '.join(generation.ignored[:6])}{', ...' if len(generation.ignored) > 6 else ''})")
-    generator = Generator(model)
-    # Not printed, as transformers' skip_special_tokens: the template's special tokens and the EOS ids.
-    hidden = set(generation.eos_token_id) | set(ids.values()) | {tokenizer.vocab.get("<|im_start|>", -1)}
+    pipeline = Qwen2VlPipeline(raw, args.mm_model, args.load, args.seed)
     for text in prompts:
-        prompt = Prompt(**encode_prompt(tokenizer, QWEN2VL, text, pictures, image_config))
-        generator.check_length(prompt, generation)
-        stream = TextStream(tokenizer, hidden)
         start = time.perf_counter()
-        tokens = generator.generate(prompt, generation,
-                                    streamer=lambda t: print(stream.push(t), end="", flush=True))
+        tokens, _, prompt_length = pipeline.answer(text, pictures, lambda piece: print(piece, end="", flush=True))
         seconds = time.perf_counter() - start
-        print(stream.flush(), flush=True)
-        print(f"> {len(tokens)} new tokens after a prompt of {prompt.input_ids.shape[1]} in {seconds:.2f} s "
-              f"({len(tokens) / max(seconds, 1e-9):.1f} tokens/s), {info.framework} on {info.device_kind}, "
-              f"{dtype}", file=sys.stderr, flush=True)
+        print(flush=True)
+        print(f"> {len(tokens)} new tokens after a prompt of {prompt_length} in {seconds:.2f} s "
+              f"({len(tokens) / max(seconds, 1e-9):.1f} tokens/s), {pipeline.info.framework} on "
+              f"{pipeline.info.device_kind}, {pipeline.dtype}", file=sys.stderr, flush=True)
     return 0
 
 
