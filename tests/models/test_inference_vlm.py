@@ -4,48 +4,12 @@ same tokens: test_qwen2_vl_generation.py; the entry on MindSpore under mmrun: do
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
-# MindSpeed-MM's examples/qwen2.5vl/inference_qwen2_5_vl_7b.json generation_config, abridged, max_new_tokens cut
-GENERATION = {"bos_token_id": 0, "do_sample": True, "kv_cache": True, "output_attentions": False, "max_length": 20,
-              "min_length": 0, "min_new_tokens": None, "repetition_penalty": 1.05, "num_beams": 1, "use_cache": True,
-              "eos_token_id": [2, 0], "max_new_tokens": 8, "pad_token_id": 0, "temperature": 0.1, "top_k": 1,
-              "top_p": 0.001, "dola_layers": None, "stop_strings": None}
-
-
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """A tiny Qwen2-VL (model_tiny.json, strong random weights) as an HF directory with the demo's tokenizer and
-    processor, the demo's pictures, and the inference json pointing at them."""
-    from mmrun.backend import tensors
-    from mmrun.data.multimodal.demo import make_demo
-    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.hf_checkpoint import save_hf_directory
-    from mmrun.models.qwen2_vl.model_json import read_model_json
-    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
-
-    root = tmp_path_factory.mktemp("inference")
-    make_demo(str(root / "demo"), num_samples=8)
-    config = Qwen2VLConfig.from_hf_config(read_model_json(MODEL_JSON).hf_config)
-    model = Qwen2VLForConditionalGeneration(config)
-    init_weights(model, seed=3, std=0.3)  # far from uniform logits: varied tokens, no near-ties
-    save_hf_directory(root / "hf", config, tensors.state_dict_to_numpy(model.state_dict()),
-                      copy_files_from=root / "demo" / "model")
-    raw = json.loads(MODEL_JSON.read_text())
-    raw.pop("model_id")
-    raw.update({"pipeline_class": "Qwen2VlPipeline", "generation_config": GENERATION, "dtype": "fp32",
-                "device": "npu", "min_pixels": 3136, "max_pixels": 12544,
-                "tokenizer": {"hub_backend": "hf", "autotokenizer_name": "AutoTokenizer",
-                              "from_pretrained": str(root / "hf")},
-                "image_path": str(root / "demo" / "data" / "images" / "0001.png"),
-                "prompts": ["What is in the picture?", "Describe the image."]})
-    path = root / "inference.json"
-    path.write_text(json.dumps(raw))
-    return root, path, raw
+def job(vlm_job):
+    return vlm_job
 
 
 def write_json(job, **changes) -> str:
@@ -69,7 +33,7 @@ def expected_answers(job, new_tokens: int = 8) -> list[str]:
     images = [open_image(raw["image_path"], "test")]
     processor = with_pixel_limits(ImageProcessorConfig.from_pretrained(str(root / "hf")), 3136, 12544)
     generator = Generator(from_pretrained(str(root / "hf")))
-    config = GenerationConfig.from_dict(GENERATION).replace(seed=1234, max_new_tokens=new_tokens)
+    config = GenerationConfig.from_dict(raw["generation_config"]).replace(seed=1234, max_new_tokens=new_tokens)
     answers = []
     for text in raw["prompts"][:1 if new_tokens != 8 else None]:
         tokens = generator.generate(Prompt(**encode_prompt(tokenizer, QWEN2VL, text, images, processor)), config)
@@ -101,12 +65,14 @@ def test_streams_the_answers_of_the_generation_loop_from_an_hf_directory(job, ca
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"generation_config": {**GENERATION, "temperature": "hot"}},
+    ({"generation_config": {"temperature": "hot"}},
      "error: generation_config.temperature: received 'hot' (str); pass a number >= 0 (0: greedy)"),
     ({"prompts": "many words " * 600}, "error: the prompt has 4227 tokens and 8 new ones are asked for, more than"),
     ({"pipeline_class": "InternVLPipeline"}, "error: --mm-model"),
 ])
 def test_bad_input_is_one_line_and_exit_2(job, capsys, change, message):
+    if "generation_config" in change:
+        change = {"generation_config": {**job[2]["generation_config"], **change["generation_config"]}}
     code, out, err = run_entry(capsys, "--mm-model", write_json(job, **change))
     lines = [line for line in err.splitlines() if not line.startswith("notice:")]
     assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith(message), err
@@ -129,7 +95,7 @@ def test_a_split_checkpoint_prints_what_the_hf_directory_prints(job, capsys, tmp
                                           "parallel_config": {"tp_size": 2, "vit_pp_layers": [2, 0],
                                                               "llm_pp_layers": [1, 1]}})
     capsys.readouterr()
-    short = write_json(job, prompts=job[2]["prompts"][:1], generation_config={**GENERATION, "max_new_tokens": 3})
+    short = write_json(job, prompts=job[2]["prompts"][:1], generation_config={**job[2]["generation_config"], "max_new_tokens": 3})
     code, out, err = run_entry(capsys, "--mm-model", short, "--load", str(tmp_path / "mm"))
     assert code == 0, err
     assert "tp_size 2, vit_pp_layers [2, 0], llm_pp_layers [1, 1]" in err and "> 3 new tokens after a prompt" in err
