@@ -81,6 +81,9 @@ def read_inference_json(path: str) -> dict[str, Any]:
             raise UsageError(f"--mm-model {path}: {key} must be an integer; received {raw[key]!r}")
     if raw.get("dtype") is not None and raw["dtype"] not in DTYPES:
         raise UsageError(f"--mm-model {path}: dtype {raw['dtype']!r} is not one of {', '.join(DTYPES)}")
+    from mmrun.models.qwen2_vl.generation import GenerationConfig
+
+    GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")  # checked before any work
     return raw
 
 
