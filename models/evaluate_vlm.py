@@ -58,7 +58,8 @@ def answer_rows(pipeline: Qwen2VlPipeline, rows: list[Any], dataset: Any, rank: 
         images = [decode_base64_image(image, f"dataset_path row {row.index}") for image in row.images]
         _, text, _ = pipeline.answer(build_prompt(row, dataset), images)
         predictions[row.index] = text
-        print(f"[rank {rank}] {number}/{len(rows)} index {row.index}: {text!r}", file=sys.stderr, flush=True)
+        if rank == 0:  # one rank's progress (the others answer as many questions, one fewer at most)
+            print(f"[rank 0] {number}/{len(rows)} index {row.index}: {text!r}", file=sys.stderr, flush=True)
     return predictions
 
 
@@ -91,8 +92,6 @@ def write_results(rows: list[Any], predictions: dict[str, str], dataset: Any, ou
 
 def run(argv: list[str]) -> int:
     args, rest = parse_args(argv)
-    if rest:
-        notice(f"ignored (each rank runs the whole model): {' '.join(a for a in rest if a.startswith('--'))}")
     raw = read_inference_json(args.mm_model)
     dataset, dataset_path, out_dir, model_name = read_evaluation_keys(raw, args.mm_model)
 
@@ -102,7 +101,9 @@ def run(argv: list[str]) -> int:
     rows = read_tsv(dataset_path, dataset.required)  # every rank checks the file before the model loads
     info = backend.init_distributed()
     rank, world = info.rank, info.world_size
-    pipeline = Qwen2VlPipeline(raw, args.mm_model, args.load, args.seed)
+    if rest and rank == 0:
+        notice(f"ignored (each rank runs the whole model): {' '.join(a for a in rest if a.startswith('--'))}")
+    pipeline = Qwen2VlPipeline(raw, args.mm_model, args.load, args.seed, quiet=rank != 0)
     start = time.perf_counter()
     predictions = answer_rows(pipeline, rows[rank::world], dataset, rank)
     if world > 1:

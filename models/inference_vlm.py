@@ -112,7 +112,7 @@ def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[
 
     spec = model_spec(raw, path)
     for line in spec.warnings:
-        notice(line)
+        log(line)
     config = Qwen2VLConfig.from_hf_config(spec.hf_config)
     source = load
     if source is None:
@@ -139,7 +139,7 @@ class Qwen2VlPipeline:
     """MindSpeed-MM's Qwen2VlPipeline: the json's tokenizer, processor settings, generation_config and model;
     `answer(text, images, streamer)` -> (new token ids, their text). evaluate_vlm.py uses it too."""
 
-    def __init__(self, raw: dict[str, Any], path: str, load: str | None, seed: int) -> None:
+    def __init__(self, raw: dict[str, Any], path: str, load: str | None, seed: int, quiet: bool = False) -> None:
         from mmrun import backend
         from mmrun.backend import tensors
         from mmrun.data.multimodal.image_processing import ImageProcessorConfig
@@ -149,6 +149,7 @@ class Qwen2VlPipeline:
         from mmrun.data.tokenizers import HuggingFaceTokenizer
         from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator
 
+        say = (lambda message: None) if quiet else notice  # quiet: a data-parallel rank other than 0
         generation = GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")
         model_dir = raw["tokenizer"]["from_pretrained"]
         self.tokenizer = HuggingFaceTokenizer(model_dir)
@@ -161,8 +162,8 @@ class Qwen2VlPipeline:
         self.info = backend.current()
         wanted = str(raw.get("device") or self.info.device_kind)
         if wanted != self.info.device_kind:
-            notice(f"device {wanted!r} in the json is not this machine's; running on {self.info.device_kind}")
-        model = build_model(raw, path, load, notice)
+            say(f"device {wanted!r} in the json is not this machine's; running on {self.info.device_kind}")
+        model = build_model(raw, path, load, say)
         if model.config.image_token_id != ids["image_pad"]:
             raise UsageError(f"the model's image token id {model.config.image_token_id} is not the tokenizer's "
                              f"<|image_pad|> {ids['image_pad']}; use the model's own tokenizer directory")
@@ -172,7 +173,7 @@ class Qwen2VlPipeline:
         model.eval()
         if generation.ignored:
             shown = ", ".join(generation.ignored[:6]) + (", ..." if len(generation.ignored) > 6 else "")
-            notice(f"generation_config keys not used by mmrun's generation: {len(generation.ignored)} ({shown})")
+            say(f"generation_config keys not used by mmrun's generation: {len(generation.ignored)} ({shown})")
         self.generator = Generator(model)
         # Not printed, as transformers' skip_special_tokens: the template's special tokens and the EOS ids.
         self.hidden = (set(self.generation.eos_token_id) | set(ids.values())
