@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                 sync()
                 times[name][n].append(time.perf_counter() - start)
     same = all(tokens["mmrun", n] == tokens["transformers", n] for n in (args.new_tokens, 2 * args.new_tokens))
-    print(f"device {device} ({torch.get_num_threads()} CPU thread(s)), torch {torch.__version__}, transformers {transformers.__version__}; Qwen2-VL hidden "
+    print(f"device {device} ({torch.get_num_threads()} CPU thread(s)), torch {torch.__version__}, "
+          f"transformers {transformers.__version__}; Qwen2-VL hidden "
           f"{args.hidden}, {args.layers} layers, vocab {args.vocab}; prompt {ids.shape[1]} tokens (one image of "
           f"{int(np.prod(grid)) // 4} tokens); {args.repeat} rounds, alternating; greedy tokens equal: {same}")
     rates = {}

@@ -1,7 +1,7 @@
 """Score a Qwen2-VL / Qwen2.5-VL on a benchmark, MindSpeed-MM's evaluate_vlm.py on PyTorch or MindSpore.
 
-    mmrun --ai-framework pytorch   --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate_qwen2_5_vl_7b.json --load DIR
-    mmrun --ai-framework mindspore --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate_qwen2_5_vl_7b.json --load DIR
+    mmrun --ai-framework pytorch   --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate.json --load DIR
+    mmrun --ai-framework mindspore --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate.json --load DIR
 
 --mm-model is MindSpeed-MM's evaluation json as it is: inference_vlm.py's keys (model_id Qwen2VlPipeline, the
 model sections, tokenizer, generation_config, min/max_pixels, dtype, device) plus `evaluation_dataset`
@@ -12,8 +12,8 @@ Each rank answers every world_size-th question (data parallel; any dataset size)
 rank 0, which scores them (mmrun.data.evaluation: MindSpeed-MM's prompts, VLMEvalKit's answer extraction and
 metrics) and writes, through the atomic writer:
 
-    <result_output_path>/<evaluation_model>_<evaluation_dataset>.tsv        index, question, answer, prediction, score, ...
-    <result_output_path>/<evaluation_model>_<evaluation_dataset>_acc.json   {"Overall": %, "split=...": %, ...}
+    <result_output_path>/<evaluation_model>_<evaluation_dataset>.tsv       index, question, answer, prediction, score
+    <result_output_path>/<evaluation_model>_<evaluation_dataset>_acc.json  {"scores": {"Overall": %, "split=..": %}}
 
 and prints one summary line. Bad input (a TSV without a column the dataset needs, an image that will not
 decode, a generation_config value of the wrong type, a prompt past the model's positions) is one line, exit 2.

@@ -57,8 +57,8 @@ def read_tsv(path: str | Path, required: tuple[str, ...]) -> list[Row]:
         columns = reader.fieldnames or []
         missing = [c for c in required if c not in columns]
         if missing:
-            raise TSVError(f"dataset_path {path}: no column {', '.join(missing)} (columns: {', '.join(columns) or 'none'}); "
-                           "pass VLMEvalKit's TSV of this evaluation_dataset")
+            raise TSVError(f"dataset_path {path}: no column {', '.join(missing)} (columns: "
+                           f"{', '.join(columns) or 'none'}); pass VLMEvalKit's TSV of this evaluation_dataset")
         raw = [{k: (v or "") for k, v in record.items() if k is not None} for record in reader]
     raw = [r for r in raw if r["image"] != ""]
     by_index = {r["index"]: r["image"] for r in raw}

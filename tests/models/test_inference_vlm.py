@@ -95,7 +95,8 @@ def test_a_split_checkpoint_prints_what_the_hf_directory_prints(job, capsys, tmp
                                           "parallel_config": {"tp_size": 2, "vit_pp_layers": [2, 0],
                                                               "llm_pp_layers": [1, 1]}})
     capsys.readouterr()
-    short = write_json(job, prompts=job[2]["prompts"][:1], generation_config={**job[2]["generation_config"], "max_new_tokens": 3})
+    short = write_json(job, prompts=job[2]["prompts"][:1],
+                       generation_config={**job[2]["generation_config"], "max_new_tokens": 3})
     code, out, err = run_entry(capsys, "--mm-model", short, "--load", str(tmp_path / "mm"))
     assert code == 0, err
     assert "tp_size 2, vit_pp_layers [2, 0], llm_pp_layers [1, 1]" in err and "> 3 new tokens after a prompt" in err

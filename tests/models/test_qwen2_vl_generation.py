@@ -93,9 +93,10 @@ def test_logits_processors_equal_transformers():
 def test_generation_config_reads_mindspeed_mm_keys_and_refuses_wrong_types():
     from mmrun.models.qwen2_vl.generation import GenerationConfig, GenerationConfigError
 
-    raw = {"do_sample": True, "kv_cache": True, "max_length": 20, "max_new_tokens": 256, "eos_token_id": [151645, 151643],
-           "temperature": 0.1, "top_k": 1, "top_p": 0.001, "repetition_penalty": 1.05, "num_beams": 1,
-           "dola_layers": None, "output_attentions": False, "image_token_id": 151655}
+    raw = {"do_sample": True, "kv_cache": True, "max_length": 20, "max_new_tokens": 256,
+           "eos_token_id": [151645, 151643], "temperature": 0.1, "top_k": 1, "top_p": 0.001,
+           "repetition_penalty": 1.05, "num_beams": 1, "dola_layers": None, "output_attentions": False,
+           "image_token_id": 151655}
     config = GenerationConfig.from_dict(raw)
     assert (config.max_new_tokens, config.eos_token_id, config.top_k, config.use_cache) == (256, (151645, 151643), 1,
                                                                                             True)
