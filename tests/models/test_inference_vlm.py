@@ -64,6 +64,16 @@ def test_streams_the_answers_of_the_generation_loop_from_an_hf_directory(job, ca
     assert err.count("new tokens after a prompt of") == 2
 
 
+def test_mindspeed_mm_inference_json_keys_are_read_without_a_warning(job):
+    from mmrun.models.inference_vlm import model_spec
+
+    root, path, raw = job
+    text = {**raw["text_decoder"], "is_encoder_decoder": False, "sequence_parallel": False,
+            "tokenizer_type": "PretrainedFromHF", "use_infer_fa": True}
+    spec = model_spec({**raw, "text_decoder": text, "patch": {"infer_fa": True}}, str(path))
+    assert spec.warnings == [] and spec.hf_config["model_type"] == "qwen2_vl"
+
+
 @pytest.mark.parametrize("change, message", [
     ({"generation_config": {"temperature": "hot"}},
      "error: generation_config.temperature: received 'hot' (str); pass a number >= 0 (0: greedy)"),
