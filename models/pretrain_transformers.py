@@ -88,12 +88,16 @@ def _section(name: str) -> dict[str, Any]:
 def model_provider(pre_process=True, post_process=True, vp_stage=None):
     """The transformers model of model.json (MindSpeed-MM's TransformersModel through its ModelHub)."""
     from mmrun import engines
+    from mmrun.engines.model_section import check_model_section
 
     cfg = _section("model")
     try:
+        ignored = check_model_section(cfg)
         model = engines.transformers_model(cfg)
     except engines.ModelConfigError as err:
         raise ArgumentsError(str(err)) from None
+    if ignored:
+        print_rank_0(f"notice: {ignored}")
     _MODEL_CONFIG.clear()
     _MODEL_CONFIG.update(model.config.to_dict())
     source = cfg.get("init_from_hf_path") or "hf_config (random weights from --seed)"

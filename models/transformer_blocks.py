@@ -134,7 +134,11 @@ class GQASelfAttention(nn.Module):
             self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm_eps)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, cache: Any = None):
+        """cache (generation only): an object whose `update(k, v)` stores this call's rotated keys/values and
+        returns all of them so far, (batch, kv_heads, past + seq, head_dim) (models/qwen2_vl/generation.py's
+        LayerCache). The first call (the prompt) is causal; a later call brings one token, which attends to
+        every cached one."""
         batch, seq, _ = x.shape
         q = ops.reshape(self.q_proj(x), (batch, seq, self.num_heads, self.head_dim))
         k = ops.reshape(self.k_proj(x), (batch, seq, self.num_kv_heads, self.head_dim))
@@ -144,6 +148,12 @@ class GQASelfAttention(nn.Module):
         v = ops.transpose(ops.reshape(self.v_proj(x), (batch, seq, self.num_kv_heads, self.head_dim)), 1, 2)
         cos, sin = ops.reshape(cos, (batch, 1, seq, self.head_dim)), ops.reshape(sin, (batch, 1, seq, self.head_dim))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = ops.scaled_dot_product_attention(q, k, v, causal=True, scale=self.scale,
+        causal = True
+        if cache is not None:
+            k, v = cache.update(k, v)
+            causal = k.shape[2] == seq  # the prompt; else one new token (past + 1 keys), which sees them all
+            if not causal and seq != 1:
+                raise ValueError(f"a cached attention step takes one token; received {seq} after {k.shape[2] - seq}")
+        y = ops.scaled_dot_product_attention(q, k, v, causal=causal, scale=self.scale,
                                              dropout_p=self.attention_dropout if self.training else 0.0)
         return self.o_proj(ops.reshape(ops.transpose(y, 1, 2), (batch, seq, self.num_heads * self.head_dim)))

@@ -22,10 +22,10 @@ from typing import Any, Callable, Mapping
 import torch
 
 from mmrun.engines.base import ModelConfigError  # noqa: F401 - raised here, caught by the entry
+from mmrun.engines.model_section import check_model_section
 
 MODEL_HUB: dict[str, type] = {}
 
-MODEL_KEYS = ("model_id", "init_from_hf_path", "hf_config", "torch_dtype", "freeze")
 
 
 def register_model(name: str) -> Callable[[type], type]:
@@ -74,9 +74,7 @@ def model_class(model_cfg: Mapping[str, Any], config: Any) -> type:
 
 def build_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
     """model.json -> a transformers model in fp32 on the host (the engine places and shards it)."""
-    unknown = sorted(set(model_cfg) - set(MODEL_KEYS) - {"image_encoder", "text_decoder", "loss_cfg", "patch"})
-    if unknown:
-        raise ModelConfigError(f"model: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(MODEL_KEYS)}")
+    check_model_section(model_cfg)  # typos raise; MindSpeed-MM's own keys are the entry's notice
     _offline()
     config = _config(model_cfg)
     try:

@@ -67,6 +67,8 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "add_qkv_bias": (bool,), "use_remove_padding": (bool,), "freeze": (bool,), "canonical_model": (bool,),
         "kv_channels": (int, type(None)), "recompute_granularity": (str, type(None)),
         "recompute_method": (str, type(None)), "recompute_num_layers": (int, type(None)),
+        # MindSpeed-MM's inference / evaluation json (inference_qwen2_5_vl_7b.json)
+        "is_encoder_decoder": (bool,), "sequence_parallel": (bool,), "tokenizer_type": (str,), "use_infer_fa": (bool,),
     },
 }
 

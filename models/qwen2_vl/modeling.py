@@ -197,8 +197,8 @@ class Qwen2DecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -213,11 +213,12 @@ class Qwen2TextModel(nn.Module):
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.inv_freq = rotary_inv_freq(config.head_dim, config.rope_theta)
 
-    def forward(self, embeds, position_ids):
+    def forward(self, embeds, position_ids, cache=None):
+        """cache: generation's KV cache (generation.KVCache, one LayerCache per layer) or None (training)."""
         cos, sin = multimodal_rotary(position_ids, self.inv_freq, self.config.mrope_section, embeds.dtype)
         x = embeds
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache.layer(index))
         return self.norm(x)
 
 
@@ -272,12 +273,7 @@ class Qwen2VLForConditionalGeneration(nn.Module):
 
     def _rope_positions(self, input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts):
         """position_ids (3, B, S) on the device from the data pipeline's get_rope_index (host numpy)."""
-        config = self.config
-        positions, _ = get_rope_index(
-            _host(input_ids), image_grid, video_grid, _host(attention_mask),
-            spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
-            video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id,
-            second_per_grid_ts=_host(second_per_grid_ts), tokens_per_second=config.vision.tokens_per_second if config.is_qwen2_5 else None)
+        positions, _ = rope_index(self.config, input_ids, image_grid, video_grid, attention_mask, second_per_grid_ts)
         return tensors.from_numpy(np.asarray(positions, dtype=np.int64))
 
     # -------------------------------------------------------------------------------- training helpers
@@ -346,6 +342,18 @@ def merge_vision(config: Qwen2VLConfig, visual: Any, training: bool, input_ids, 
         before += features
     table = ops.cat([ops.reshape(embeds, (batch * seq, hidden)), vision], dim=0)
     return ops.reshape(ops.embedding(index, table), (batch, seq, hidden))
+
+
+def rope_index(config: Qwen2VLConfig, input_ids, image_grid, video_grid, attention_mask=None,
+               second_per_grid_ts=None) -> tuple[np.ndarray, np.ndarray]:
+    """The data pipeline's get_rope_index for this model's config (inputs as tensors or numpy, copied to the
+    host): (position_ids (3, B, S), rope_deltas (B, 1)), numpy int64."""
+    return get_rope_index(
+        _host(input_ids), image_grid, video_grid, _host(attention_mask),
+        spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
+        video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id,
+        second_per_grid_ts=_host(second_per_grid_ts),
+        tokens_per_second=config.vision.tokens_per_second if config.is_qwen2_5 else None)
 
 
 def parameter_part(name: str) -> str:

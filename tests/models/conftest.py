@@ -6,6 +6,7 @@ subprocess (workers/qwen2_vl_run.py). Everything is offline: models are built fr
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -113,3 +114,42 @@ def wan_frameworks(wan_tiny, wan_refs, tmp_path_factory) -> tuple[dict, dict, di
     assert done.returncode == 0, done.stderr[-3000:]
     worker = load_helper("mmrun_tests_wan_vae_run", HERE / "workers" / "wan_vae_run.py")
     return cases, worker.run_cases(cases), dict(np.load(folder / "ms.npz"))
+
+
+# MindSpeed-MM's examples/qwen2.5vl/inference_qwen2_5_vl_7b.json generation_config, abridged, max_new_tokens cut
+VLM_GENERATION = {"bos_token_id": 0, "do_sample": True, "kv_cache": True, "output_attentions": False,
+                  "max_length": 20, "min_length": 0, "min_new_tokens": None, "repetition_penalty": 1.05,
+                  "num_beams": 1, "use_cache": True, "eos_token_id": [2, 0], "max_new_tokens": 8, "pad_token_id": 0,
+                  "temperature": 0.1, "top_k": 1, "top_p": 0.001, "dola_layers": None, "stop_strings": None}
+TINY_MODEL_JSON = HERE.parents[1] / "scripts" / "qwen2vl" / "model_tiny.json"
+
+
+@pytest.fixture(scope="session")
+def vlm_job(tmp_path_factory):
+    """(root, inference json path, its dict): a tiny Qwen2-VL (model_tiny.json, strong random weights) as an HF
+    directory with the demo's tokenizer and processor, the demo's pictures, and the inference json for them."""
+    from mmrun.backend import tensors
+    from mmrun.data.multimodal.demo import make_demo
+    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+    from mmrun.models.qwen2_vl.hf_checkpoint import save_hf_directory
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
+
+    root = tmp_path_factory.mktemp("inference")
+    make_demo(str(root / "demo"), num_samples=8)
+    config = Qwen2VLConfig.from_hf_config(read_model_json(TINY_MODEL_JSON).hf_config)
+    model = Qwen2VLForConditionalGeneration(config)
+    init_weights(model, seed=3, std=0.3)  # far from uniform logits: varied tokens, no near-ties
+    save_hf_directory(root / "hf", config, tensors.state_dict_to_numpy(model.state_dict()),
+                      copy_files_from=root / "demo" / "model")
+    raw = json.loads(TINY_MODEL_JSON.read_text())
+    raw.pop("model_id")
+    raw.update({"pipeline_class": "Qwen2VlPipeline", "generation_config": VLM_GENERATION, "dtype": "fp32",
+                "device": "npu", "min_pixels": 3136, "max_pixels": 12544,
+                "tokenizer": {"hub_backend": "hf", "autotokenizer_name": "AutoTokenizer",
+                              "from_pretrained": str(root / "hf")},
+                "image_path": str(root / "demo" / "data" / "images" / "0001.png"),
+                "prompts": ["What is in the picture?", "Describe the image."]})
+    path = root / "inference.json"
+    path.write_text(json.dumps(raw))
+    return root, path, raw

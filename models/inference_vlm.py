@@ -1,0 +1,245 @@
+"""Chat with a Qwen2-VL / Qwen2.5-VL about an image, MindSpeed-MM's inference_vlm.py on PyTorch or MindSpore.
+
+    mmrun --ai-framework pytorch   models/inference_vlm.py --mm-model inference_qwen2_5_vl_7b.json --load DIR
+    mmrun --ai-framework mindspore models/inference_vlm.py --mm-model inference_qwen2_5_vl_7b.json --load DIR
+
+--mm-model is MindSpeed-MM's inference json as it is: `pipeline_class` (or `model_id`) Qwen2VlPipeline,
+`image_encoder` / `text_decoder` (model.json's sections), `tokenizer.from_pretrained` (the Hugging Face directory
+with tokenizer.json and preprocessor_config.json), `generation_config` (transformers' keys: max_new_tokens,
+do_sample, temperature, top_k, top_p, repetition_penalty, eos_token_id, ...), `image_path`, `prompts` (a string
+or a list), `min_pixels` / `max_pixels`, `dtype` (bf16, fp16, fp32) and `device`. --load takes a Hugging Face
+directory as downloaded (its config.json must describe the json's network), or an mmrun / MindSpeed-MM-named
+checkpoint of any tensor/pipeline split (`mmrun convert ... hf_to_mm` output, or a training run's --save):
+it is joined into one model. Without --load, tokenizer.from_pretrained is loaded when it holds weights.
+
+The answer streams to stdout token by token; a summary line goes to stderr. The launch script's other Megatron
+flags (parallel sizes, --use-flash-attn, ...) are accepted and ignored in one notice: one process runs the
+whole model. Bad input (an image that will not decode, a generation_config value of the wrong type, a prompt
+longer than the model's positions, a missing file) is one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from mmrun.backend.errors import UsageError
+
+PIPELINES = ("Qwen2VlPipeline",)
+# The inference / evaluation json's own keys (not model.json's): read here, not passed to the model reader.
+INFERENCE_KEYS = ("pipeline_class", "tokenizer", "generation_config", "image_path", "video_path", "prompts",
+                  "min_pixels", "max_pixels", "dtype", "device", "dataset_path", "evaluation_dataset",
+                  "evaluation_model", "result_output_path", "use_custom_prompt")
+# text_decoder.model_id -> model.json's model_id (the inference json has no model-level one).
+TEXT_DECODERS = {"qwen2lm": "qwen2vl", "qwen2_5_lm": "qwen2_5vl"}
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
+          "float32": "float32"}
+
+
+def notice(message: str) -> None:
+    print(f"notice: {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="inference_vlm.py", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
+    parser.add_argument("--mm-model", "--mm_model", dest="mm_model", required=True,
+                        help="MindSpeed-MM's inference json (pipeline_class, image_encoder, text_decoder, tokenizer, "
+                             "generation_config, image_path, prompts, ...)")
+    parser.add_argument("--load", help="a Hugging Face directory, or an mmrun / MindSpeed-MM checkpoint directory "
+                                       "(any TP/PP split)")
+    parser.add_argument("--seed", type=int, default=1234, help="the sampling seed (numpy; the same draws on both "
+                                                               "frameworks)")
+    parser.add_argument("--ai-framework", "--ai_framework", dest="ai_framework", default=None,
+                        help="pytorch or mindspore (read by mmrun.backend)")
+    return parser.parse_known_args(argv)
+
+
+def read_inference_json(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--mm-model {path}: no such file; pass MindSpeed-MM's inference json")
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UsageError(f"--mm-model {path}: not valid JSON ({err.msg} at line {err.lineno}); fix the file") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"--mm-model {path}: the top level must be an object; received {type(raw).__name__}")
+    pipeline = raw.get("pipeline_class", raw.get("model_id"))
+    if pipeline not in PIPELINES:
+        raise UsageError(f"--mm-model {path}: pipeline_class (or model_id) {pipeline!r} is not built; use "
+                         f"{' or '.join(PIPELINES)}")
+    tokenizer = raw.get("tokenizer")
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("from_pretrained"), str):
+        raise UsageError(f"--mm-model {path}: tokenizer.from_pretrained must name the Hugging Face directory "
+                         "(tokenizer.json, preprocessor_config.json)")
+    for key in ("min_pixels", "max_pixels"):
+        if raw.get(key) is not None and (not isinstance(raw[key], int) or isinstance(raw[key], bool)):
+            raise UsageError(f"--mm-model {path}: {key} must be an integer; received {raw[key]!r}")
+    if raw.get("dtype") is not None and raw["dtype"] not in DTYPES:
+        raise UsageError(f"--mm-model {path}: dtype {raw['dtype']!r} is not one of {', '.join(DTYPES)}")
+    from mmrun.models.qwen2_vl.generation import GenerationConfig
+
+    GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")  # checked before any work
+    return raw
+
+
+def model_spec(raw: dict[str, Any], path: str) -> Any:
+    """model.json's part of the inference json, read by the model.json reader (model_id from text_decoder's)."""
+    from mmrun.models.qwen2_vl.model_json import parse_model_json
+
+    model = {k: v for k, v in raw.items() if k not in INFERENCE_KEYS and k != "model_id"}
+    text_id = (raw.get("text_decoder") or {}).get("model_id")
+    if text_id not in TEXT_DECODERS:
+        raise UsageError(f"--mm-model {path}: text_decoder.model_id must be one of {', '.join(TEXT_DECODERS)}; "
+                         f"received {text_id!r}")
+    generation = raw.get("generation_config") or {}
+    for key in ("vision_start_token_id", "video_token_id", "image_token_id"):  # MindSpeed-MM keeps them there
+        if key not in model and isinstance(generation.get(key), int):
+            model[key] = generation[key]
+    model["model_id"] = TEXT_DECODERS[text_id]
+    return parse_model_json(model, path)
+
+
+def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[[str], None]) -> Any:
+    """The model from --load (an HF directory or an mmrun checkpoint) or tokenizer.from_pretrained's weights."""
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
+    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, load_hf_weights
+
+    spec = model_spec(raw, path)
+    for line in spec.warnings:
+        log(line)
+    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    source = load
+    if source is None:
+        source = raw["tokenizer"]["from_pretrained"]
+        if not hf_checkpoint.is_hf_directory(source):
+            raise UsageError(f"no --load given and tokenizer.from_pretrained {source} holds no Qwen2-VL weights; pass "
+                             "--load (a Hugging Face directory or an mmrun checkpoint)")
+    if hf_checkpoint.is_hf_directory(source):
+        weights = hf_checkpoint.open_for_model(source, config, described_by=path)
+        config = weights.config
+        log(f"weights: Hugging Face directory {source}")
+    else:
+        from mmrun.training import checkpoint_vlm
+
+        opened = checkpoint_vlm.open_checkpoint(source, config)
+        weights = dict(opened.hf_tensors())
+        log(f"weights: checkpoint {source} ({opened.describe()})")
+    model = Qwen2VLForConditionalGeneration(config)
+    load_hf_weights(model, weights)
+    return model
+
+
+class Qwen2VlPipeline:
+    """MindSpeed-MM's Qwen2VlPipeline: the json's tokenizer, processor settings, generation_config and model;
+    `answer(text, images, streamer)` -> (new token ids, their text). evaluate_vlm.py uses it too."""
+
+    def __init__(self, raw: dict[str, Any], path: str, load: str | None, seed: int, quiet: bool = False) -> None:
+        from mmrun import backend
+        from mmrun.backend import tensors
+        from mmrun.data.multimodal.image_processing import ImageProcessorConfig
+        from mmrun.data.multimodal.mllm_dataset import special_token_ids
+        from mmrun.data.multimodal.templates import QWEN2VL
+        from mmrun.data.multimodal.vlm_prompt import with_pixel_limits
+        from mmrun.data.tokenizers import HuggingFaceTokenizer
+        from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator
+
+        say = (lambda message: None) if quiet else notice  # quiet: a data-parallel rank other than 0
+        generation = GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")
+        model_dir = raw["tokenizer"]["from_pretrained"]
+        self.tokenizer = HuggingFaceTokenizer(model_dir)
+        ids = special_token_ids(self.tokenizer, QWEN2VL, f"{model_dir}/tokenizer.json")
+        if not generation.eos_token_id:
+            generation = generation.replace(eos_token_id=(ids["end_of_turn"], ids["pad"]))
+        self.generation = generation.replace(seed=seed)
+        self.image_config = with_pixel_limits(ImageProcessorConfig.from_pretrained(model_dir), raw.get("min_pixels"),
+                                              raw.get("max_pixels"))
+        self.info = backend.current()
+        wanted = str(raw.get("device") or self.info.device_kind)
+        if wanted != self.info.device_kind:
+            say(f"device {wanted!r} in the json is not this machine's; running on {self.info.device_kind}")
+        model = build_model(raw, path, load, say)
+        if model.config.image_token_id != ids["image_pad"]:
+            raise UsageError(f"the model's image token id {model.config.image_token_id} is not the tokenizer's "
+                             f"<|image_pad|> {ids['image_pad']}; use the model's own tokenizer directory")
+        self.dtype = DTYPES[raw.get("dtype") or "fp32"]
+        if self.dtype != "float32":
+            model.to(tensors.dtype(self.dtype))
+        model.eval()
+        if generation.ignored:
+            shown = ", ".join(generation.ignored[:6]) + (", ..." if len(generation.ignored) > 6 else "")
+            say(f"generation_config keys not used by mmrun's generation: {len(generation.ignored)} ({shown})")
+        self.generator = Generator(model)
+        # Not printed, as transformers' skip_special_tokens: the template's special tokens and the EOS ids.
+        self.hidden = (set(self.generation.eos_token_id) | set(ids.values())
+                       | {self.tokenizer.vocab.get("<|im_start|>", -1)})
+
+    def answer(self, text: str, images: list[Any], streamer: Callable[[str], None] | None = None
+               ) -> tuple[list[int], str, int]:
+        """(new token ids, the answer's text, prompt length) for one user turn: the images, then the text."""
+        from mmrun.data.multimodal.templates import QWEN2VL
+        from mmrun.data.multimodal.vlm_prompt import TextStream, encode_prompt
+        from mmrun.models.qwen2_vl.generation import Prompt
+
+        prompt = Prompt(**encode_prompt(self.tokenizer, QWEN2VL, text, images, self.image_config))
+        stream = TextStream(self.tokenizer, self.hidden)
+        emit = (lambda token: streamer(stream.push(token))) if streamer is not None else stream.push
+        tokens = self.generator.generate(prompt, self.generation, streamer=emit)
+        rest = stream.flush()
+        if streamer is not None:
+            streamer(rest)
+        return tokens, stream.text, prompt.input_ids.shape[1]
+
+
+def run(argv: list[str]) -> int:
+    args, rest = parse_args(argv)
+    if rest:
+        notice(f"ignored (one process runs the whole model): {' '.join(a for a in rest if a.startswith('--'))}")
+    raw = read_inference_json(args.mm_model)
+    from mmrun.data.multimodal.vlm_prompt import open_image
+
+    images = raw.get("image_path")
+    images = [] if images in (None, "") else [images] if isinstance(images, str) else images
+    pictures = [open_image(p, f"image_path {p}") for p in images]
+    prompts = raw.get("prompts")
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise UsageError(f"--mm-model {args.mm_model}: prompts must be a string or a list of strings; received "
+                         f"{raw.get('prompts')!r}")
+    pipeline = Qwen2VlPipeline(raw, args.mm_model, args.load, args.seed)
+    for text in prompts:
+        start = time.perf_counter()
+        tokens, _, prompt_length = pipeline.answer(text, pictures, lambda piece: print(piece, end="", flush=True))
+        seconds = time.perf_counter() - start
+        print(flush=True)
+        print(f"> {len(tokens)} new tokens after a prompt of {prompt_length} in {seconds:.2f} s "
+              f"({len(tokens) / max(seconds, 1e-9):.1f} tokens/s), {pipeline.info.framework} on "
+              f"{pipeline.info.device_kind}, {pipeline.dtype}", file=sys.stderr, flush=True)
+    return 0
+
+
+def input_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean bad input (a file, a key, a value): one line and exit code 2."""
+    from mmrun.data.gpt_dataset import DatasetConfigError
+    from mmrun.data.tokenizers import TokenizerError
+    from mmrun.models.qwen2_vl.hf_checkpoint import NotAnHFDirectoryError
+    from mmrun.training.checkpoint_layout import CheckpointError
+
+    return UsageError, DatasetConfigError, TokenizerError, NotAnHFDirectoryError, CheckpointError
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except input_errors() as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

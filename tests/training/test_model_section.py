@@ -1,0 +1,44 @@
+"""The `model:` section of pretrain_transformers.py's YAML / model.json (issue 29, item 4): MindSpeed-MM's
+model-file keys are accepted with one notice, typos of the keys mmrun reads get a did-you-mean, and the
+transformers model still builds from such a section."""
+from __future__ import annotations
+
+import pytest
+
+from mmrun.engines.base import ModelConfigError
+from mmrun.engines.model_section import check_model_section
+
+# examples/qwen2.5vl/model_3b.json's top level (sections abridged) and examples/qwen3vl/qwen3vl_full_sft_8B.yaml's
+QWEN25_MODEL_JSON = {"model_id": "qwen2_5vl", "img_context_token_id": 151655, "vision_start_token_id": 151652,
+                     "image_encoder": {"vision_encoder": {"num_layers": 32}}, "text_decoder": {"num_layers": 36},
+                     "text_encoder": None, "video_encoder": None, "patch": {"bridge_patch": False}}
+QWEN3_YAML = {"model_id": "qwen3_vl", "init_from_hf_path": "ckpt/hf", "attn_implementation": "flash_attention_2",
+              "image_encoder": {}, "text_decoder": {}, "loss_cfg": {"compute_mode": "default"}, "patch": {}}
+
+
+def test_mindspeed_mm_keys_are_accepted_with_one_notice():
+    notice = check_model_section({**QWEN25_MODEL_JSON, "init_from_hf_path": "x"})
+    assert notice.startswith("model: MindSpeed-MM key(s) img_context_token_id, vision_start_token_id, "
+                             "image_encoder, text_decoder, text_encoder, video_encoder, patch ignored")
+    assert "attn_implementation" in check_model_section(QWEN3_YAML)
+    assert check_model_section({"init_from_hf_path": "x", "freeze": []}) is None
+
+
+@pytest.mark.parametrize("key, hint", [("init_from_hf_pth", "'init_from_hf_pth' (did you mean init_from_hf_path?)"),
+                                       ("torch_dtpye", "'torch_dtpye' (did you mean torch_dtype?)"),
+                                       ("banana", "'banana'; mmrun reads")])
+def test_typos_of_read_keys_still_stop_with_did_you_mean(key, hint):
+    with pytest.raises(ModelConfigError) as error:
+        check_model_section({**QWEN3_YAML, key: 1})
+    assert f"model: unknown key(s) {hint}" in str(error.value)
+
+
+def test_the_transformers_model_builds_from_a_mindspeed_mm_section():
+    pytest.importorskip("transformers")
+    from mmrun.engines.torch.transformers_models import build_model
+
+    section = {**QWEN25_MODEL_JSON, "model_id": "tiny", "hf_config": {
+        "model_type": "qwen2", "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64}}
+    model = build_model(section)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
