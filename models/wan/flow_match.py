@@ -13,13 +13,14 @@ Read from mindspeed_mm/models/diffusion/wan_flow_match_scheduler.py (`_set_times
 
 Everything but the model's output and the loss is numpy, drawn from the seed: both frameworks see the same
 timestep and the same noise, bit for bit (MindSpeed-MM draws them with torch's generator; the distribution is
-the same, the numbers are mmrun's). The noise of a sample depends on (seed, iteration, micro-batch, its place in
-the global batch) only, so a data-parallel run draws what one process draws for the same samples.
+the same, the numbers are mmrun's). The noise of a sample depends on the seed and the sample's place in the run's
+sample stream only, so a data-parallel run draws what one process draws, and a resumed run what an uninterrupted
+one draws.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -79,15 +80,16 @@ class FlowMatchTraining:
         self.low = int(c.min_timestep_boundary * n)
         self.high = int(c.max_timestep_boundary * n)
 
-    def draw_index(self, seed: int, iteration: int, micro_batch: int) -> int:
-        """One timestep index per micro-batch (MindSpeed-MM: torch.randint(min, max, (1,)) per forward)."""
-        rng = np.random.default_rng([seed, iteration, micro_batch, 0])
+    def draw_index(self, seed: int, position: int) -> int:
+        """One timestep index per micro-batch (MindSpeed-MM: torch.randint(min, max, (1,)) per forward), drawn
+        from the seed and the place of the micro-batch's first sample in the run's sample stream."""
+        rng = np.random.default_rng([seed, 0, position])
         return int(rng.integers(self.low, self.high))
 
     @staticmethod
-    def draw_noise(shape: tuple[int, ...], seed: int, iteration: int, micro_batch: int, sample: int) -> np.ndarray:
-        """Standard normal noise of one sample, float32, from (seed, iteration, micro-batch, global sample)."""
-        rng = np.random.default_rng([seed, iteration, micro_batch, 1, sample])
+    def draw_noise(shape: tuple[int, ...], seed: int, position: int) -> np.ndarray:
+        """Standard normal noise of one sample, float32, from the seed and the sample's place in the stream."""
+        rng = np.random.default_rng([seed, 1, position])
         return rng.standard_normal(shape, dtype=np.float32)
 
     def noisy_input(self, x0: np.ndarray, noise: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,14 +98,16 @@ class FlowMatchTraining:
         x0 = x0.astype(np.float32, copy=False)
         return (np.float32(1) - sigma) * x0 + sigma * noise, noise - x0
 
-    def training_batch(self, latents: np.ndarray, seed: int, iteration: int, micro_batch: int,
-                       first_sample: int) -> dict[str, np.ndarray]:
+    def training_batch(self, latents: np.ndarray, seed: int, positions: Sequence[int]) -> dict[str, np.ndarray]:
         """What one micro-batch of latents [B, C, F, H, W] trains on: the noisy input, the timestep (one for the
-        batch, repeated per sample as diffusers' model takes it), the target and the loss weight. `first_sample`
-        is the place of the micro-batch's first sample in the global batch (data-parallel ranks differ)."""
-        index = self.draw_index(seed, iteration, micro_batch)
-        noise = np.stack([self.draw_noise(latents.shape[1:], seed, iteration, micro_batch, first_sample + i)
-                          for i in range(latents.shape[0])])
+        batch, repeated per sample as diffusers' model takes it), the target and the loss weight. `positions`:
+        each sample's place in the run's sample stream (consumed samples before it), which keys its noise; the
+        first keys the timestep. A data-parallel rank thus draws what one process draws for the same samples,
+        and a resumed run what the uninterrupted one drew."""
+        if len(positions) != latents.shape[0]:
+            raise ValueError(f"{len(positions)} positions for a micro-batch of {latents.shape[0]} samples")
+        index = self.draw_index(seed, positions[0])
+        noise = np.stack([self.draw_noise(latents.shape[1:], seed, p) for p in positions])
         x_t, target = self.noisy_input(latents, noise, index)
         return {"hidden_states": x_t, "timestep": np.full((latents.shape[0],), self.timesteps[index], np.float32),
                 "target": target, "loss_weight": np.float32(self.weights[index])}

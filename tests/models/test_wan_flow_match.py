@@ -52,7 +52,7 @@ def test_one_step_equals_mindspeed_q_sample_and_loss():
     config = FlowMatchConfig.from_mindspeed(PRETRAIN_MODEL_JSON)
     ours = FlowMatchTraining(config)
     latents = np.random.default_rng(1).standard_normal((2, 4, 3, 4, 6)).astype(np.float32)
-    batch = ours.training_batch(latents, seed=1234, iteration=3, micro_batch=0, first_sample=0)
+    batch = ours.training_batch(latents, seed=1234, positions=[6, 7])
     sigmas, timesteps, weights = mindspeed_tables(**PRETRAIN_MODEL_JSON)
     # MindSpeed-MM's q_sample with the same draw (index and noise given): timestep = timesteps[idx]
     idx = int(np.argmin(np.abs(timesteps.numpy() - batch["timestep"][0])))
@@ -74,13 +74,13 @@ def test_one_step_equals_mindspeed_q_sample_and_loss():
 def test_draws_are_seeded_uniform_and_per_sample():
     ours = FlowMatchTraining(FlowMatchConfig.from_mindspeed({**PRETRAIN_MODEL_JSON, "min_timestep_boundary": 0.2,
                                                               "max_timestep_boundary": 0.6}))
-    draws = [ours.draw_index(7, it, 0) for it in range(2000)]
+    draws = [ours.draw_index(7, position) for position in range(2000)]
     assert min(draws) >= 200 and max(draws) <= 599 and len(set(draws)) > 300  # randint(200, 600)
-    assert draws == [ours.draw_index(7, it, 0) for it in range(2000)]
+    assert draws == [ours.draw_index(7, position) for position in range(2000)]
     latents = np.zeros((2, 1, 1, 2, 2), np.float32)
-    one = ours.training_batch(latents, 7, 1, 0, first_sample=0)["target"]
+    one = ours.training_batch(latents, 7, [4, 5])["target"]
     # a data-parallel rank holding the second sample draws what one process draws for it
-    second = ours.training_batch(latents[1:], 7, 1, 0, first_sample=1)["target"]
+    second = ours.training_batch(latents[1:], 7, [5])["target"]
     np.testing.assert_array_equal(one[1], second[0])
     assert not np.array_equal(one[0], one[1])
 
