@@ -123,35 +123,45 @@ def lora_modules(model: Any) -> list[tuple[str, LoRALinear]]:
 
 
 def adapter_state(model: Any) -> dict[str, np.ndarray]:
-    """PEFT's adapter_model.safetensors keys -> float32 arrays."""
+    """`<module>.lora_A.weight` / `.lora_B.weight` -> float32 arrays (the model's own names)."""
     state = {}
     for name, layer in lora_modules(model):
-        state[f"{PEFT_PREFIX}{name}.lora_A.weight"] = tensors.to_numpy(layer.lora_A.weight).astype(np.float32)
-        state[f"{PEFT_PREFIX}{name}.lora_B.weight"] = tensors.to_numpy(layer.lora_B.weight).astype(np.float32)
+        state[f"{name}.lora_A.weight"] = tensors.to_numpy(layer.lora_A.weight).astype(np.float32)
+        state[f"{name}.lora_B.weight"] = tensors.to_numpy(layer.lora_B.weight).astype(np.float32)
     return state
 
 
-def adapter_config(model: Any, base_model: str | None = None) -> dict[str, Any]:
+def peft_config(r: int, lora_alpha: float, target_modules: Sequence[str], base_model: str | None = None
+                ) -> dict[str, Any]:
     """PEFT's LoraConfig as adapter_config.json holds it (the keys PEFT needs to rebuild the same adapters)."""
-    layers = lora_modules(model)
-    if not layers:
-        raise ValueError("the model has no LoRA adapters to save")
-    r, alpha = layers[0][1].r, layers[0][1].alpha
-    return {"peft_type": "LORA", "task_type": None, "base_model_name_or_path": base_model, "r": r,
-            "lora_alpha": alpha, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-            "target_modules": sorted(name for name, _ in layers), "init_lora_weights": True,
-            "use_rslora": False, "use_dora": False, "inference_mode": True, "modules_to_save": None}
+    return {"peft_type": "LORA", "task_type": None, "base_model_name_or_path": base_model, "r": int(r),
+            "lora_alpha": lora_alpha, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "target_modules": sorted(target_modules), "init_lora_weights": True, "use_rslora": False,
+            "use_dora": False, "inference_mode": True, "modules_to_save": None}
 
 
-def save_adapter(model: Any, directory: str | Path, base_model: str | None = None) -> Path:
-    """adapter_config.json + adapter_model.safetensors in `directory` (each file written atomically)."""
+def write_adapter(directory: str | Path, config: Mapping[str, Any], adapter: Mapping[str, np.ndarray],
+                  base_model: str | None = None) -> Path:
+    """adapter_config.json + adapter_model.safetensors (PEFT's key prefix) in `directory`, each written atomically;
+    `config` gives r, lora_alpha and target_modules, `adapter` the `<module>.lora_A.weight` arrays."""
     from safetensors.numpy import save
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / ADAPTER_CONFIG, json.dumps(adapter_config(model, base_model), indent=2) + "\n")
-    atomic_write(directory / ADAPTER_WEIGHTS, save(adapter_state(model), metadata={"format": "pt"}))
+    text = json.dumps(peft_config(config["r"], config["lora_alpha"], config["target_modules"], base_model), indent=2)
+    atomic_write(directory / ADAPTER_CONFIG, text + "\n")
+    arrays = {PEFT_PREFIX + key: np.ascontiguousarray(value, dtype=np.float32) for key, value in adapter.items()}
+    atomic_write(directory / ADAPTER_WEIGHTS, save(arrays, metadata={"format": "pt"}))
     return directory
+
+
+def save_adapter(model: Any, directory: str | Path, base_model: str | None = None) -> Path:
+    """The model's adapters in PEFT's layout (see write_adapter)."""
+    layers = lora_modules(model)
+    if not layers:
+        raise ValueError("the model has no LoRA adapters to save")
+    config = {"r": layers[0][1].r, "lora_alpha": layers[0][1].alpha, "target_modules": [n for n, _ in layers]}
+    return write_adapter(directory, config, adapter_state(model), base_model)
 
 
 def read_adapter(directory: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
