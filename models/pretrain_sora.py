@@ -229,6 +229,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     config = _SPEC.predictor
     dataset = FeatureDataset.from_dataset_param(data["dataset_param"], _SPEC.task, text_dim=config.text_dim,
                                                 img_dim=config.image_dim, in_channels=config.in_channels)
+    dataset[0]  # a feature file that does not fit the model stops here, before training starts
     loader = data.get("dataloader_param") or {}
     view = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed, shuffle=bool(loader.get("shuffle", True)))
     print_rank_0(f" > {len(dataset)} feature files, {view.num_samples} samples to read "
