@@ -9,6 +9,7 @@ output in docs/generation.md; the LoRA module itself is tests/models/test_lora.p
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -31,50 +32,23 @@ PRETRAIN_SH = [
     "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--attention-mask-type",
     "general", "--log-interval", "1", "--save-interval", "5", "--eval-interval", "10000", "--eval-iters", "10",
     "--ckpt-format", "torch", "--distributed-backend", "nccl", "--on-unsupported", "warn"]
-PREDICTOR = {"model_id": "wandit", "dtype": "bf16", "model_type": "t2v", "patch_size": [1, 2, 2], "text_len": 8,
-             "in_dim": 4, "hidden_size": 16, "ffn_dim": 32, "freq_dim": 16, "text_dim": 12, "img_dim": 1280,
-             "out_dim": 4, "num_heads": 2, "num_layers": 1, "pipeline_num_layers": [1], "qk_norm": True,
-             "qk_norm_type": "rmsnorm", "cross_attn_norm": True, "eps": 1e-6, "max_seq_len": 64,
-             "use_fused_rmsnorm": True}
+TINY_FEATURES = ROOT / "docs" / "examples" / "generation" / "tiny_features.py"  # docs/generation.md's try-out files
 
 
 def write_files(root: Path) -> dict[str, Path]:
-    """feature_data.json + data.jsonl + 4 feature files (2 MindSpeed-MM .pt, 2 mmrun .safetensors), and a
-    pretrain_model.json in MindSpeed-MM's form (fp32 here: --bf16 is left out of the equality runs)."""
-    import torch
-
-    from mmrun.data.video import feature_files as ff
-
-    (root / "features").mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    records = []
-    for i in range(4):
-        sample = {ff.VIDEO: rng.standard_normal((4, 2, 4, 4)).astype(np.float32),
-                  ff.PROMPT_IDS: rng.standard_normal((8, 12)).astype(np.float32),
-                  ff.PROMPT_MASK: (np.arange(8) < 3 + i).astype(np.int64)}
-        name = ff.feature_file_name(f"clip{i}.mp4", ".pt" if i % 2 else ".safetensors")
-        if i % 2:
-            torch.save({k: torch.from_numpy(v) for k, v in sample.items()}, root / "features" / name)
-        else:
-            ff.write_feature_file(root / "features" / name, sample)
-        records.append({"path": f"clip{i}.mp4", "cap": f"caption {i}", "file": f"features/{name}"})
-    ff.write_index(root / "data.jsonl", records)
-    data = {"dataset_param": {"dataset_type": "feature",
-                              "basic_parameters": {"data_path": str(root / "data.jsonl"), "data_folder": str(root)}},
-            "dataloader_param": {"dataloader_mode": "sampler", "shuffle": True, "drop_last": True}}
-    model = {"load_video_features": True, "load_text_features": True, "task": "t2v",
-             "diffusion": {"model_id": "wan_flow_match_scheduler", "num_train_timesteps": 1000, "shift": 5,
-                           "sigma_min": 0.0, "extra_one_step": True},
-             "predictor": PREDICTOR}
-    (root / "feature_data.json").write_text(json.dumps(data))
-    (root / "pretrain_model.json").write_text(json.dumps(model, indent=1))
-    return {"data": root / "feature_data.json", "model": root / "pretrain_model.json"}
+    """feature_data.json + data.jsonl + 4 feature files (2 MindSpeed-MM .pt, 2 mmrun .safetensors) and a
+    pretrain_model.json in MindSpeed-MM's form, for a one-layer DiT."""
+    spec = importlib.util.spec_from_file_location("mmrun_tests_tiny_features", TINY_FEATURES)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_files(root)
 
 
 @pytest.fixture(scope="module")
 def sora(tmp_path_factory, tk):
     base = tmp_path_factory.mktemp("sora")
     files = write_files(base / "data")
+    # fp32 for the equality runs: bf16 rounds differently on the two frameworks
     args = [a for a in PRETRAIN_SH if a != "--bf16"] + ["--mm-data", str(files["data"]), "--mm-model",
                                                          str(files["model"])]
     done: dict[str, object] = {}
