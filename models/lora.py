@@ -115,6 +115,7 @@ def apply_lora(model: Any, targets: Sequence[str], r: int, alpha: float, seed: i
         adapter = LoRALinear(child, r, alpha, seed=seed + i)
         nn.freeze([adapter.weight] + ([adapter.bias] if adapter.bias is not None else []))
         _replace(parent, attr, adapter)
+    nn.refresh_parameter_names(model)
     return [name for name, *_ in found]
 
 
@@ -211,4 +212,5 @@ def merge_lora(model: Any) -> int:
         plain.load_state_dict(tensors.state_dict_from_numpy(state))
         _replace(parent, attr, plain)
         count += 1
+    nn.refresh_parameter_names(model)
     return count
