@@ -104,15 +104,15 @@ def unfreeze(module_or_params: torch.nn.Module | Iterable[Any]) -> int:
     return len(params)
 
 
-# Initialisers: in place on a parameter, from the framework's seeded RNG (seeding.seed_everything).
-
-@torch.no_grad()
 def refresh_parameter_names(module: torch.nn.Module) -> int:
     """MindSpore's twin gives parameters their full paths as names (it names a Parameter once, when first
     assigned); torch's parameters carry no name of their own, so there is nothing to do. Returns 0."""
     return 0
 
 
+# Initialisers: in place on a parameter, from the framework's seeded RNG (seeding.seed_everything).
+
+@torch.no_grad()
 def normal_(param: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
     return param.normal_(mean, std)
 
