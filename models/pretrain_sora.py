@@ -80,7 +80,7 @@ def _model_source(argv: list[str]) -> ModelSource:
     config = _SPEC.predictor
     sizes = {"num_layers": config.num_layers, "hidden_size": config.inner_dim,
              "ffn_hidden_size": config.ffn_dim, "num_attention_heads": config.num_attention_heads,
-             "vocab_size": 1, "make_vocab_size_divisible_by": 1}
+             "vocab_size": 1, "make_vocab_size_divisible_by": 1}  # no vocabulary: the prompt comes embedded
     return ModelSource(flag="--mm-model", sizes=sizes, data_flag="--mm-data", data_parallel_only=True,
                        features=ENTRY_FEATURES)
 
