@@ -6,7 +6,8 @@
 
 Modules: configuration (WanTransformerConfig: diffusers' config.json and MindSpeed-MM's predictor),
 transformer (the DiT, its init, its diffusers directories), mindspeed_names (MindSpeed-MM's WanDiT parameter and
-LoRA target names <-> diffusers').
+LoRA target names <-> diffusers'), flow_match (MindSpeed-MM's training objective), model_json (pretrain_model.json
+for training), convert (WanConverter for `mmrun convert`).
 """
 from mmrun.models.wan.configuration import WanConfigError, WanTransformerConfig  # noqa: F401
 
