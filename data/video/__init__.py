@@ -1,0 +1,1 @@
+"""Video data: decoding, MindSpeed-MM's preprocessing, feature files (numpy + Pillow; decoders lazily)."""
