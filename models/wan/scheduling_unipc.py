@@ -127,7 +127,8 @@ class UniPCMultistepScheduler:
         rks, d1s = [], []
         for i in range(1, order):
             mi = self.model_outputs[-(i + 1)]
-            rk = F32((self._lambda(first - i)[2] - lambda_s0) / h)
+            with np.errstate(divide="ignore"):  # two equal sigmas (sigma_min twice) give h = 0, as in diffusers
+                rk = F32((self._lambda(first - i)[2] - lambda_s0) / h)
             rks.append(rk)
             d1s.append((mi - m0) / rk)
         return rks, d1s
