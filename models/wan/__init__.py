@@ -1,0 +1,18 @@
+"""Wan2.1 video generation on mmrun's portable API (PyTorch and MindSpore), equal to diffusers.
+
+    from mmrun.models.wan import WanTransformer3DModel
+    model = WanTransformer3DModel.from_pretrained("Wan2.1-T2V-1.3B-Diffusers/transformer")
+    noise_pred = model(hidden_states=latents, timestep=t, encoder_hidden_states=prompt_embeds)
+
+Modules: configuration (WanTransformerConfig: diffusers' config.json and MindSpeed-MM's predictor),
+transformer (the DiT, its diffusers directories).
+"""
+from mmrun.models.wan.configuration import WanConfigError, WanTransformerConfig  # noqa: F401
+
+
+def __getattr__(name: str):
+    # The model imports the chosen framework: load it on first use only, so reading a config needs none.
+    if name in ("WanTransformer3DModel", "parameter_shapes", "read_diffusers_weights", "save_diffusers_directory"):
+        from mmrun.models.wan import transformer
+        return getattr(transformer, name)
+    raise AttributeError(f"module 'mmrun.models.wan' has no attribute {name!r}")
