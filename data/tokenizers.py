@@ -12,6 +12,8 @@ import re
 from collections import OrderedDict
 from typing import Callable, Iterator
 
+import numpy as np
+
 # The `tokenizers` library is imported inside the classes that need it, so that NullTokenizer runs
 # (mock data, benchmarks) and `mmrun --help` never load it.
 
@@ -19,6 +21,8 @@ GPT2_EOD_TOKEN = "<|endoftext|>"
 # End-of-document candidates for a bare tokenizer.json, which (unlike a full Hugging Face tokenizer
 # directory) carries no `eos_token` setting of its own. First match wins.
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]")
+# Padding-token candidates for encode_fixed_length (a bare tokenizer.json names no pad_token); first match wins.
+PAD_CANDIDATES = ("<pad>", "[PAD]", "<|endoftext|>")
 # A long text is tokenized in pieces of about this many characters, so that memory does not grow with the
 # document: one tokenizer call needs about 150 bytes per character (the `tokenizers` library's Encoding).
 PIECE_CHARS = 1 << 16
@@ -95,6 +99,24 @@ class _HFTokenizerFileBacked(Tokenizer):
 
     def detokenize(self, ids: list[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def encode_fixed_length(self, texts: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, attention_mask), int64 (len(texts), max_length): a Hugging Face tokenizer's
+        `tokenizer(texts, padding="max_length", max_length=..., truncation=True)` (special tokens kept when
+        truncating, padding on the right with the pad token), on a copy so this tokenizer's settings stay."""
+        pad_token = next((t for t in PAD_CANDIDATES if t in self._vocab), None)
+        if pad_token is None:
+            raise TokenizerError(f"{self.name} has no padding token (looked for {', '.join(PAD_CANDIDATES)}); "
+                                 "pass a tokenizer.json whose vocabulary has one")
+        from tokenizers import Tokenizer as _Backend
+
+        fixed = _Backend.from_str(self._tok.to_str())
+        fixed.enable_truncation(max_length)
+        fixed.enable_padding(length=max_length, pad_id=self._vocab[pad_token], pad_token=pad_token)
+        encodings = fixed.encode_batch(list(texts))
+        ids = np.array([e.ids for e in encodings], dtype=np.int64).reshape(len(encodings), max_length)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64).reshape(len(encodings), max_length)
+        return ids, mask
 
     @property
     def vocab_size(self) -> int:

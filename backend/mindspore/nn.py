@@ -175,6 +175,23 @@ class Conv2d(Module):
         return ops.conv2d(x, self.weight, self.bias, self.stride, self.padding)
 
 
+class Conv3d(Module):
+    """NCTHW convolution; kernel, stride and padding an int or one per dimension (t, h, w); torch's default init
+    U(+-1/sqrt(fan_in)). `kernel_size`, `stride`, `padding` are 3-tuples, as torch's attributes."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = (
+            (v,) * 3 if isinstance(v, int) else tuple(v) for v in (kernel_size, stride, padding))
+        bound = 1.0 / math.sqrt(in_channels * math.prod(self.kernel_size))
+        self.weight = Parameter(_init((out_channels, in_channels) + self.kernel_size, Uniform(bound)))
+        self.bias = Parameter(_init((out_channels,), Uniform(bound))) if bias else None
+
+    def forward(self, x):
+        return ops.conv3d(x, self.weight, self.bias, self.stride, self.padding)
+
+
 def _parameters(module_or_params: Any) -> list[ms.Parameter]:
     if isinstance(module_or_params, ms.nn.Cell):
         return list(module_or_params.get_parameters())

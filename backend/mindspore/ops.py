@@ -249,6 +249,25 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
     return _ops.conv2d(x, weight, bias, stride=stride, pad_mode="pad", padding=padding)
 
 
+def conv3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+           padding: int | Sequence[int] = 0) -> Tensor:
+    """NCTHW input, weight (out_channels, in_channels, kt, kh, kw); stride and zero padding an int or one per
+    dimension (t, h, w), as torch's."""
+    # ops.conv3d has a CPU kernel in 2.10 (values and gradients equal torch's, tests/backend_api); mint's conv3d
+    # is Ascend-only. Its padding takes (t, h, w) with pad_mode="pad", as torch's.
+    padding = (padding,) * 3 if isinstance(padding, int) else tuple(padding)
+    stride = (stride,) * 3 if isinstance(stride, int) else tuple(stride)
+    if not any(padding):
+        return _ops.conv3d(x, weight, bias, stride=stride, pad_mode="valid")
+    return _ops.conv3d(x, weight, bias, stride=stride, pad_mode="pad", padding=padding)
+
+
+def pad(x: Tensor, pad: Sequence[int], value: float = 0.0) -> Tensor:
+    """Constant padding in torch's order: (last dim before, last dim after, the one before it ...)."""
+    # mint.nn.functional.pad has no CPU kernel (ConstantPadND) in 2.10; ops.pad has, with torch's order.
+    return _ops.pad(x, tuple(pad), mode="constant", value=value)
+
+
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return mint.cat(tuple(tensors), dim)
 
@@ -307,6 +326,14 @@ def sqrt(x: Tensor) -> Tensor:
 
 def tanh(x: Tensor) -> Tensor:
     return mint.tanh(x)
+
+
+def exp(x: Tensor) -> Tensor:
+    return mint.exp(x)
+
+
+def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002 - torch's names
+    return mint.clamp(x, min=min, max=max)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:

@@ -81,6 +81,19 @@ class Conv2d(torch.nn.Conv2d):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
 
 
+class Conv3d(torch.nn.Conv3d):
+    """NCTHW convolution; kernel, stride and padding an int or one per dimension (t, h, w); torch's default init.
+    `kernel_size`, `stride`, `padding` are 3-tuples on both frameworks."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, int, int],
+                 stride: int | tuple[int, int, int] = 1, padding: int | tuple[int, int, int] = 0,
+                 bias: bool = True) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.conv3d(x, self.weight, self.bias, self.stride, self.padding)
+
+
 def _parameters(module_or_params: torch.nn.Module | Iterable[Any]) -> list[torch.Tensor]:
     if isinstance(module_or_params, torch.nn.Module):
         return list(module_or_params.parameters())

@@ -196,6 +196,22 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
     return F.conv2d(x, weight, bias, stride=stride, padding=padding)
 
 
+def conv3d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+           padding: int | Sequence[int] = 0) -> Tensor:
+    """NCTHW input, weight (out_channels, in_channels, kt, kh, kw); stride and zero padding an int or one per
+    dimension (t, h, w), as torch's."""
+    return F.conv3d(x, weight, bias, stride=_triple(stride), padding=_triple(padding))
+
+
+def _triple(value: int | Sequence[int]) -> tuple[int, int, int]:
+    return (value,) * 3 if isinstance(value, int) else tuple(value)
+
+
+def pad(x: Tensor, pad: Sequence[int], value: float = 0.0) -> Tensor:
+    """Constant padding in torch's order: (last dim before, last dim after, the one before it ...)."""
+    return F.pad(x, tuple(pad), mode="constant", value=value)
+
+
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return torch.cat(tuple(tensors), dim=dim)
 
@@ -246,6 +262,14 @@ def sqrt(x: Tensor) -> Tensor:
 
 def tanh(x: Tensor) -> Tensor:
     return torch.tanh(x)
+
+
+def exp(x: Tensor) -> Tensor:
+    return torch.exp(x)
+
+
+def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:  # noqa: A002 - torch's names
+    return torch.clamp(x, min=min, max=max)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:

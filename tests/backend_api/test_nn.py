@@ -72,6 +72,9 @@ def test_layer_defaults_follow_torch(backends, framework):
     assert weight.shape == (4, 16) and np.abs(weight).max() <= bound and np.abs(weight).max() > bound / 2
     assert names_and_shapes(nn.Embedding(5, 3)) == [("weight", (5, 3))]
     assert names_and_shapes(nn.Conv2d(3, 6, 2, stride=2)) == [("weight", (6, 3, 2, 2)), ("bias", (6,))]
+    conv3d = nn.Conv3d(3, 6, (3, 1, 1), stride=(2, 1, 1), padding=1)
+    assert names_and_shapes(conv3d) == [("weight", (6, 3, 3, 1, 1)), ("bias", (6,))]
+    assert (conv3d.kernel_size, conv3d.stride, conv3d.padding) == ((3, 1, 1), (2, 1, 1), (1, 1, 1))
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
