@@ -14,7 +14,7 @@ from mmrun.backend.errors import FrameworkNotInstalledError, TorchImportError
 NAME = "pytorch"
 # Modules and subpackages with no MindSpore twin: not part of the portable face
 # (tests/backend_api/test_backend_face.py).
-FRAMEWORK_ONLY = frozenset({"megatron_core", "process_group", "fsdp2"})
+FRAMEWORK_ONLY = frozenset({"megatron_core", "process_group", "fsdp2", "pt_files"})
 
 # Must run before the first `import torch` of the process: a torch_npu without CANN otherwise makes
 # that import fail, and nothing can repair it afterwards (a second import trips over a duplicate
