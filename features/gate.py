@@ -17,7 +17,7 @@ from mmrun.backend.vocabulary import device_kind as normalise_device
 from mmrun.backend.vocabulary import framework_name as normalise_framework
 from mmrun.features.decisions import Decision, decide
 from mmrun.features.loader import load_tables
-from mmrun.features.table import LAYERS, Tables
+from mmrun.features.table import LAYERS, TRAINER, Tables
 
 POLICIES: tuple[str, ...] = ("error", "warn")
 
@@ -113,7 +113,7 @@ _ALREADY_SAID: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDicti
 def gate(args: argparse.Namespace | Mapping[str, Any], framework: str, device: str,
          on_unsupported: str = "error", *, framework_version: str | None = None,
          stream: TextIO | None = sys.stderr, tables: Tables | None = None,
-         layers: Sequence[str] = LAYERS) -> GateResult:
+         layers: Sequence[str] = LAYERS, entry_features: Sequence[str] = ()) -> GateResult:
     """Check parsed training arguments against the table's layers before a model is built.
 
     policy "error" (default): any `unsupported` verdict, and any `fallback` that would switch a
@@ -122,12 +122,13 @@ def gate(args: argparse.Namespace | Mapping[str, Any], framework: str, device: s
     Substitutions that cannot change what the job computes (communication backend, checkpoint file
     format, switches of the other framework) are made under both policies with a notice. `unknown`
     stack verdicts say nothing: the trainer layer decides. The caller applies the result with
-    `result.apply(args)`.
+    `result.apply(args)`. `entry_features`: features the running entry implements itself (models/pretrain_sora.py's
+    LoRA); the trainer layer, which speaks for mmrun's GPT, is not asked about them.
     """
     if on_unsupported not in POLICIES:
         raise ValueError(f"on_unsupported must be one of {', '.join(POLICIES)}. Received: {on_unsupported!r}")
     decisions = [d for d in decide_args(args, framework, device, framework_version, tables, layers)
-                 if d.status != "unknown"]
+                 if d.status != "unknown" and not (d.layer == TRAINER and d.feature in entry_features)]
     stops = [d for d in decisions if d.stops(on_unsupported)]
     if stops:
         raise FeatureGateError([d.line(on_unsupported) for d in stops], stops)

@@ -37,6 +37,7 @@ PROG = "mmrun convert"
 CONVERTERS: dict[str, str] = {
     "Qwen2VLConverter": "mmrun.models.qwen2_vl.convert",
     "Qwen2_5_VLConverter": "mmrun.models.qwen2_vl.convert",
+    "WanConverter": "mmrun.models.wan.convert",
 }
 
 USAGE = f"""usage: {PROG} CONVERTER SUBCOMMAND [--cfg.KEY VALUE ...] [--config FILE.yaml]
@@ -44,6 +45,8 @@ USAGE = f"""usage: {PROG} CONVERTER SUBCOMMAND [--cfg.KEY VALUE ...] [--config F
 converters: {', '.join(CONVERTERS)}
 subcommands: hf_to_mm (Hugging Face directory -> mmrun checkpoint, split over TP/PP ranks), mm_to_hf (mmrun
 checkpoint of any split -> Hugging Face directory), resplit (any tensor/pipeline split -> any other)
+WanConverter: mm_to_hf (pretrain_sora.py checkpoint -> diffusers transformer/ directory, LoRA folded in),
+lora_to_peft (its LoRA adapters -> PEFT's adapter directory), merge_lora_to_base (diffusers dir + adapter -> merged)
 
 examples:
   {PROG} Qwen2VLConverter hf_to_mm --cfg.mm_dir ckpt/mm --cfg.hf_config.hf_dir ckpt/hf \\
@@ -53,8 +56,9 @@ examples:
   {PROG} Qwen2VLConverter resplit --cfg.source_dir save_dir --cfg.target_dir ckpt/tp2 \\
       --cfg.target_parallel_config.llm_pp_layers [14,14] --cfg.target_parallel_config.vit_pp_layers [32,0] \\
       --cfg.target_parallel_config.tp_size 2
+  {PROG} WanConverter mm_to_hf --cfg.source_path save_dir --cfg.target_path out/transformer --cfg.hf_dir ckpt/transformer
 
-Docs: docs/multimodal.md ("Weights").
+Docs: docs/multimodal.md ("Weights"), docs/generation.md (Wan2.1).
 exit status: 0 done, 2 usage error, 1 anything else.
 """
 

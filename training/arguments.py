@@ -122,6 +122,9 @@ class ModelSource:
     # Inputs whose shapes change from batch to batch (images of any size) would rebuild a compiled
     # MindSpore graph for every new shape: such a model's step runs in PyNative unless this is True.
     ms_jit: bool = False
+    # Feature-table features (catalogue names) the entry implements itself, such as "lora": the table's trainer
+    # layer speaks for mmrun's GPT, so its verdict on these is left to the entry (the stack layer still applies).
+    features: tuple[str, ...] = ()
 
 
 # Flags a data-parallel-only model (ModelSource) turns off, and why that changes no number of the run.
@@ -472,6 +475,7 @@ def _check_gpt_structure(args: argparse.Namespace) -> None:
 def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParser, source: ModelSource) -> None:
     """The model file's sizes replace the network-size flags; flags given with other values are named once."""
     args.model_source = source.flag
+    args.entry_features = tuple(source.features)
     overridden = []
     for dest, value in source.sizes.items():
         given = getattr(args, dest, None)

@@ -172,7 +172,8 @@ def _gate(args: argparse.Namespace) -> tuple[str, str]:
     device = package.device.detect().kind
     try:
         result = gate(args, framework, device, args.on_unsupported, framework_version=package.version(),
-                      stream=sys.stderr if args.rank == 0 else None)
+                      stream=sys.stderr if args.rank == 0 else None,
+                      entry_features=getattr(args, "entry_features", ()))
     except FeatureGateError as err:
         if args.rank == 0:
             for line in err.lines:

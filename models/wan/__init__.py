@@ -5,7 +5,8 @@
     noise_pred = model(hidden_states=latents, timestep=t, encoder_hidden_states=prompt_embeds)
 
 Modules: configuration (WanTransformerConfig: diffusers' config.json and MindSpeed-MM's predictor),
-transformer (the DiT, its diffusers directories).
+transformer (the DiT, its diffusers directories), flow_match (MindSpeed-MM's training objective), model_json
+(pretrain_model.json for training).
 """
 from mmrun.models.wan.configuration import WanConfigError, WanTransformerConfig  # noqa: F401
 
