@@ -87,28 +87,30 @@ def load_transformer(load: str | None, predictor: dict[str, Any], where: str, dt
 
 
 def _from_mmrun_checkpoint(load: str, config: Any) -> Any:
-    """pretrain_sora.py's --save: the newest iteration's model weights (an mmrun checkpoint)."""
-    from mmrun.backend import checkpoint_io, tensors
+    """pretrain_sora.py's --save: the tracker's iteration (else the newest complete one), model weights only."""
+    from mmrun.backend import tensors
     from mmrun.models.wan.transformer import WanTransformer3DModel
+    from mmrun.training.checkpoint_store import CheckpointError, find_checkpoint
 
-    root = Path(load)
-    tracker = root / "latest_checkpointed_iteration.txt"
-    directory = root
-    if tracker.is_file():
-        directory = root / f"iter_{int(tracker.read_text().strip()):07d}"
     try:
-        checkpoint = checkpoint_io.load_checkpoint(directory)
-    except (OSError, ValueError) as error:
+        checkpoint = find_checkpoint(load, log=lambda line: print(line, flush=True))
+    except CheckpointError as error:
+        raise UsageError(f"--load {load}: {error}") from None
+    if checkpoint is None:
         raise UsageError(f"--load {load}: neither a diffusers transformer/ directory (config.json naming "
-                         f"WanTransformer3DModel) nor an mmrun checkpoint ({error})") from None
+                         "WanTransformer3DModel) nor a directory holding pretrain_sora.py's checkpoints")
+    if any(".lora_" in name for name in checkpoint.model):
+        raise UsageError(f"--load {load}: a LoRA checkpoint; fold the adapters into the base weights first: "
+                         "mmrun convert WanConverter mm_to_hf (then --load the diffusers directory it writes)")
     model = WanTransformer3DModel(config)
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    saved = {name: array for name, array in checkpoint.model.items() if name in expected}
-    missing = sorted(set(expected) - set(saved))
-    if missing:
-        raise UsageError(f"--load {directory}: the checkpoint lacks {len(missing)} DiT weights (first: {missing[0]}); "
-                         "is it a Wan checkpoint of this predictor?")
-    model.load_state_dict(tensors.state_dict_from_numpy(saved))
+    missing = sorted(set(expected) - set(checkpoint.model))
+    wrong = sorted(n for n in expected if n in checkpoint.model and tuple(checkpoint.model[n].shape) != expected[n])
+    if missing or wrong:
+        first = (missing or wrong)[0]
+        raise UsageError(f"--load {load}: {len(missing)} DiT weights missing, {len(wrong)} of another shape (first: "
+                         f"{first}); the predictor block must be the one the checkpoint was trained with")
+    model.load_state_dict(tensors.state_dict_from_numpy({n: checkpoint.model[n] for n in expected}))
     return model
 
 
