@@ -1,7 +1,7 @@
 """Offline inputs of the Wan2.1 demo (scripts/pretrain_wan.sh): a synthetic captioned video set, and a tiny
 Wan "Diffusers directory" (vae/, text_encoder/, tokenizer/) with random weights, all in MindSpeed-MM's layout.
 
-    python scripts/wan/make_demo.py OUT_DIR [--videos 32] [--frames 9] [--size 64]
+    python scripts/wan/make_demo.py OUT_DIR [--videos 32] [--frames 9] [--size 32]
 
 writes
     OUT_DIR/videos/*.mp4            a coloured shape (square or disc) moving left/right/up/down on grey
@@ -32,7 +32,7 @@ DIRECTIONS = {"right": (0, 1), "left": (0, -1), "down": (1, 0), "up": (-1, 0)}
 BACKGROUND = 128
 SPECIALS = ("<pad>", "</s>", "<unk>")  # T5's ids 0, 1, 2: pad, end of sequence, unknown
 MAX_TEXT_LENGTH = 16
-VAE_CONFIG = {"_class_name": "AutoencoderKLWan", "base_dim": 16, "z_dim": 4, "dim_mult": [1, 2, 2, 2],
+VAE_CONFIG = {"_class_name": "AutoencoderKLWan", "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2],
               "num_res_blocks": 1, "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
               "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}
 UMT5_CONFIG = {"model_type": "umt5", "architectures": ["UMT5EncoderModel"], "d_model": 32, "d_kv": 8, "d_ff": 64,
@@ -128,11 +128,12 @@ def fit_vae(vae, clips: np.ndarray, steps: int, seed: int) -> tuple[list[float],
     from mmrun.models.wan.vae import CausalCache
 
     torch.manual_seed(seed)
+    torch.set_num_threads(1)  # small convolutions: more threads only contend
     optimizer = torch.optim.Adam(vae.parameters(), lr=2e-3)
     rng = np.random.default_rng(seed)
     pixels = torch.from_numpy(clips.transpose(0, 4, 1, 2, 3).astype(np.float32) / 127.5 - 1.0)
     for step in range(1, steps + 1):
-        batch = pixels[rng.choice(len(pixels), 4, replace=False)]
+        batch = pixels[rng.choice(len(pixels), 2, replace=False)]
         cache = CausalCache()
         encoded = []
         for chunk in [batch[:, :, :1]] + [batch[:, :, i:i + 4] for i in range(1, batch.shape[2], 4)]:
@@ -149,7 +150,7 @@ def fit_vae(vae, clips: np.ndarray, steps: int, seed: int) -> tuple[list[float],
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step % 50 == 0 or step == steps:
+        if step % 25 == 0 or step == steps:
             print(f"  vae fit step {step}/{steps}: reconstruction mse {loss.item():.4f}", flush=True)
     # Wan's config carries its latents' per-channel mean and std (norm_latents divides by them): measure ours.
     with torch.no_grad():
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--videos", type=int, default=32)
     parser.add_argument("--frames", type=int, default=9, help="1 + 4k frames (the VAE's temporal stride)")
-    parser.add_argument("--size", type=int, default=64, help="frame height and width (a multiple of 8)")
+    parser.add_argument("--size", type=int, default=32, help="frame height and width (a multiple of 8)")
     parser.add_argument("--fit-vae-steps", "--fit_vae_steps", dest="fit_vae_steps", type=int, default=0)
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
