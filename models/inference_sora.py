@@ -158,8 +158,8 @@ class Sampler:
         from mmrun.models.wan import pipeline_json
         from mmrun.models.wan.text_encoder import encode_prompts
 
-        embeds, _ = encode_prompts(self.text_encoder, self.tokenizer, [pipeline_json.whitespace_clean(t) for t in texts],
-                                   self.max_length)
+        cleaned = [pipeline_json.whitespace_clean(text) for text in texts]
+        embeds, _ = encode_prompts(self.text_encoder, self.tokenizer, cleaned, self.max_length)
         return embeds if self.model_dtype is None else tensors.cast(embeds, self.model_dtype)
 
     def latents(self, prompts: list[str], seed: int) -> np.ndarray:

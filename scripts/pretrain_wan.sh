@@ -1,8 +1,8 @@
 #!/bin/bash
 # Wan2.1 text-to-video, MindSpeed-MM's four steps on a CPU and fully offline, in minutes:
 #   0. scripts/wan/make_demo.py draws captioned clips ("a red square moves right": a coloured shape moving in the
-#      direction its caption names) and writes a tiny Wan Diffusers directory (vae/, text_encoder/, tokenizer/),
-#      its VAE first fitted to the clips so that decoded samples show shapes, and MindSpeed-MM's jsons;
+#      direction its caption names) and writes a tiny Wan Diffusers directory (vae/, text_encoder/, tokenizer/:
+#      random weights, so the sampled videos show the random VAE's texture, not shapes) and MindSpeed-MM's jsons;
 #   1. feature extraction  (examples/wan2.1/feature_extract/feature_extraction.sh: get_wan_feature.py)
 #   2. training            (examples/wan2.1/1.3b/t2v/pretrain.sh: pretrain_sora.py) of a tiny DiT from scratch
 #   3. sampling            (examples/wan2.1/1.3b/t2v/inference.sh: inference_sora.py) -> $OUT_DIR/samples/*.mp4
@@ -11,7 +11,7 @@
 #
 #   bash scripts/pretrain_wan.sh                           # PyTorch
 #   AI_FRAMEWORK=mindspore bash scripts/pretrain_wan.sh    # the same job on MindSpore
-#   TRAIN_ITERS=50 VAE_FIT_STEPS=0 OUT_DIR=/tmp/wan bash scripts/pretrain_wan.sh   # quicker, a random VAE
+#   TRAIN_ITERS=50 OUT_DIR=/tmp/wan bash scripts/pretrain_wan.sh   # quicker
 #
 # With a real Wan2.1 instead: the Diffusers directory's vae/, text_encoder/, tokenizer/ in model_t2v.json and
 # inference_model.json, --load its transformer/ for training and sampling, and MindSpeed-MM's sizes.
@@ -28,13 +28,12 @@ NODE_RANK=0
 WORLD_SIZE=$((NPUS_PER_NODE * NNODES))
 
 OUT_DIR=${OUT_DIR:-./out/pretrain_wan_$AI_FRAMEWORK}
-TRAIN_ITERS=${TRAIN_ITERS:-300}
-VAE_FIT_STEPS=${VAE_FIT_STEPS:-300}
+TRAIN_ITERS=${TRAIN_ITERS:-200}
 VIDEOS=${VIDEOS:-32}
 SAVE_PATH=$OUT_DIR/ckpt
 
 if [ ! -f "$OUT_DIR/inference_model.json" ]; then
-    python "$ROOT/scripts/wan/make_demo.py" "$OUT_DIR" --videos "$VIDEOS" --fit-vae-steps "$VAE_FIT_STEPS"
+    python "$ROOT/scripts/wan/make_demo.py" "$OUT_DIR" --videos "$VIDEOS"
 fi
 
 TP=1

@@ -14,8 +14,9 @@ writes
                                     pretrain_model.json (training), inference_model.json (sampling)
 
 The models are mmrun's own (models/wan/vae.py, text_encoder.py) built on the chosen framework and written in the
-layout diffusers and transformers read (no download, no diffusers needed). With `--fit-vae-steps N` the VAE
-first learns to reconstruct the clips (PyTorch), so that decoded samples show shapes rather than noise.
+layout diffusers and transformers read (no download, no diffusers needed). Their weights are random: the DiT
+learns the random VAE's latents of the clips, and the sampled latents decode through that VAE, so the demo's
+videos show the VAE's texture, not the shapes (a trained VAE is what turns latents back into pictures).
 """
 from __future__ import annotations
 
@@ -121,44 +122,7 @@ def _save(model, directory: Path, config: dict, weights_name: str) -> None:
     (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
 
 
-def fit_vae(vae, clips: np.ndarray, steps: int, seed: int) -> tuple[list[float], list[float]]:
-    """Teach the tiny VAE to reconstruct the demo's clips (PyTorch autograd through diffusers-equal layers)."""
-    import torch
-
-    from mmrun.models.wan.vae import CausalCache
-
-    torch.manual_seed(seed)
-    torch.set_num_threads(1)  # small convolutions: more threads only contend
-    optimizer = torch.optim.Adam(vae.parameters(), lr=2e-3)
-    rng = np.random.default_rng(seed)
-    pixels = torch.from_numpy(clips.transpose(0, 4, 1, 2, 3).astype(np.float32) / 127.5 - 1.0)
-    for step in range(1, steps + 1):
-        batch = pixels[rng.choice(len(pixels), 2, replace=False)]
-        cache = CausalCache()
-        encoded = []
-        for chunk in [batch[:, :, :1]] + [batch[:, :, i:i + 4] for i in range(1, batch.shape[2], 4)]:
-            cache.start_chunk()
-            encoded.append(vae.encoder(chunk, cache))
-        mean = vae.quant_conv(torch.cat(encoded, dim=2))[:, :vae.config.z_dim]
-        z = vae.post_quant_conv(mean)
-        cache = CausalCache()
-        decoded = []
-        for i in range(z.shape[2]):
-            cache.start_chunk()
-            decoded.append(vae.decoder(z[:, :, i:i + 1], cache))
-        loss = torch.nn.functional.mse_loss(torch.cat(decoded, dim=2), batch) + 1e-4 * mean.pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 25 == 0 or step == steps:
-            print(f"  vae fit step {step}/{steps}: reconstruction mse {loss.item():.4f}", flush=True)
-    # Wan's config carries its latents' per-channel mean and std (norm_latents divides by them): measure ours.
-    with torch.no_grad():
-        latents = torch.cat([vae.encode(pixels[i:i + 8]) for i in range(0, len(pixels), 8)])
-    return latents.mean(dim=(0, 2, 3, 4)).tolist(), latents.std(dim=(0, 2, 3, 4)).tolist()
-
-
-def write_models(out: Path, clips: np.ndarray | None, fit_steps: int, seed: int) -> Path:
+def write_models(out: Path, seed: int) -> Path:
     from mmrun import backend
     from mmrun.models.wan.text_encoder import UMT5EncoderModel, UMT5Config
     from mmrun.models.wan.vae import AutoencoderKLWan, WanVAEConfig
@@ -169,15 +133,8 @@ def write_models(out: Path, clips: np.ndarray | None, fit_steps: int, seed: int)
     text = {**UMT5_CONFIG, "vocab_size": vocab_size}
     encoder = UMT5EncoderModel(UMT5Config.from_dict(text))
     _save(encoder, root / "text_encoder", text, "model.safetensors")
-    vae = AutoencoderKLWan(WanVAEConfig.from_dict(VAE_CONFIG))
-    vae_config = dict(VAE_CONFIG)
-    if fit_steps and clips is not None:
-        if backend.framework() != "pytorch":
-            print("  (the VAE fit runs on PyTorch only; the VAE stays random)", flush=True)
-        else:
-            mean, std = fit_vae(vae, clips, fit_steps, seed)
-            vae_config.update(latents_mean=[round(m, 4) for m in mean], latents_std=[round(s, 4) for s in std])
-    _save(vae, root / "vae", vae_config, "diffusion_pytorch_model.safetensors")
+    _save(AutoencoderKLWan(WanVAEConfig.from_dict(VAE_CONFIG)), root / "vae", VAE_CONFIG,
+          "diffusion_pytorch_model.safetensors")
     return root
 
 
@@ -188,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--videos", type=int, default=32)
     parser.add_argument("--frames", type=int, default=9, help="1 + 4k frames (the VAE's temporal stride)")
     parser.add_argument("--size", type=int, default=32, help="frame height and width (a multiple of 8)")
-    parser.add_argument("--fit-vae-steps", "--fit_vae_steps", dest="fit_vae_steps", type=int, default=0)
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
     if (args.frames - 1) % 4 or args.size % 8:
@@ -198,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     entries = write_videos(out, args.videos, args.frames, args.size, args.seed)
     print(f"wrote {len(entries)} clips of {args.frames} frames {args.size}x{args.size} -> {out / 'videos'}")
-    clips = None
-    if args.fit_vae_steps:
-        from mmrun.data.video.readers import read_video
-        clips = np.stack([read_video(out / "videos" / e["path"]).frames for e in entries])
-    root = write_models(out, clips, args.fit_vae_steps, args.seed)
+    root = write_models(out, args.seed)
     print(f"wrote the tiny Wan Diffusers directory -> {root}")
     print(f"wrote MindSpeed-MM's jsons -> {out}: {', '.join(write_configs(out))}")
     return 0
