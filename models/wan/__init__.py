@@ -5,15 +5,18 @@
     noise_pred = model(hidden_states=latents, timestep=t, encoder_hidden_states=prompt_embeds)
 
 Modules: configuration (WanTransformerConfig: diffusers' config.json and MindSpeed-MM's predictor),
-transformer (the DiT, its diffusers directories), flow_match (MindSpeed-MM's training objective), model_json
-(pretrain_model.json for training).
+transformer (the DiT, its init, its diffusers directories), mindspeed_names (MindSpeed-MM's WanDiT parameter and
+LoRA target names <-> diffusers'), flow_match (MindSpeed-MM's training objective), model_json (pretrain_model.json
+for training).
 """
 from mmrun.models.wan.configuration import WanConfigError, WanTransformerConfig  # noqa: F401
 
 
 def __getattr__(name: str):
     # The model imports the chosen framework: load it on first use only, so reading a config needs none.
-    if name in ("WanTransformer3DModel", "parameter_shapes", "read_diffusers_weights", "save_diffusers_directory"):
+    if name in ("WanTransformer3DModel", "DiffusersWeights", "parameter_shapes", "read_diffusers_weights",
+                "load_diffusers_weights", "save_diffusers_directory", "is_diffusers_directory", "init_weights",
+                "initial_state"):
         from mmrun.models.wan import transformer
         return getattr(transformer, name)
     raise AttributeError(f"module 'mmrun.models.wan' has no attribute {name!r}")

@@ -24,7 +24,7 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from mmrun.backend.errors import UsageError
 
@@ -165,9 +165,10 @@ class WanTransformerConfig:
 
     @classmethod
     def from_mindspeed(cls, predictor: Mapping[str, Any], pipeline_model_parallel_size: int = 1,
-                       where: str = "predictor") -> "WanTransformerConfig":
-        """From MindSpeed-MM's model.json `predictor` (model_id "wandit"). Unknown keys: one warning naming
-        them; a near miss of a key mmrun reads is an error (did you mean). `pipeline_num_layers` is honoured
+                       where: str = "predictor", warn: Callable[[str], None] | None = None) -> "WanTransformerConfig":
+        """From MindSpeed-MM's model.json `predictor` (model_id "wandit"); `where` names it in messages (e.g.
+        "pretrain_model.json: predictor"). Unknown keys: one line naming them, to `warn` (default: a Python
+        warning); a near miss of a key mmrun reads is an error (did you mean). `pipeline_num_layers` is honoured
         as MindSpeed-MM does: ignored with one pipeline stage (`--pipeline-model-parallel-size 1`, as its
         Wan2.1 scripts run it), refused with more (mmrun does not split the Wan DiT into stages)."""
         if not isinstance(predictor, Mapping):
@@ -183,8 +184,8 @@ class WanTransformerConfig:
                     raise WanConfigError(f"{where}: unknown key {key!r}; did you mean {close[0]}?")
                 unknown.append(key)
         if unknown:
-            warnings.warn(f"{where}: mmrun's Wan DiT does not read {', '.join(map(repr, sorted(unknown)))}; "
-                          "ignored", stacklevel=2)
+            message = f"{where}: mmrun's Wan DiT does not read {', '.join(map(repr, sorted(unknown)))}; ignored"
+            (warn or (lambda line: warnings.warn(line, stacklevel=3)))(message)
         model_id = predictor.get("model_id", MODEL_ID)
         if model_id != MODEL_ID:
             raise WanConfigError(f"{where}.model_id is {model_id!r}; mmrun's video generation builds "

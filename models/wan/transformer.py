@@ -30,17 +30,19 @@ import functools
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from mmrun.backend import nn, ops, tensors
 from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
-from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile, float32_to_bf16_bits, to_float_arrays, \
-    write_safetensors
+from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile, SafetensorsWriter, bf16_bits_to_float32, \
+    float32_to_bf16_bits, to_float_arrays
 from mmrun.models.wan.configuration import DIFFUSERS_CLASS, WanConfigError, WanTransformerConfig
 
 CONFIG_FILE = "config.json"
@@ -69,6 +71,12 @@ def _layer_norm(x: Any, eps: float) -> Any:
     return ops.layer_norm(_float32(x), (x.shape[-1],), None, None, eps)
 
 
+def _fp32_layer_norm(norm: Any, x: Any) -> Any:
+    """diffusers' FP32LayerNorm with weights (`norm`, an nn.LayerNorm): computed in fp32 (ops.layer_norm upcasts
+    fp16/bf16 input and weights), returned in x's dtype."""
+    return ops.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
 # ------------------------------------------------------------------------------------------ tables (host)
 
 @functools.lru_cache(maxsize=8)
@@ -80,7 +88,7 @@ def timestep_frequencies(freq_dim: int) -> np.ndarray:
     return np.exp(exponent.astype(np.float64)).astype(np.float32)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=4)  # one entry per clip shape in use; a 1.3B 81-frame 480p grid's is 17 MB
 def rotary_tables(rope_dims: tuple[int, int, int], max_seq_len: int, grid: tuple[int, int, int]
                   ) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin (frames*rows*cols, head_dim // 2) float32 for a (frames, rows, cols) patch grid, tokens in
@@ -196,7 +204,7 @@ class WanImageEmbedding(nn.Module):
         if self.pos_embed is not None:  # first and last frame: two images' tokens as one sequence
             b, seq, dim = x.shape
             x = ops.reshape(x, (-1, 2 * seq, dim)) + self.pos_embed
-        return self.norm2(self.ff(self.norm1(x)))
+        return _fp32_layer_norm(self.norm2, self.ff(_fp32_layer_norm(self.norm1, x)))
 
 
 class WanTimeTextImageEmbedding(nn.Module):
@@ -294,7 +302,7 @@ class WanTransformerBlock(nn.Module):
                                                                  1, dim=1)
         h = tensors.cast(_layer_norm(x, self.eps) * (1.0 + scale) + shift, dtype)
         x = tensors.cast(_float32(x) + self.attn1(h, None, cos, sin) * gate, dtype)
-        h = x if self.norm2 is None else tensors.cast(self.norm2(_float32(x)), dtype)
+        h = x if self.norm2 is None else _fp32_layer_norm(self.norm2, x)
         x = x + self.attn2(h, context, None, None, context_image)
         h = tensors.cast(_layer_norm(x, self.eps) * (1.0 + c_scale) + c_shift, dtype)
         return tensors.cast(_float32(x) + _float32(self.ffn(h)) * c_gate, dtype)
@@ -329,6 +337,9 @@ class WanTransformer3DModel(nn.Module):
             raise ValueError(f"this Wan transformer is {config.model_type}: "
                              + ("pass encoder_hidden_states_image (the CLIP image tokens)" if config.image_dim
                                 else "it takes no encoder_hidden_states_image"))
+        if tuple(timestep.shape) != (b,):
+            raise ValueError(f"timestep has shape {tuple(timestep.shape)}; pass one timestep per sample, shape ({b},) "
+                             "(Wan2.2's per-token timesteps are not supported)")
         if min(grid) == 0:
             raise ValueError(f"hidden_states {tuple(hidden_states.shape)} hold no whole patch of {config.patch_size}")
         cos, sin = rotary_tables(config.rope_dims, config.rope_max_seq_len, grid)
@@ -358,8 +369,9 @@ class WanTransformer3DModel(nn.Module):
         diffusion_pytorch_model.safetensors or its shards with their index), weights loaded in fp32 (bf16
         and fp16 checkpoints widen exactly; cast the model afterwards for mixed precision)."""
         config = WanTransformerConfig.from_diffusers(path)
+        weights = DiffusersWeights(path, config)  # checked before the model is built
         model = cls(config)
-        model.load_state_dict(tensors.state_dict_from_numpy(read_diffusers_weights(path, config)))
+        load_diffusers_weights(model, weights)
         return model
 
     def save_pretrained(self, path: str | os.PathLike, dtype: str | None = None) -> Path:
@@ -417,6 +429,47 @@ def parameter_shapes(config: WanTransformerConfig) -> dict[str, tuple[int, ...]]
     return shapes
 
 
+# Wan2.1's own initialisation (its WanModel.init_weights; diffusers and MindSpeed-MM keep torch's defaults), as
+# rules on diffusers' parameter names, the first that matches wins: (test, rule).
+INIT_RULES: tuple[tuple[str, str], ...] = (
+    (r"\.bias$|pos_embed$", "zeros"),
+    (r"(^|\.)norm[^.]*\.weight$", "ones"),  # norm_q, norm_k, norm_added_k, the LayerNorms
+    (r"scale_shift_table$", "modulation"),  # N(0, 1/dim), as diffusers' constructor draws it
+    (r"^proj_out\.weight$", "zeros"),  # Wan's head starts at zero
+    (r"\.(time|text)_embedder\.", "normal_0.02"),
+    (r"", "xavier_uniform"),  # every other Linear, and the patch embedding's kernel as (hidden, in * patch)
+)
+
+
+def initial_value(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Parameter `name`'s initial value by INIT_RULES, drawn by numpy from (seed, name): the same on every
+    framework and whatever the order in which parameters are visited."""
+    rule = next(rule for pattern, rule in INIT_RULES if re.search(pattern, name))
+    if rule == "zeros":
+        return np.zeros(shape, np.float32)
+    if rule == "ones":
+        return np.ones(shape, np.float32)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if rule == "modulation":
+        return (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)
+    if rule == "normal_0.02":
+        return (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-bound, bound, shape).astype(np.float32)
+
+
+def initial_state(config: WanTransformerConfig, seed: int) -> dict[str, np.ndarray]:
+    """Every parameter's initial value (initial_value), without building the model."""
+    return {name: initial_value(name, shape, seed) for name, shape in parameter_shapes(config).items()}
+
+
+def init_weights(model: WanTransformer3DModel, seed: int) -> None:
+    """Wan2.1's initialisation, deterministic and framework-independent (initial_value): PyTorch and MindSpore
+    start training from identical weights for the same seed."""
+    load_diffusers_weights(model, initial_state(model.config, seed))
+
+
 def _weight_files(path: Path) -> list[Path]:
     if (path / WEIGHTS_INDEX).is_file():
         try:
@@ -431,27 +484,52 @@ def _weight_files(path: Path) -> list[Path]:
                          "(re-save the model with diffusers' save_pretrained(safe_serialization=True))")
 
 
+class DiffusersWeights(Mapping[str, np.ndarray]):
+    """A diffusers Wan transformer directory's weights (one file or shards with their index), read lazily one
+    tensor at a time (`weights[name]`: float32, bf16 and fp16 widened exactly). The names and shapes are
+    checked against `config` from the files' headers alone, before any tensor is read."""
+
+    def __init__(self, path: str | os.PathLike, config: WanTransformerConfig) -> None:
+        self.path, self.config = Path(path), config
+        expected = parameter_shapes(config)
+        self._where: dict[str, SafetensorsFile] = {}
+        for file in _weight_files(self.path):
+            opened = SafetensorsFile(file)
+            self._where.update({name: opened for name in opened if not any(part in name for part in IGNORED_KEYS)})
+        missing = sorted(set(expected) - set(self._where))
+        unexpected = sorted(set(self._where) - set(expected))
+        wrong = sorted(n for n in set(expected) & set(self._where) if self._where[n].shape(n) != expected[n])
+        if missing or unexpected or wrong:
+            shown = "; ".join(f"{label} {len(keys)}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+                              for label, keys in (("missing", missing), ("unexpected", unexpected),
+                                                  ("of another shape", wrong)) if keys)
+            raise WanConfigError(f"{self.path} does not hold the weights of its config.json's {config.model_type} "
+                                 f"model ({shown}); pass the directory diffusers saved with that config")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        array = to_float_arrays({name: self._where[name][name]})[name]
+        return array.astype(np.float32, copy=False)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 def read_diffusers_weights(path: str | os.PathLike, config: WanTransformerConfig) -> dict[str, np.ndarray]:
-    """{parameter name: float array} of a diffusers Wan transformer directory, checked name by name and shape by
-    shape against `config` before any tensor is read (bf16 widened to float32 exactly, fp16 to float32)."""
-    path = Path(path)
-    expected = parameter_shapes(config)
-    where: dict[str, tuple[SafetensorsFile, str]] = {}
-    for file in _weight_files(path):
-        opened = SafetensorsFile(file)
-        for name in opened:
-            if not any(part in name for part in IGNORED_KEYS):
-                where[name] = (opened, name)
-    missing, unexpected = sorted(set(expected) - set(where)), sorted(set(where) - set(expected))
-    wrong = sorted(n for n in set(expected) & set(where) if where[n][0].shape(n) != expected[n])
-    if missing or unexpected or wrong:
-        shown = "; ".join(f"{label} {len(keys)}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
-                          for label, keys in (("missing", missing), ("unexpected", unexpected),
-                                              ("of another shape", wrong)) if keys)
-        raise WanConfigError(f"{path} does not hold the weights of its config.json's {config.model_type} model "
-                             f"({shown}); pass the directory diffusers saved with that config")
-    arrays = to_float_arrays({name: file[name] for name, (file, _) in where.items()})
-    return {name: a.astype(np.float32, copy=False) for name, a in arrays.items()}
+    """{parameter name: float32 array} of a diffusers Wan transformer directory (DiffusersWeights, all read)."""
+    return dict(DiffusersWeights(path, config))
+
+
+def load_diffusers_weights(model: WanTransformer3DModel, weights: Mapping[str, np.ndarray]) -> None:
+    """Copy `weights` (every parameter, by name) into the model a block at a time, so memory holds the model
+    and one block's arrays, never a second copy of the model."""
+    groups: dict[str, list[str]] = {}
+    for name in weights:
+        groups.setdefault(".".join(name.split(".")[:2]) if name.startswith("blocks.") else "", []).append(name)
+    for names in groups.values():
+        model.load_state_dict(tensors.state_dict_from_numpy({n: weights[n] for n in names}), strict=False)
 
 
 def is_diffusers_directory(path: str | os.PathLike) -> bool:
@@ -462,40 +540,53 @@ def is_diffusers_directory(path: str | os.PathLike) -> bool:
         return False
 
 
-def _stored(array: np.ndarray, dtype: str | None) -> np.ndarray:
-    if dtype is None or array.dtype.kind != "f":
-        return array
-    if dtype == "bfloat16":
-        return float32_to_bf16_bits(array.astype(np.float32))
-    return array.astype(dtype)
+def _stored_dtype(value: Any, dtype: str | None) -> np.dtype:
+    """The numpy dtype a parameter is written in: `dtype`'s, or its own (bf16 as uint16 bits, see hf_checkpoint)."""
+    name = "bfloat16" if isinstance(value, np.ndarray) and value.dtype == np.uint16 else str(value.dtype).lower()
+    if dtype is None:
+        dtype = "bfloat16" if "bfloat16" in name else "float16" if "float16" in name else "float32"
+    return np.dtype(np.uint16 if dtype == "bfloat16" else dtype)
+
+
+def _stored(array: np.ndarray, stored: np.dtype) -> np.ndarray:
+    if array.dtype == np.uint16:  # bf16 bits given
+        array = bf16_bits_to_float32(array)
+    if stored == np.uint16:  # bf16 bits, rounded to nearest even
+        return float32_to_bf16_bits(array.astype(np.float32, copy=False))
+    return array.astype(stored, copy=False)
 
 
 def save_diffusers_directory(path: str | os.PathLike, config: WanTransformerConfig, state: Mapping[str, Any],
                              dtype: str | None = None) -> Path:
-    """config.json + diffusion_pytorch_model.safetensors from a state dict (framework tensors or numpy, bf16 kept
-    as bf16), written beside `path` and swapped in at once (common/atomic_write.py)."""
+    """config.json + diffusion_pytorch_model.safetensors from a state dict of framework tensors or numpy arrays,
+    streamed: each tensor goes to the file as it is converted, so memory holds one at a time. Written into a
+    directory beside `path` that is then swapped in at once (common/atomic_write.py)."""
     if dtype is not None and dtype not in SAVE_DTYPES:
         raise WanConfigError(f"save dtype {dtype!r} is not one of {', '.join(SAVE_DTYPES)} (or None: as they are)")
     path = Path(path)
     if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_diffusers_directory(path))):
         raise WanConfigError(f"refusing to replace {path}: it exists and is not a diffusers Wan transformer "
                              "directory; name a new directory")
-    arrays = {}
-    for name, value in state.items():
-        array = value if isinstance(value, np.ndarray) else tensors.to_numpy(value)
-        bf16 = not isinstance(value, np.ndarray) and "bfloat16" in str(value.dtype).lower()
-        arrays[name] = _stored(array, "bfloat16" if dtype is None and bf16 else dtype)
     expected = parameter_shapes(config)
-    if set(arrays) != set(expected):
-        raise WanConfigError(f"the state to save does not match its config (missing "
-                             f"{sorted(set(expected) - set(arrays))[:3]}, unexpected {sorted(set(arrays) - set(expected))[:3]})")
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise WanConfigError(f"the state to save does not fit its config (missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]}); save a state dict of a model built from that config")
+    specs = {name: (_stored_dtype(value, dtype), expected[name]) for name, value in state.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), dir=path.parent))
+    writer = None
     try:
         (staging / CONFIG_FILE).write_text(json.dumps(config.to_diffusers(), indent=2) + "\n")
-        write_safetensors(staging / WEIGHTS_FILE, arrays)
+        writer = SafetensorsWriter(staging / WEIGHTS_FILE, specs)
+        for name, value in state.items():
+            array = value if isinstance(value, np.ndarray) else tensors.to_numpy(value)
+            writer.write(name, _stored(array, specs[name][0]).reshape(expected[name]))
+        writer.close()
         return replace_directory(staging, path)
     except BaseException:
+        if writer is not None:
+            writer.abort()
         shutil.rmtree(staging, ignore_errors=True)
         raise

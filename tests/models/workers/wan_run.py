@@ -2,7 +2,8 @@
 
 Imported by the tests for PyTorch (in the pytest process) and run as a script for MindSpore (one subprocess):
 `python wan_run.py CASES.npz OUT.npz`, where CASES.npz holds, per case `<c>`, the diffusers directory `<c>/dir`
-and the inputs `<c>/<argument>` plus `<c>/cotangent`; OUT.npz gets `<c>/output` and `<c>/grad/<parameter>`.
+and the inputs `<c>/<argument>` plus `<c>/cotangent`; OUT.npz gets `<c>/output` and `<c>/grad/<parameter>`
+(or, for a case with `<c>/seed`, the initial weights `<c>/param/<parameter>`).
 """
 from __future__ import annotations
 
@@ -34,11 +35,22 @@ def forward_backward(path: str, fields: dict[str, np.ndarray]) -> dict[str, np.n
     return result
 
 
+def initialised(path: str, seed: int) -> dict[str, np.ndarray]:
+    """init_weights(seed) of a model built from the directory's config: every parameter."""
+    from mmrun.models.wan import WanTransformer3DModel, WanTransformerConfig, init_weights
+
+    model = WanTransformer3DModel(WanTransformerConfig.from_diffusers(path))
+    init_weights(model, seed)
+    return {f"param/{n}": tensors.to_numpy(p) for n, p in model.named_parameters()}
+
+
 def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each case `<c>`: `<c>/dir`, and either `<c>/seed` (init_weights) or the inputs (forward_backward)."""
     out: dict[str, np.ndarray] = {}
     for case in sorted({k.split("/", 1)[0] for k in cases}):
         fields = {k.split("/", 1)[1]: v for k, v in cases.items() if k.startswith(case + "/")}
-        result = forward_backward(str(fields.pop("dir")), fields)
+        path = str(fields.pop("dir"))
+        result = initialised(path, int(fields["seed"])) if "seed" in fields else forward_backward(path, fields)
         out.update({f"{case}/{k}": v for k, v in result.items()})
     return out
 
