@@ -12,8 +12,8 @@ name (`blocks.0.attn1.to_q.weight`: checkpoints of the base model still load); t
     adapter_model.safetensors    base_model.model.<module>.lora_A.weight / .lora_B.weight
 
 `merge_lora` folds the adapters into the base weights (W += B @ A * alpha / r) and gives plain Linears back.
-MindSpeed-MM names the Wan DiT's layers differently from diffusers; WAN_TARGETS maps its --lora-target-modules
-onto the diffusers names mmrun's model uses.
+`expand_targets` maps a model family's MindSpeed-MM target names onto its module names through a table (the Wan
+DiT's: models/wan/mindspeed_names.py LORA_TARGETS).
 """
 from __future__ import annotations
 
@@ -30,17 +30,6 @@ from mmrun.common.atomic_write import atomic_write
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
-
-# MindSpeed-MM's WanDiT layer names (finetune_lora.sh's --lora-target-modules) -> diffusers' WanTransformer3DModel's.
-WAN_TARGETS: dict[str, tuple[str, ...]] = {
-    "proj_q": ("attn1.to_q", "attn2.to_q"),
-    "proj_k": ("attn1.to_k", "attn2.to_k"),
-    "proj_v": ("attn1.to_v", "attn2.to_v"),
-    "proj_out": ("attn1.to_out.0", "attn2.to_out.0"),
-    "ffn.0": ("ffn.net.0.proj",),
-    "ffn.2": ("ffn.net.2",),
-}
-
 
 class LoRALinear(nn.Module):
     """A Linear with a low-rank update; `weight` and `bias` are the base layer's own parameters (frozen)."""
@@ -115,6 +104,7 @@ def apply_lora(model: Any, targets: Sequence[str], r: int, alpha: float, seed: i
         adapter = LoRALinear(child, r, alpha, seed=seed + i)
         nn.freeze([adapter.weight] + ([adapter.bias] if adapter.bias is not None else []))
         _replace(parent, attr, adapter)
+    nn.refresh_parameter_names(model)
     return [name for name, *_ in found]
 
 
@@ -211,4 +201,5 @@ def merge_lora(model: Any) -> int:
         plain.load_state_dict(tensors.state_dict_from_numpy(state))
         _replace(parent, attr, plain)
         count += 1
+    nn.refresh_parameter_names(model)
     return count

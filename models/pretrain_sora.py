@@ -80,7 +80,7 @@ def _model_source(argv: list[str]) -> ModelSource:
     config = _SPEC.predictor
     sizes = {"num_layers": config.num_layers, "hidden_size": config.inner_dim,
              "ffn_hidden_size": config.ffn_dim, "num_attention_heads": config.num_attention_heads,
-             "vocab_size": 1, "make_vocab_size_divisible_by": 1}
+             "vocab_size": 1, "make_vocab_size_divisible_by": 1}  # no vocabulary: the prompt comes embedded
     return ModelSource(flag="--mm-model", sizes=sizes, data_flag="--mm-data", data_parallel_only=True,
                        features=ENTRY_FEATURES)
 
@@ -105,49 +105,28 @@ def _read_json(path: str, flag: str) -> Any:
 
 # ----------------------------------------------------------------------------------------------- model
 
-def seeded_weights(config: Any, seed: int, std: float) -> dict[str, np.ndarray]:
-    """A fresh network's weights drawn with numpy from the seed, the same on both frameworks: norms' weights 1,
-    biases 0, the modulation tables N(0, 1/sqrt(dim)) (diffusers' init), every other weight N(0, std)."""
-    from mmrun.models.wan.transformer import parameter_shapes
-
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for name, shape in parameter_shapes(config).items():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "bias":
-            arrays[name] = np.zeros(shape, np.float32)
-        elif ".norm" in name:
-            arrays[name] = np.ones(shape, np.float32)
-        elif leaf == "scale_shift_table":
-            arrays[name] = (rng.standard_normal(shape) / np.sqrt(config.inner_dim)).astype(np.float32)
-        else:
-            arrays[name] = (rng.standard_normal(shape) * std).astype(np.float32)
-    return arrays
-
-
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: Any = None) -> Any:
     """The Wan DiT of the model json, from --load's diffusers weights when it is a diffusers directory (else from
     the seed's weights), with LoRA adapters when --lora-target-modules is given (then only they train)."""
-    from mmrun.backend import tensors
     from mmrun.models.wan import transformer
 
     args = get_args()
     mask_type = getattr(args, "attention_mask_type", None)
     if mask_type is not None and mask_type not in ATTENTION_MASK_TYPES:
-        raise UsageError(f"--attention-mask-type {mask_type}: the Wan DiT attends to every patch ({', '.join(ATTENTION_MASK_TYPES)}); "
-                         "pass general or drop the flag")
+        raise UsageError(f"--attention-mask-type {mask_type}: the Wan DiT attends to every patch "
+                         f"({', '.join(ATTENTION_MASK_TYPES)}); pass general or drop the flag")
     config = _SPEC.predictor
     print_rank_0(f"building Wan2.1 {_SPEC.task} transformer from {_SPEC.path} ...")
     model = transformer.WanTransformer3DModel(config)
     if args.load and transformer.is_diffusers_directory(args.load):
         _check_diffusers_config(args.load, config)
-        weights = transformer.read_diffusers_weights(args.load, config)
+        weights = transformer.DiffusersWeights(args.load, config)  # read a tensor at a time
+        transformer.load_diffusers_weights(model, weights)
         print_rank_0(f" > loaded diffusers weights from {args.load} ({len(weights)} tensors); training starts at "
                      "iteration 0")
         args.load = None  # nothing of the loop's own checkpoint layout to resume from
     else:
-        weights = seeded_weights(config, args.seed, args.init_method_std)
-    model.load_state_dict(tensors.state_dict_from_numpy(weights))
+        transformer.init_weights(model, args.seed)  # numpy from the seed: the same weights on both frameworks
     if args.lora_target_modules:
         _apply_lora(model, args)
     return model
@@ -168,12 +147,13 @@ def _check_diffusers_config(path: str, config: Any) -> None:
 
 def _apply_lora(model: Any, args: argparse.Namespace) -> None:
     from mmrun.models import lora
+    from mmrun.models.wan.mindspeed_names import LORA_TARGETS
 
     r, alpha = int(args.lora_r or 8), float(args.lora_alpha or 16)
     if float(args.lora_dropout or 0.0) != 0.0:
-        raise UsageError(f"--lora-dropout {args.lora_dropout}: mmrun's LoRA has no dropout; drop the flag (MindSpeed-MM's "
-                         "Wan2.1 LoRA script runs without it)")
-    targets = lora.expand_targets(args.lora_target_modules, lora.WAN_TARGETS)
+        raise UsageError(f"--lora-dropout {args.lora_dropout}: mmrun's LoRA has no dropout; drop the flag "
+                         "(MindSpeed-MM's Wan2.1 LoRA script runs without it)")
+    targets = lora.expand_targets(args.lora_target_modules, LORA_TARGETS)
     adapted = lora.apply_lora(model, targets, r, alpha, seed=args.seed)
     trainable = sum(int(np.prod(p.shape)) for p in model.parameters() if p.requires_grad)
     print_rank_0(f" > LoRA r {r}, alpha {alpha:g} on {len(adapted)} layers ({', '.join(sorted(set(targets)))}); "
@@ -229,6 +209,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     config = _SPEC.predictor
     dataset = FeatureDataset.from_dataset_param(data["dataset_param"], _SPEC.task, text_dim=config.text_dim,
                                                 img_dim=config.image_dim, in_channels=config.in_channels)
+    dataset[0]  # a feature file that does not fit the model stops here, before training starts
     loader = data.get("dataloader_param") or {}
     view = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed, shuffle=bool(loader.get("shuffle", True)))
     print_rank_0(f" > {len(dataset)} feature files, {view.num_samples} samples to read "

@@ -266,7 +266,8 @@ def initialize(args: argparse.Namespace) -> _Job:
             f"({job.layout.describe()}), engine {engine.name}, {args.num_micro_batches} micro-batch(es) of "
             f"{args.micro_batch_size} per step, global batch size {args.global_batch_size}")
     if getattr(args, "model_source", None):  # the model file gives the vocabulary (and the data its tokenizer)
-        job.log(f" > vocabulary of {args.vocab_size} rows, from {args.model_source}")
+        if args.vocab_size > 1:  # a model without a vocabulary (a video DiT) says 1
+            job.log(f" > vocabulary of {args.vocab_size} rows, from {args.model_source}")
     else:
         job.log(f" > padded vocab (size: {tokenizer.vocab_size}) with {args.padded_vocab_size - tokenizer.vocab_size} "
                 f"dummy tokens (new size: {args.padded_vocab_size})")

@@ -216,6 +216,19 @@ def unfreeze(module_or_params: Any) -> int:
     return len(params)
 
 
+def refresh_parameter_names(module: Any) -> int:
+    """Give every parameter its full attribute path as its MindSpore name. A Parameter is named once, when its
+    Cell is first assigned into a model; a layer put into a built model later (a LoRA adapter) keeps short names
+    (`to_q.lora_A.weight`) that collide across blocks in the optimizer. torch names nothing: its twin is a no-op.
+    Returns how many names changed."""
+    changed = 0
+    for name, param in module.parameters_and_names():
+        if param.name != name:
+            param.name = name
+            changed += 1
+    return changed
+
+
 # Initialisers: in place on a parameter, from MindSpore's seeded RNG (seeding.seed_everything).
 
 def normal_(param: ms.Parameter, mean: float = 0.0, std: float = 1.0) -> ms.Parameter:

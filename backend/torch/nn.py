@@ -117,6 +117,12 @@ def unfreeze(module_or_params: torch.nn.Module | Iterable[Any]) -> int:
     return len(params)
 
 
+def refresh_parameter_names(module: torch.nn.Module) -> int:
+    """MindSpore's twin gives parameters their full paths as names (it names a Parameter once, when first
+    assigned); torch's parameters carry no name of their own, so there is nothing to do. Returns 0."""
+    return 0
+
+
 # Initialisers: in place on a parameter, from the framework's seeded RNG (seeding.seed_everything).
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from mmrun.backend.errors import UsageError
 from mmrun.common.atomic_write import atomic_write
 
 VIDEO, PROMPT_IDS, PROMPT_MASK = "video", "prompt_ids", "prompt_mask"
@@ -49,10 +50,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
-class FeatureFileError(ValueError):
-    """A feature file or index that cannot feed training; the message is one line naming the file."""
-
-    exit_code = 2
+class FeatureFileError(UsageError):
+    """A feature file or index that cannot feed training; the message is one line naming the file (exit 2)."""
 
 
 def feature_file_name(video_path: str | os.PathLike, suffix: str = SAFETENSORS_SUFFIX) -> str:
@@ -71,7 +70,6 @@ def read_feature_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise FeatureFileError(f"{path}: feature file not found; check the index's '{FILE_KEY}' and data_folder")
     if path.suffix == PT_SUFFIX:
         from mmrun.backend import pt_files
-        from mmrun.backend.errors import UsageError
 
         try:
             loaded: Any = pt_files.load_tensors(path)

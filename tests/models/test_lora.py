@@ -9,6 +9,7 @@ import torch
 
 from mmrun.models import lora
 from mmrun.models.wan import WanTransformerConfig
+from mmrun.models.wan.mindspeed_names import LORA_TARGETS
 from mmrun.models.wan.transformer import WanTransformer3DModel
 
 TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
@@ -34,7 +35,7 @@ def models():
             p.add_(torch.randn_like(p) * 0.1)
     ours = WanTransformer3DModel(WanTransformerConfig(**TINY))
     ours.load_state_dict(reference.state_dict())
-    adapted = lora.apply_lora(ours, lora.expand_targets(FINETUNE_LORA_SH, lora.WAN_TARGETS), r=4, alpha=8.0)
+    adapted = lora.apply_lora(ours, lora.expand_targets(FINETUNE_LORA_SH, LORA_TARGETS), r=4, alpha=8.0)
     with torch.no_grad():
         for _, layer in lora.lora_modules(ours):
             layer.lora_B.weight.copy_(torch.randn_like(layer.lora_B.weight) * 0.1)
@@ -87,7 +88,7 @@ def test_merge_in_the_model_keeps_the_output(models):
     reference, ours, _, inputs = models
     copy = WanTransformer3DModel(WanTransformerConfig(**TINY))
     copy.load_state_dict(reference.state_dict())
-    lora.apply_lora(copy, lora.expand_targets(FINETUNE_LORA_SH, lora.WAN_TARGETS), r=4, alpha=8.0)
+    lora.apply_lora(copy, lora.expand_targets(FINETUNE_LORA_SH, LORA_TARGETS), r=4, alpha=8.0)
     copy.load_state_dict(ours.state_dict())
     with torch.no_grad():
         before = copy(*inputs).numpy()
@@ -101,7 +102,7 @@ def test_targets_that_match_nothing_are_one_line(models):
     reference, *_ = models
     fresh = WanTransformer3DModel(WanTransformerConfig(**TINY))
     with pytest.raises(lora.UsageError) as info:
-        lora.apply_lora(fresh, lora.expand_targets(["q_proj,v_proj"], lora.WAN_TARGETS), r=4, alpha=8.0)
+        lora.apply_lora(fresh, lora.expand_targets(["q_proj,v_proj"], LORA_TARGETS), r=4, alpha=8.0)
     message = str(info.value)
     assert "\n" not in message and info.value.exit_code == 2
     assert "--lora-target-modules q_proj v_proj match no Linear layer" in message and "to_q" in message
