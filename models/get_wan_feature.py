@@ -89,8 +89,11 @@ class Extractor:
                                                               f"{model_flag} ae")
         self.text_encoder = pipeline_json.load_text_encoder(pipeline_json.block(model, "text_encoder", model_flag),
                                                             f"{model_flag} text_encoder")
+        tokenizer = dataset.get("tokenizer_config")
+        if isinstance(tokenizer, list) and len(tokenizer) == 1:  # MindSpeed-MM also writes a list of one
+            tokenizer = tokenizer[0]
         self.tokenizer, self.max_length = pipeline_json.load_tokenizer(
-            pipeline_json.block(dataset, "tokenizer_config", f"{data_flag} dataset_param"),
+            pipeline_json.block({"tokenizer_config": tokenizer}, "tokenizer_config", f"{data_flag} dataset_param"),
             f"{data_flag} tokenizer_config")
         self.seed = seed
 
