@@ -35,6 +35,8 @@ FLOORS: tuple[tuple[str, str, int], ...] = (
     ("models/convert_cli.py", "entries", 6),
     ("models/inference_*.py", "entries", 6),
     ("models/evaluate_*.py", "entries", 6),
+    ("models/get_wan_feature.py", "entries", 6),
+    ("models/inference_sora.py", "entries", 6),
     ("launchers/*", "launchers", 6),
     ("analyse/*", "analyse", 6),
     ("__main__.py", "launchers", 6),

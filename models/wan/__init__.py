@@ -7,7 +7,9 @@
 Modules: configuration (WanTransformerConfig: diffusers' config.json and MindSpeed-MM's predictor),
 transformer (the DiT, its init, its diffusers directories), mindspeed_names (MindSpeed-MM's WanDiT parameter and
 LoRA target names <-> diffusers'), flow_match (MindSpeed-MM's training objective), model_json (pretrain_model.json
-for training), convert (WanConverter for `mmrun convert`).
+for training), convert (WanConverter for `mmrun convert`), scheduling_unipc (the sampling schedulers), sampling
+(WanPipeline's denoising loop), vae (AutoencoderKLWan), text_encoder (UMT5), pipeline_json (the ae /
+text_encoder / tokenizer blocks of MindSpeed-MM's jsons).
 """
 from mmrun.models.wan.configuration import WanConfigError, WanTransformerConfig  # noqa: F401
 

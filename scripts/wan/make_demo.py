@@ -1,0 +1,164 @@
+"""Offline inputs of the Wan2.1 demo (scripts/pretrain_wan.sh): a synthetic captioned video set, and a tiny
+Wan "Diffusers directory" (vae/, text_encoder/, tokenizer/) with random weights, all in MindSpeed-MM's layout.
+
+    python scripts/wan/make_demo.py OUT_DIR [--videos 32] [--frames 9] [--size 32]
+
+writes
+    OUT_DIR/videos/*.mp4            a coloured shape (square or disc) moving left/right/up/down on grey
+    OUT_DIR/annotation.json         [{"path": "clip_000.mp4", "cap": "a red square moves right"}, ...]
+    OUT_DIR/data.txt                `OUT_DIR/videos,OUT_DIR/annotation.json` (data_storage_mode combine)
+    OUT_DIR/prompts.txt             a few captions to sample, one per line (inference_model.json's prompt)
+    OUT_DIR/Wan-tiny-Diffusers/{vae,text_encoder,tokenizer}/   config.json + safetensors / tokenizer.json
+    OUT_DIR/*.json                  MindSpeed-MM's jsons for the four steps (scripts/wan/*.json, paths filled in):
+                                    data.json, model_t2v.json, tools.json (extraction), feature_data.json,
+                                    pretrain_model.json (training), inference_model.json (sampling)
+
+The models are mmrun's own (models/wan/vae.py, text_encoder.py) built on the chosen framework and written in the
+layout diffusers and transformers read (no download, no diffusers needed). Their weights are random: the DiT
+learns the random VAE's latents of the clips, and the sampled latents decode through that VAE, so the demo's
+videos show the VAE's texture, not the shapes (a trained VAE is what turns latents back into pictures).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 230), "yellow": (230, 210, 40)}
+SHAPES = ("square", "disc")
+DIRECTIONS = {"right": (0, 1), "left": (0, -1), "down": (1, 0), "up": (-1, 0)}
+BACKGROUND = 128
+SPECIALS = ("<pad>", "</s>", "<unk>")  # T5's ids 0, 1, 2: pad, end of sequence, unknown
+MAX_TEXT_LENGTH = 16
+VAE_CONFIG = {"_class_name": "AutoencoderKLWan", "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2],
+              "num_res_blocks": 1, "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
+              "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}
+UMT5_CONFIG = {"model_type": "umt5", "architectures": ["UMT5EncoderModel"], "d_model": 32, "d_kv": 8, "d_ff": 64,
+               "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
+               "relative_attention_max_distance": 16, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "gated-gelu",
+               "is_encoder_decoder": False, "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+               "dropout_rate": 0.0, "tie_word_embeddings": False}
+
+
+def draw_clip(rng: np.random.Generator, frames: int, size: int) -> tuple[np.ndarray, str]:
+    """One clip (frames, size, size, 3) uint8 and its caption."""
+    colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
+    direction = rng.choice(list(DIRECTIONS))
+    dy, dx = DIRECTIONS[direction]
+    radius = size // 6
+    travel = size - 2 * radius - 4
+    cross = int(rng.integers(radius + 2, size - radius - 2))  # the fixed coordinate
+    yy, xx = np.mgrid[:size, :size]
+    clip = np.full((frames, size, size, 3), BACKGROUND, np.uint8)
+    for t in range(frames):
+        along = radius + 2 + travel * t // max(frames - 1, 1)
+        if dy + dx < 0:
+            along = size - 1 - along
+        cy, cx = (along, cross) if dy else (cross, along)
+        inside = (np.abs(yy - cy) <= radius) & (np.abs(xx - cx) <= radius) if shape == "square" \
+            else (yy - cy) ** 2 + (xx - cx) ** 2 <= radius ** 2
+        clip[t][inside] = COLOURS[colour]
+    return clip, f"a {colour} {shape} moves {direction}"
+
+
+def write_videos(out: Path, count: int, frames: int, size: int, seed: int) -> list[dict]:
+    from mmrun.data.video.writer import write_video
+
+    rng = np.random.default_rng(seed)
+    videos = out / "videos"
+    videos.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i in range(count):
+        clip, caption = draw_clip(rng, frames, size)
+        path = write_video(videos / f"clip_{i:03d}.mp4", clip, fps=8)
+        entries.append({"path": path.name, "cap": caption, "fps": 8, "num_frames": frames,
+                        "resolution": {"height": size, "width": size}})
+    (out / "annotation.json").write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+    (out / "data.txt").write_text(f"{videos.resolve()},{(out / 'annotation.json').resolve()}\n", encoding="utf-8")
+    prompts = ["a red square moves right", "a blue disc moves down", "a yellow square moves left",
+               "a green disc moves up"]
+    (out / "prompts.txt").write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    return entries
+
+
+def write_configs(out: Path) -> list[str]:
+    """scripts/wan/*.json (MindSpeed-MM's files, sized for the demo) with `{out}` replaced by OUT_DIR."""
+    names = []
+    for template in sorted(Path(__file__).parent.glob("*.json")):
+        text = template.read_text(encoding="utf-8").replace("{out}", str(out.resolve()))
+        (out / template.name).write_text(text, encoding="utf-8")
+        names.append(template.name)
+    return names
+
+
+def write_tokenizer(path: Path) -> int:
+    """A word-level tokenizer.json over the captions' words (T5-style: </s> closes every text)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = sorted({"a", "moves", *COLOURS, *SHAPES, *DIRECTIONS})
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": MAX_TEXT_LENGTH,
+              "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    return len(vocab)
+
+
+def _save(model, directory: Path, config: dict, weights_name: str) -> None:
+    from safetensors.numpy import save_file
+
+    from mmrun.backend import tensors
+
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.state_dict_to_numpy(model.state_dict()).items()}
+    save_file(arrays, str(directory / weights_name), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+
+
+def write_models(out: Path, seed: int) -> Path:
+    from mmrun import backend
+    from mmrun.models.wan.text_encoder import UMT5EncoderModel, UMT5Config
+    from mmrun.models.wan.vae import AutoencoderKLWan, WanVAEConfig
+
+    backend.seeding.seed_everything(seed)
+    root = out / "Wan-tiny-Diffusers"
+    vocab_size = write_tokenizer(root / "tokenizer")
+    text = {**UMT5_CONFIG, "vocab_size": vocab_size}
+    encoder = UMT5EncoderModel(UMT5Config.from_dict(text))
+    _save(encoder, root / "text_encoder", text, "model.safetensors")
+    _save(AutoencoderKLWan(WanVAEConfig.from_dict(VAE_CONFIG)), root / "vae", VAE_CONFIG,
+          "diffusion_pytorch_model.safetensors")
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--videos", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=9, help="1 + 4k frames (the VAE's temporal stride)")
+    parser.add_argument("--size", type=int, default=32, help="frame height and width (a multiple of 8)")
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args(argv)
+    if (args.frames - 1) % 4 or args.size % 8:
+        print(f"error: --frames {args.frames} must be 1 + 4k and --size {args.size} a multiple of 8",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out_dir)
+    entries = write_videos(out, args.videos, args.frames, args.size, args.seed)
+    print(f"wrote {len(entries)} clips of {args.frames} frames {args.size}x{args.size} -> {out / 'videos'}")
+    root = write_models(out, args.seed)
+    print(f"wrote the tiny Wan Diffusers directory -> {root}")
+    print(f"wrote MindSpeed-MM's jsons -> {out}: {', '.join(write_configs(out))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
