@@ -55,6 +55,7 @@ SPLIT_ONLY_FRAMEWORKS = ("mindspore",)
 SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 # Models whose MindSpore step compiles on fixed-shape batches (Qwen2.5-VL's window layout is not padded yet).
 FIXED_SHAPE_MODELS = ("qwen2_vl",)
+FIRST_BUCKET_MAX = 4096
 _MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -288,7 +289,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     collate = partial(collate_batch, pad_token_id=dataset.token_ids["pad"], rope_config=_rope_config(dataset),
                       max_length=args.seq_length, pad_to_multiple_of=args.seq_length if fixed else 8)
     if compiled:
-        collate = partial(fixed_shape_collate, collate=collate)
+        collate = partial(fixed_shape_collate, collate=collate, smallest=_first_bucket(dataset, args.micro_batch_size))
     train = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed,
                       shuffle=bool(loader.get("shuffle", True)), collate=collate)
     print_rank_0(f" > {len(dataset)} samples, {train.num_samples} to read "
@@ -304,7 +305,18 @@ def _fixed_shapes(args: Any) -> bool:
         _MODEL_JSON.hf_config["model_type"] in FIXED_SHAPE_MODELS
 
 
-def fixed_shape_collate(samples: Any, collate: Any) -> dict[str, Any]:
+def _first_bucket(dataset: Any, micro_batch_size: int) -> int:
+    """The smallest patch bucket: a micro-batch of one largest image per sample (the image limits of data.json
+    and the processor), so that most runs compile one graph; at most FIRST_BUCKET_MAX (the ViT's mask grows
+    with the square of the bucket)."""
+    vision = _MODEL_JSON.hf_config["vision_config"]
+    pixels = min(int(dataset.config.preprocess["image_max_pixels"]), int(dataset.image_config.max_pixels))
+    unit = int(vision.get("spatial_merge_size", 2)) ** 2
+    per_image = -(-pixels // int(vision.get("patch_size", 14)) ** 2 // unit) * unit
+    return max(unit, min(micro_batch_size * per_image, FIRST_BUCKET_MAX))
+
+
+def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64) -> dict[str, Any]:
     """`collate` (padded to --seq-length), then the images' patches padded to vision_layout.patch_bucket with
     their segment ids and rotary positions (vision_layout.fixed_layout) in place of image_grid_thw: every shape
     of the batch is then one of a few, whatever the pictures' sizes. Checks on the host what the model checks
@@ -328,7 +340,7 @@ def fixed_shape_collate(samples: Any, collate: Any) -> dict[str, Any]:
     if pixels.shape[0] != total or found != total // (merge * merge):
         raise ValueError(f"image tokens and features do not match: input_ids hold {found} image tokens, the "
                          f"pixel values {pixels.shape[0]} patches (grid: {total}); {TRUNCATION_HINT}")
-    patches = vision_layout.patch_bucket(total)
+    patches = vision_layout.patch_bucket(total, smallest)
     batch["pixel_values"] = np.concatenate([pixels, np.zeros((patches - total, dim), pixels.dtype)])
     batch["pixel_segment_ids"], batch["pixel_position_ids"] = vision_layout.fixed_layout(grid, merge, patches)
     return batch

@@ -189,7 +189,7 @@ class TrainStep(ms.nn.Cell):
             return self._run(name, micro_batch, extra)
         start = time.perf_counter()
         out = self._run(name, micro_batch, extra)
-        ms.runtime.synchronize()
+        out[0].asnumpy()  # wait for the run (mindspore.runtime.synchronize has no CPU device)
         self._compiled_shapes.add(key)
         if self.announce:
             shapes = ", ".join("x".join(map(str, k)) for k in key[1:] if k is not None)

@@ -81,7 +81,7 @@ def window_index(grid: np.ndarray, merge: int, window_size: int, patch_size: int
 
 
 def patch_bucket(total: int, smallest: int = 64) -> int:
-    """The padded patch count of a fixed-shape batch: the power of two >= total (at least `smallest`), so a run
+    """The padded patch count of a fixed-shape batch: `smallest` doubled until it holds total, so a run
     meets a few ViT shapes (each one compiled graph on MindSpore) instead of one per batch."""
     size = max(int(smallest), 1)
     while size < total:
