@@ -24,8 +24,9 @@ This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run 
                                          per-token mean over the global batch: --calculate-per-token-loss)
 
 Data parallelism alone trains the portable model with mmrun's data-parallel engine on both frameworks (the
-same weights, batches and losses); its inputs change shape with the images, so MindSpore runs the step in
-PyNative. --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer),
+same weights, batches and losses); on MindSpore the step is compiled (mindspore.jit) on fixed shapes: the text
+padded to --seq-length, the ViT's patches to a few buckets with per-frame segment ids (fixed_shape_collate), one
+graph per bucket (Qwen2-VL, images; Qwen2.5-VL, videos and --no-ms-jit run in PyNative). --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer),
 or --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
 say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
