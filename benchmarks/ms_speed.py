@@ -72,7 +72,8 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=_env(threads), timeout=3600)
     load = (load_before + os.getloadavg()[0]) / 2
     if proc.returncode:
-        raise SystemExit(f"{workload} on {framework} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise SystemExit(f"{workload} on {framework} failed ({proc.returncode}):\n{tail}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r["elapsed_ms"] for r in records if r["kind"] == "train"]
     compile_s = sum(float(m) for m in COMPILED.findall(proc.stdout + proc.stderr))
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 pt, ms = pair
                 print(f"round {round_ + 1} {workload}: pytorch {pt['steady_ms']:.1f} ms, mindspore "
                       f"{ms['steady_ms']:.1f} ms ({ms['steady_ms'] / pt['steady_ms']:.2f}x), mindspore first "
-                      f"{ms['first_ms']:.0f} ms, compile {ms['compile_s']:.1f} s, load {pt['load']:.1f}/{ms['load']:.1f}",
+                      f"{ms['first_ms']:.0f} ms, compile {ms['compile_s']:.1f} s, "
+                      f"load {pt['load']:.1f}/{ms['load']:.1f}",
                       flush=True)
     lines = [f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, mindspore "
              f"{mindspore.__version__}, OMP_NUM_THREADS={args.threads}, {args.iters} iterations, median after "

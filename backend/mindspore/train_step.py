@@ -8,8 +8,9 @@ Same public names and contract as `mmrun.backend.torch.train_step` (see there):
 
 With `jit=True` (the default, `DEFAULT_JIT`) the step is compiled with `mindspore.jit`: one graph for
 forward, backward, clipping and the AdamW update when there is one micro-batch on one rank; with
-several micro-batches or ranks, a graph for each micro-batch's gradients and one for the update, with
-the accumulation and the data-parallel all-reduce between them. With `jit=False` forward and backward
+several micro-batches or ranks, one graph run once per micro-batch that adds its loss and gradients to the
+running sums (zeros for the first), and one for the update, with the data-parallel all-reduce between them.
+The first call for each new set of batch shapes compiles, and its time is printed once (`announce`). With `jit=False` forward and backward
 run eagerly (PyNative) and only the update graph is compiled. The first call compiles (seconds); a
 new batch shape compiles again.
 
@@ -81,7 +82,8 @@ class TrainStep(ms.nn.Cell):
         # The update (clip + AdamW) is compiled even with jit=False: it has no user code to debug, and in
         # PyNative its ~4 small ops per parameter cost more than the graph (measured in docs/portable-api.md).
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
-                          "accumulate": wrap(self._accumulate), "sum_into": wrap(self._sum_into), "update": ms.jit(self._update),
+                          "accumulate": wrap(self._accumulate), "sum_into": wrap(self._sum_into),
+                          "update": ms.jit(self._update),
                           "unscale": ms.jit(self._unscale), "apply": ms.jit(self._apply)}
 
     def _loss(self, *batch):
