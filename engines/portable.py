@@ -119,6 +119,8 @@ class PortableEngine:
                 jit=self._plan.jit if self.framework == "mindspore" else None, grad_scaler=self.grad_scaler)
             self._step.timers = self.timers
             if self.framework == "mindspore":
+                self._step.announce = self.log
+            if self.framework == "mindspore":
                 self.log(f"> MindSpore train step: {'mindspore.jit (graph)' if self._plan.jit else 'PyNative'}")
         return self._step(micro_batches)
 

@@ -24,8 +24,9 @@ This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run 
                                          per-token mean over the global batch: --calculate-per-token-loss)
 
 Data parallelism alone trains the portable model with mmrun's data-parallel engine on both frameworks (the
-same weights, batches and losses); its inputs change shape with the images, so MindSpore runs the step in
-PyNative. --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer),
+same weights, batches and losses); on MindSpore the step is compiled (mindspore.jit) on fixed shapes: the text
+padded to --seq-length, the ViT's patches to a few buckets with per-frame segment ids (fixed_shape_collate), one
+graph per bucket (Qwen2-VL, images; Qwen2.5-VL, videos and --no-ms-jit run in PyNative). --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer),
 or --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
 say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
@@ -53,6 +54,9 @@ PARALLEL_FRAMEWORKS = ("pytorch", "mindspore")
 # the mindspore-parallel engine would refuse the distributed optimizer.
 SPLIT_ONLY_FRAMEWORKS = ("mindspore",)
 SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
+# Models whose MindSpore step compiles on fixed-shape batches (Qwen2.5-VL's window layout is not padded yet).
+FIXED_SHAPE_MODELS = ("qwen2_vl",)
+FIRST_BUCKET_MAX = 4096
 _MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -103,7 +107,9 @@ def _model_source(argv: list[str]) -> ModelSource:
                     "megatron-core as --use-mcore-models asks")
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
-                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore)
+                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore,
+                       ms_jit=framework == "mindspore" and not split and _MODEL_JSON.hf_config["model_type"]
+                       in FIXED_SHAPE_MODELS)
 
 
 def _megatron_core_installed() -> bool:
@@ -276,7 +282,8 @@ def forward_step(data_iterator: Iterator, model: Any) -> tuple[Any, Any]:
     """model(**batch) -> {"loss_dict", "logits"}, and the loss function to reduce it."""
     args = get_args()
     if not args.calculate_per_token_loss:
-        return model(**get_batch(data_iterator)), loss_func
+        # partial, as Megatron's: MindSpore compiles the loss only then (engines/forward_plan.py)
+        return model(**get_batch(data_iterator)), partial(loss_func)
     if args.use_mcore_models:
         return model(**get_batch(data_iterator), calculate_per_token_loss=True), token_sum_loss
     batch, weight = _TOKEN_COUNT.next(data_iterator)
@@ -308,14 +315,73 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     # megatron-core's interleaved (VPP) schedule cannot send variable shapes: with two stages a rank's next and
     # previous stage are one rank, and its shape messages of consecutive calls cross and deadlock. Its batches are
     # padded to --seq-length (right padding: the causal model and the loss are unchanged).
-    fixed = (args.virtual_pipeline_model_parallel_size or 1) > 1
+    # MindSpore's compiled step (mindspore.jit) pads the same way, and the ViT's patches to a few buckets
+    # (fixed_shape_collate): one graph per bucket instead of one per batch.
+    compiled = _fixed_shapes(args)
+    fixed = (args.virtual_pipeline_model_parallel_size or 1) > 1 or compiled
     collate = partial(collate_batch, pad_token_id=dataset.token_ids["pad"], rope_config=_rope_config(dataset),
                       max_length=args.seq_length, pad_to_multiple_of=args.seq_length if fixed else 8)
+    if compiled:
+        collate = partial(fixed_shape_collate, collate=collate, smallest=_first_bucket(dataset, args.micro_batch_size))
     train = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed,
                       shuffle=bool(loader.get("shuffle", True)), collate=collate)
     print_rank_0(f" > {len(dataset)} samples, {train.num_samples} to read "
                  f"({'shuffled' if train.shuffle else 'in file order'} each epoch, seed {args.seed})")
     return train, None, None
+
+
+def _fixed_shapes(args: Any) -> bool:
+    """Whether batches are padded to fixed shapes: MindSpore's data-parallel engine compiling the step."""
+    from mmrun.backend import selection
+
+    return selection.framework() == "mindspore" and not args.no_ms_jit and \
+        _MODEL_JSON.hf_config["model_type"] in FIXED_SHAPE_MODELS
+
+
+def _first_bucket(dataset: Any, micro_batch_size: int) -> int:
+    """The smallest patch bucket: a micro-batch of one largest image per sample (the image limits of data.json
+    and the processor), so that most runs compile one graph; at most FIRST_BUCKET_MAX (the ViT's mask grows
+    with the square of the bucket)."""
+    vision = _MODEL_JSON.hf_config["vision_config"]
+    pixels = min(int(dataset.config.preprocess["image_max_pixels"]), int(dataset.image_config.max_pixels))
+    unit = int(vision.get("spatial_merge_size", 2)) ** 2
+    per_image = -(-pixels // int(vision.get("patch_size", 14)) ** 2 // unit) * unit
+    return max(unit, min(micro_batch_size * per_image, FIRST_BUCKET_MAX))
+
+
+def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64) -> dict[str, Any]:
+    """`collate` (padded to --seq-length), then the images' patches padded to vision_layout.patch_bucket with
+    their segment ids and rotary positions (vision_layout.fixed_layout) in place of image_grid_thw: every shape
+    of the batch is then one of a few, whatever the pictures' sizes. Checks on the host what the model checks
+    on a variable-shape batch (image tokens against features)."""
+    import numpy as np
+
+    from mmrun.models.qwen2_vl import vision_layout
+    from mmrun.models.qwen2_vl.modeling import TRUNCATION_HINT
+
+    batch = collate(samples)
+    config = _MODEL_JSON.hf_config
+    if "pixel_values_videos" in batch:
+        raise ValueError("videos are not padded to fixed shapes for MindSpore's compiled step yet; "
+                         "run with --no-ms-jit (PyNative)")
+    vision = config["vision_config"]
+    merge, dim = int(vision.get("spatial_merge_size", 2)), _patch_dim(vision)
+    grid = batch.pop("image_grid_thw", None)
+    pixels = batch.pop("pixel_values", np.zeros((0, dim), np.float32))
+    total = 0 if grid is None else int(vision_layout.patch_counts(grid).sum())
+    found = int((batch["input_ids"] == config["image_token_id"]).sum())
+    if pixels.shape[0] != total or found != total // (merge * merge):
+        raise ValueError(f"image tokens and features do not match: input_ids hold {found} image tokens, the "
+                         f"pixel values {pixels.shape[0]} patches (grid: {total}); {TRUNCATION_HINT}")
+    patches = vision_layout.patch_bucket(total, smallest)
+    batch["pixel_values"] = np.concatenate([pixels, np.zeros((patches - total, dim), pixels.dtype)])
+    batch["pixel_segment_ids"], batch["pixel_position_ids"] = vision_layout.fixed_layout(grid, merge, patches)
+    return batch
+
+
+def _patch_dim(vision: dict[str, Any]) -> int:
+    return (int(vision.get("in_chans", 3)) * int(vision.get("temporal_patch_size", 2))
+            * int(vision.get("patch_size", 14)) ** 2)
 
 
 def _rope_config(dataset: Any) -> Any:

@@ -20,13 +20,25 @@ def quick_gelu(x: Any) -> Any:
     return x * ops.sigmoid(1.702 * x)
 
 
-# transformers' ACT2FN names -> function
+def gelu(x: Any) -> Any:
+    return ops.gelu(x)
+
+
+def gelu_tanh(x: Any) -> Any:
+    return ops.gelu(x, approximate="tanh")
+
+
+def silu(x: Any) -> Any:
+    return ops.silu(x)
+
+
+# transformers' ACT2FN names -> function (named functions, not lambdas: mindspore.jit parses their source)
 ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
     "quick_gelu": quick_gelu,
-    "gelu": lambda x: ops.gelu(x),
-    "gelu_pytorch_tanh": lambda x: ops.gelu(x, approximate="tanh"),
-    "silu": lambda x: ops.silu(x),
-    "swish": lambda x: ops.silu(x),
+    "gelu": gelu,
+    "gelu_pytorch_tanh": gelu_tanh,
+    "silu": silu,
+    "swish": silu,
 }
 
 

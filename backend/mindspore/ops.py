@@ -388,3 +388,18 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens, scale: float |
         o = scaled_dot_product_attention(qs, ks, vs, causal=False, scale=scale)
         out.append(mint.reshape(transpose(o, 1, 2), (count * length, o.shape[1], o.shape[3])))
     return out[0] if len(out) == 1 else cat(out, 0)
+
+
+def segment_attention(q: Tensor, k: Tensor, v: Tensor, segment_ids: Tensor, scale: float | None = None) -> Tensor:
+    """Bidirectional attention of each token with the tokens of its own segment only, the segments given as a
+    device tensor of ids (total,) instead of host boundaries: varlen_attention's result with shapes that do
+    not depend on the segments, so one compiled graph serves every batch of that size (padding is a segment
+    of its own that nothing else sees). q (total, heads, head_dim), k/v (total, kv_heads, head_dim); builds
+    a (total x total) mask, so it fits a padded ViT batch, not long sequences. Returns (total, heads, head_dim)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    qs, ks, vs = (mint.unsqueeze(transpose(t, 0, 1), 0) for t in (q, k, v))  # (1, heads, total, d)
+    ks, vs = repeat_kv(ks, qs.shape[1] // ks.shape[1]), repeat_kv(vs, qs.shape[1] // vs.shape[1])
+    apart = mint.unsqueeze(segment_ids, 1) != mint.unsqueeze(segment_ids, 0)  # True: another segment
+    att = masked_fill(matmul(qs, transpose(ks, -2, -1)) * scale, apart, float("-inf"))
+    out = matmul(softmax(att, dim=-1), vs)
+    return transpose(mint.squeeze(out, 0), 0, 1)

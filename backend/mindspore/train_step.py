@@ -8,8 +8,9 @@ Same public names and contract as `mmrun.backend.torch.train_step` (see there):
 
 With `jit=True` (the default, `DEFAULT_JIT`) the step is compiled with `mindspore.jit`: one graph for
 forward, backward, clipping and the AdamW update when there is one micro-batch on one rank; with
-several micro-batches or ranks, a graph for each micro-batch's gradients and one for the update, with
-the accumulation and the data-parallel all-reduce between them. With `jit=False` forward and backward
+several micro-batches or ranks, one graph run once per micro-batch that adds its loss and gradients to the
+running sums (zeros for the first), and one for the update, with the data-parallel all-reduce between them.
+The first call for each new set of batch shapes compiles, and its time is printed once (`announce`). With `jit=False` forward and backward
 run eagerly (PyNative) and only the update graph is compiled. The first call compiles (seconds); a
 new batch shape compiles again.
 
@@ -20,6 +21,7 @@ scale enters the graphs as a tensor, so a new scale does not recompile them.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable, Sequence
 
 import mindspore as ms
@@ -71,13 +73,17 @@ class TrainStep(ms.nn.Cell):
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
         self.grad_scaler = grad_scaler
         self.timers = NO_TIMERS  # per-phase timers (mmrun.precision.timers), set by the engine when asked for
+        self.announce: Callable[[str], None] | None = None  # prints the compile time of each new batch shape
+        self._compiled_shapes: set = set()
+        self._zeros: tuple | None = None  # (loss, gradients) accumulators of a step's first micro-batch
         self._grad_fn = ms.value_and_grad(self._loss, None, optimizer.params)
         self._scaled_grad_fn = ms.value_and_grad(self._scaled_loss, None, optimizer.params, has_aux=True)
         wrap = ms.jit if self.jit else (lambda fn: fn)
         # The update (clip + AdamW) is compiled even with jit=False: it has no user code to debug, and in
         # PyNative its ~4 small ops per parameter cost more than the graph (measured in docs/portable-api.md).
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
-                          "accumulate": wrap(self._accumulate), "update": ms.jit(self._update),
+                          "accumulate": wrap(self._accumulate), "sum_into": wrap(self._sum_into),
+                          "update": ms.jit(self._update),
                           "unscale": ms.jit(self._unscale), "apply": ms.jit(self._apply)}
 
     def _loss(self, *batch):
@@ -95,6 +101,12 @@ class TrainStep(ms.nn.Cell):
     def _accumulate(self, acc, batch, scale):
         (_, loss), grads = self._scaled_grad_fn(scale, *batch)
         return loss, tuple([a + g for a, g in zip(acc, _fp32(grads))])
+
+    def _sum_into(self, acc, loss_acc, batch, scale):
+        # The loss is summed inside the graph too: a compiled graph may reuse its output buffers on its next call.
+        (_, loss), grads = self._scaled_grad_fn(scale, *batch)
+        return loss_acc + loss, tuple([a + g for a, g in zip(acc, _fp32(grads))])
+
 
     def _unscale(self, grads, factor):
         grads = tuple([g * factor for g in grads])
@@ -124,16 +136,23 @@ class TrainStep(ms.nn.Cell):
         if self.grad_scaler is None and self.jit and num_micro == 1 and self.world_size == 1:
             # One compiled graph: the optimizer's time is inside forward-backward here.
             with timers.phase("forward-backward"):
-                loss, norm = self._compiled["fused"](_batch(micro_batches[0]), self.optimizer._next_scalars())
+                loss, norm = self._announce_compile("fused", micro_batches[0], self.optimizer._next_scalars())
             return self._finish(loss, float(norm), lr)
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
         # Each micro-batch loss is divided by their number, then scaled (Megatron's order, and torch's here).
         scale_t = Tensor(scale / num_micro, ms.float32)
         with timers.phase("forward-backward"):
-            loss, grads = self._compiled["grads"](_batch(micro_batches[0]), scale_t)
-            for batch in micro_batches[1:]:
-                micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch), scale_t)
-                loss = loss + micro_loss
+            if self.jit:
+                # One graph for every micro-batch, the first adding its gradients to zeros (exact): a second
+                # forward-backward graph for the first micro-batch cost as much compile time again.
+                loss, grads = self._zero_grads()
+                for batch in micro_batches:
+                    loss, grads = self._announce_compile("sum_into", batch, (ms.mutable(grads), loss, scale_t))
+            else:
+                loss, grads = self._compiled["grads"](_batch(micro_batches[0]), scale_t)
+                for batch in micro_batches[1:]:
+                    micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch), scale_t)
+                    loss = loss + micro_loss
             loss = loss / num_micro
         if self.world_size > 1:
             with timers.phase("grads-all-reduce"):
@@ -151,6 +170,34 @@ class TrainStep(ms.nn.Cell):
             if not skipped:
                 self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer._next_scalars())
         return self._finish(loss, norm_value, lr, skipped, scale)
+
+    def _zero_grads(self) -> tuple[Tensor, ...]:
+        if self._zeros is None:
+            self._zeros = (Tensor(0.0, ms.float32),
+                           tuple(mint.zeros(p.shape, dtype=ms.float32) for p in self.optimizer.params))
+        return self._zeros
+
+    def _run(self, name, micro_batch, extra):
+        if name == "sum_into":
+            acc, loss, scale = extra
+            return self._compiled[name](acc, loss, _batch(micro_batch), scale)
+        return self._compiled[name](_batch(micro_batch), extra)
+
+    def _announce_compile(self, name, micro_batch, extra):
+        """Run the compiled graph `name` on a micro-batch; the first call of each set of batch shapes compiles
+        it, and that call's time is printed once, as compilation, so a reader does not take it for a step."""
+        key = (name,) + tuple(tuple(t.shape) if hasattr(t, "shape") else None for t in micro_batch)
+        if key in self._compiled_shapes:
+            return self._run(name, micro_batch, extra)
+        start = time.perf_counter()
+        out = self._run(name, micro_batch, extra)
+        out[0].asnumpy()  # wait for the run (mindspore.runtime.synchronize has no CPU device)
+        self._compiled_shapes.add(key)
+        if self.announce:
+            shapes = ", ".join("x".join(map(str, k)) for k in key[1:] if k is not None)
+            self.announce(f"> MindSpore compiled the train step ({name} graph) for batch shapes [{shapes}] in "
+                          f"{time.perf_counter() - start:.1f} s (once per shape; this iteration's time includes it)")
+        return out
 
     def _finish(self, loss: Tensor, norm: float, lr: float, skipped: bool = False,
                 scale: float | None = None) -> StepResult:

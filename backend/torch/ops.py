@@ -325,3 +325,17 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Sequence[int] 
         o = scaled_dot_product_attention(qs, ks, vs, causal=False, scale=scale)
         out.append(o.transpose(1, 2).reshape(count * length, o.shape[1], o.shape[3]))
     return out[0] if len(out) == 1 else torch.cat(out, dim=0)
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_ids: torch.Tensor,
+                      scale: float | None = None) -> torch.Tensor:
+    """Bidirectional attention of each token with the tokens of its own segment only, the segments given as a
+    device tensor of ids (total,) instead of host boundaries: varlen_attention's result with shapes that do
+    not depend on the segments (padding is a segment of its own that nothing else sees). q (total, heads,
+    head_dim), k/v (total, kv_heads, head_dim); builds a (total x total) mask, so it fits a padded ViT batch,
+    not long sequences. Returns (total, heads, head_dim)."""
+    qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # (1, heads, total, d)
+    same = segment_ids.unsqueeze(1) == segment_ids.unsqueeze(0)
+    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=same, scale=scale,
+                                         enable_gqa=ks.shape[1] != qs.shape[1])
+    return out.squeeze(0).transpose(0, 1)

@@ -75,7 +75,10 @@ class VisionAttention(nn.Module):
         dtype = q.dtype
         q = tensors.cast(apply_rotary(tensors.cast(q, "float32"), cos, sin), dtype)
         k = tensors.cast(apply_rotary(tensors.cast(k, "float32"), cos, sin), dtype)
-        y = ops.varlen_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5)
+        # Host boundaries, or (the fixed-shape batch of a compiled step) a device tensor of segment ids.
+        y = (ops.varlen_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5)
+             if isinstance(cu_seqlens, np.ndarray) else
+             ops.segment_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5))
         return self.proj(ops.reshape(y, (n, self.num_heads * self.head_dim)))
 
 
@@ -178,7 +181,12 @@ def vision_forward(config: VisionConfig, qwen2_5: bool, inv_freq: np.ndarray, pa
 def vision_rotary(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[Any, Any]:
     """The ViT's 2-D rotary: cos, sin (patches, 1, head_dim) fp32 from (patches, 2) (row, column) positions: the
     row angles, then the column angles, twice (rotate_half's halves)."""
-    angles = ops.reshape(tensors.cast(tensors.from_numpy(positions), "float32"), (-1, 2, 1)) * ops.reshape(
+    return rotary_of_positions(tensors.from_numpy(positions), inv_freq)
+
+
+def rotary_of_positions(positions: Any, inv_freq: np.ndarray) -> tuple[Any, Any]:
+    """vision_rotary of a device tensor of positions (patches, 2)."""
+    angles = ops.reshape(tensors.cast(positions, "float32"), (-1, 2, 1)) * ops.reshape(
         tensors.from_numpy(inv_freq), (1, 1, -1))
     half = ops.reshape(angles, (positions.shape[0], -1))  # [row freqs | column freqs]
     full = ops.cat([half, half], dim=-1)
@@ -255,17 +263,29 @@ class Qwen2VLForConditionalGeneration(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
                 pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, position_ids=None,
-                calculate_per_token_loss: bool = False, **ignored):
-        image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
+                calculate_per_token_loss: bool = False, pixel_segment_ids=None, pixel_position_ids=None, **ignored):
         embeds = self.model.embed_tokens(input_ids)
-        embeds = self._merge_vision(input_ids, embeds, pixel_values, image_grid, pixel_values_videos, video_grid)
-        if position_ids is None:
-            position_ids = self._rope_positions(input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts)
+        if pixel_segment_ids is not None:  # a fixed-shape batch (vision_layout.fixed_layout): nothing on the host
+            embeds = merge_fixed_vision(self.config, self.visual, input_ids, embeds, pixel_values, pixel_segment_ids,
+                                        pixel_position_ids)
+        else:
+            embeds, position_ids = self._merge_grids(input_ids, attention_mask, embeds, pixel_values, image_grid_thw,
+                                                     pixel_values_videos, video_grid_thw, second_per_grid_ts,
+                                                     position_ids)
         hidden = self.model(embeds, position_ids)
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = ops.linear(hidden, weight)
         loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
         return {"logits": logits, "loss_dict": loss_dict}
+
+    def _merge_grids(self, input_ids, attention_mask, embeds, pixel_values, image_grid_thw, pixel_values_videos,
+                     video_grid_thw, second_per_grid_ts, position_ids):
+        """merge_vision with the grids read on the host, and the M-RoPE positions when not given."""
+        image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
+        embeds = self._merge_vision(input_ids, embeds, pixel_values, image_grid, pixel_values_videos, video_grid)
+        if position_ids is None:
+            position_ids = self._rope_positions(input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts)
+        return embeds, position_ids
 
     def _merge_vision(self, input_ids, embeds, pixel_values, image_grid, pixel_values_videos, video_grid):
         return merge_vision(self.config, self.visual, self.training, input_ids, embeds, pixel_values, image_grid,
@@ -334,6 +354,13 @@ def merge_vision(config: Qwen2VLConfig, visual: Any, training: bool, input_ids, 
     vision = visual(pixels, np.concatenate(grids, axis=0))
     if vision.dtype != embeds.dtype:
         vision = tensors.cast(vision, embeds.dtype)
+    return _place_features(ids, embeds, vision, counts)
+
+
+def _place_features(ids, embeds, vision, counts):
+    """embeds with each modality's tokens replaced by its rows of `vision` (in token order); counts: (is_token
+    int64 (B*S,), number of features) per modality, in the order of vision's rows."""
+    batch, seq, hidden = embeds.shape
     # Row r of the result: text row r, or vision row (features before this modality) + (k-th token of it).
     position = ops.arange(batch * seq, like=ids)
     index, before = position, batch * seq
@@ -354,6 +381,23 @@ def rope_index(config: Qwen2VLConfig, input_ids, image_grid, video_grid, attenti
         video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id,
         second_per_grid_ts=_host(second_per_grid_ts),
         tokens_per_second=config.vision.tokens_per_second if config.is_qwen2_5 else None)
+
+
+def merge_fixed_vision(config: Qwen2VLConfig, visual: Any, input_ids, embeds, pixel_values, segment_ids, positions):
+    """merge_vision for a batch padded to fixed shapes (images only, Qwen2-VL's ViT): the patches padded to a
+    bucket, their per-frame segment ids and rotary positions as device tensors (vision_layout.fixed_layout), so
+    nothing depends on the images' sizes and the step compiles once per bucket. The data path checked tokens
+    against features. The padding attends only to itself and no token takes its features: no loss, no gradient."""
+    batch, seq, _ = embeds.shape
+    ids = ops.reshape(input_ids, (batch * seq,))
+    x = visual.patch_embed(pixel_values)
+    cos, sin = rotary_of_positions(positions, visual.inv_freq)
+    for block in visual.blocks:
+        x = block(x, cos, sin, segment_ids)
+    vision = visual.merger(x)
+    if vision.dtype != embeds.dtype:
+        vision = tensors.cast(vision, embeds.dtype)
+    return _place_features(ids, embeds, vision, [(tensors.cast(ids == config.image_token_id, "int64"), 0)])
 
 
 def parameter_part(name: str) -> str:

@@ -78,3 +78,29 @@ def window_index(grid: np.ndarray, merge: int, window_size: int, patch_size: int
         offset += t * gh * gw
     order_array = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
     return order_array, np.asarray(bounds, dtype=np.int64)
+
+
+def patch_bucket(total: int, smallest: int = 64) -> int:
+    """The padded patch count of a fixed-shape batch: `smallest` doubled until it holds total, so a run
+    meets a few ViT shapes (each one compiled graph on MindSpore) instead of one per batch."""
+    size = max(int(smallest), 1)
+    while size < total:
+        size *= 2
+    return size
+
+
+def fixed_layout(grid: np.ndarray | None, merge: int, patches: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ViT's per-patch layout for a batch padded to `patches` patches (the compiled MindSpore step):
+    segment ids (patches,) int32, one per frame, the padding a segment of its own (so ops.segment_attention
+    keeps it apart), and the rotary (row, column) positions (patches, 2) int64, 0 for the padding."""
+    grid = np.zeros((0, 3), np.int64) if grid is None else grid
+    bounds = frame_cu_seqlens(grid)
+    total = int(bounds[-1])
+    if total > patches or (patches - total) % (merge * merge):
+        raise ValueError(f"{total} patches cannot be padded to {patches}: pad to at least the batch's patches, "
+                         f"in whole {merge}x{merge} groups")
+    segments = np.full(patches, len(bounds) - 1, dtype=np.int32)
+    segments[:total] = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
+    positions = np.zeros((patches, 2), dtype=np.int64)
+    positions[:total] = rotary_position_ids(grid, merge)
+    return segments, positions

@@ -110,3 +110,22 @@ def test_frozen_parameters_get_no_optimizer_state_and_do_not_move(backends, fram
         assert np.abs(after["head." + name] - before["head." + name]).max() > 1e-3  # trained
     assert be.nn.unfreeze(model) == 2
     assert len(be.optim.AdamW(model.parameters()).params) == 2
+
+
+def test_segment_attention_is_varlen_attention_with_its_padding_kept_apart(backends, op_grads):
+    """The fixed-shape form of the ViT's attention (segment ids as a device tensor, MindSpore's compiled VLM step):
+    varlen_attention's values and gradients on the real tokens whatever the padding (its own segment) holds."""
+    q, k, v = (np.concatenate([_x(20, 2, 8), 10 * _x(4, 2, 8)]) for _ in range(3))  # 4 padded rows, large
+    segments = np.array(np.repeat(np.arange(len(CU) - 1), np.diff(CU)).tolist() + [len(CU) - 1] * 4, np.int32)
+    real = {}
+    for name, be in backends.items():
+        ids = be.tensors.from_numpy(segments)
+        out, grads = op_grads(be, lambda o, *t: o.segment_attention(*t, ids, scale=0.4), [q, k, v])
+        # the weights of sum(out * w) are drawn for the padded shape: the varlen reference takes the same ones
+        expected, expected_grads = op_grads(be, lambda o, *t: o.varlen_attention(*t, CU + [24], scale=0.4),
+                                            [q, k, v])
+        real[name] = [out[:20]] + [g[:20] for g in grads]
+        for got, want in zip(real[name], [expected[:20]] + [g[:20] for g in expected_grads]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for got_m, got_t in zip(real["mindspore"], real["pytorch"]):
+        np.testing.assert_allclose(got_m, got_t, rtol=1e-5, atol=2e-6)

@@ -33,7 +33,7 @@ def test_pytorch_and_mindspore_train_the_same_losses(vlm):
     assert sorted(pt) == sorted(ms) == list(range(1, ITERS + 1))
     assert _close(pt, ms, range(1, ITERS + 1)) <= TOLERANCE, (pt, ms)
     assert pt[ITERS] < pt[1] - 0.3, pt  # it learns: the captions are readable from the pictures
-    assert "MindSpore train step: PyNative" in vlm("mindspore").output
+    assert "MindSpore train step: mindspore.jit (graph)" in vlm("mindspore").output
 
 
 @pytest.mark.slow

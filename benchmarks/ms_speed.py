@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""MindSpore against PyTorch per iteration, the same job through mmrun's entries (a benchmark, not a test).
+
+Workloads (one process each, fp32, CPU threads as --threads says):
+  vlm-demo   models/pretrain_vlm.py with the demo's model.json and batch (scripts/finetune_qwen2vl.sh: 2 micro-batches
+             of 2 samples, --seq-length 128)
+  vlm-small  the same entry with benchmarks/vlm_step.py's `small` model.json (LLM 4 x 256, ViT 4 x 128), one
+             micro-batch of 4
+  gpt        models/pretrain_gpt.py --mock-data at benchmarks/train_throughput.py's `small` size
+
+Each round runs every workload on PyTorch, then on MindSpore, so a change in the machine's load hits both
+sides of a ratio. Reported per side: the median iteration time after --warmup, the first iteration, the compile
+time MindSpore printed (`> MindSpore compiled the train step ...`, once per batch shape), the load average while
+it ran; per workload the MindSpore / PyTorch ratio of each round and their median.
+
+    python benchmarks/ms_speed.py                          # 3 rounds, every workload
+    python benchmarks/ms_speed.py --only vlm-demo --rounds 2 --markdown out.md
+    python benchmarks/ms_speed.py --ms-args=--no-ms-jit     # MindSpore's PyNative step, for the before/after
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from vlm_step import model_json  # noqa: E402 - the `small` model.json, built the same way
+
+VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
+GPT_ENTRY = ROOT / "models" / "pretrain_gpt.py"
+TINY_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+VLM_COMMON = ["--seq-length", "128", "--lr", "2e-3", "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0"]
+# name -> (entry, arguments without the model file, model.json size or None)
+WORKLOADS = {
+    "vlm-demo": (VLM_ENTRY, ["--micro-batch-size", "2", "--global-batch-size", "4", *VLM_COMMON], "tiny"),
+    "vlm-small": (VLM_ENTRY, ["--micro-batch-size", "4", "--global-batch-size", "4", *VLM_COMMON], "small"),
+    "gpt": (GPT_ENTRY, ["--mock-data", "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
+                        "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "4",
+                        "--global-batch-size", "4", "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout",
+                        "0", "--eval-iters", "0"], None),
+}
+COMPILED = re.compile(r"> MindSpore compiled the train step .* in ([0-9.]+) s")
+
+
+def _env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "PET_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK")}
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_json: str, threads: int,
+        extra: list[str]) -> dict:
+    entry, args, size = WORKLOADS[workload]
+    metrics = out / f"{workload}_{framework}_{time.time_ns()}.jsonl"
+    cmd = [sys.executable, str(entry), "--ai-framework", framework, *args, "--train-iters", str(iters),
+           "--log-interval", "1", "--metrics-file", str(metrics), *extra]
+    if size is not None:
+        model = TINY_JSON if size == "tiny" else model_json(size, out)
+        cmd += ["--mm-model", str(model), "--mm-data", data_json]
+    load_before = os.getloadavg()[0]
+    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=_env(threads), timeout=3600)
+    load = (load_before + os.getloadavg()[0]) / 2
+    if proc.returncode:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise SystemExit(f"{workload} on {framework} failed ({proc.returncode}):\n{tail}")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [r["elapsed_ms"] for r in records if r["kind"] == "train"]
+    compile_s = sum(float(m) for m in COMPILED.findall(proc.stdout + proc.stderr))
+    return {"steady_ms": statistics.median(steps[warmup:]), "first_ms": steps[0], "compile_s": compile_s,
+            "load": load}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=3, help="PyTorch-then-MindSpore rounds (3)")
+    parser.add_argument("--iters", type=int, default=12, help="iterations per job (12, as the issue's demo run)")
+    parser.add_argument("--warmup", type=int, default=3, help="iterations left out of the median (3)")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each job (1)")
+    parser.add_argument("--ms-args", "--ms_args", dest="ms_args", default="",
+                        help="extra arguments of the MindSpore jobs, one string (e.g. --no-ms-jit)")
+    parser.add_argument("--markdown", default=None, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    if args.iters <= args.warmup:
+        parser.error(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
+    import mindspore
+    import torch
+
+    from mmrun.data.multimodal.demo import make_demo
+
+    results: dict[str, list[tuple[dict, dict]]] = {w: [] for w in args.only}
+    with tempfile.TemporaryDirectory(prefix="ms_speed_") as tmp:
+        out = Path(tmp)
+        data_json = make_demo(str(out / "demo"), num_samples=64, seed=3)["data_json"]
+        for round_ in range(args.rounds):
+            for workload in args.only:
+                pair = tuple(run(workload, fw, args.iters, args.warmup, out, data_json, args.threads,
+                                 args.ms_args.split() if fw == "mindspore" else [])
+                             for fw in ("pytorch", "mindspore"))
+                results[workload].append(pair)
+                pt, ms = pair
+                print(f"round {round_ + 1} {workload}: pytorch {pt['steady_ms']:.1f} ms, mindspore "
+                      f"{ms['steady_ms']:.1f} ms ({ms['steady_ms'] / pt['steady_ms']:.2f}x), mindspore first "
+                      f"{ms['first_ms']:.0f} ms, compile {ms['compile_s']:.1f} s, "
+                      f"load {pt['load']:.1f}/{ms['load']:.1f}",
+                      flush=True)
+    lines = [f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, mindspore "
+             f"{mindspore.__version__}, OMP_NUM_THREADS={args.threads}, {args.iters} iterations, median after "
+             f"{args.warmup}{', MindSpore ' + args.ms_args if args.ms_args else ''}",
+             "",
+             "| workload | PyTorch (ms/it) | MindSpore (ms/it) | MindSpore / PyTorch | MindSpore first iteration (ms) "
+             "| compile (s) | first / steady | load average |",
+             "|---|---|---|---|---|---|---|---|"]
+    for workload, pairs in results.items():
+        ratios = [ms["steady_ms"] / pt["steady_ms"] for pt, ms in pairs]
+        pt_ms = statistics.median(pt["steady_ms"] for pt, _ in pairs)
+        ms_ms = statistics.median(ms["steady_ms"] for _, ms in pairs)
+        first = statistics.median(ms["first_ms"] for _, ms in pairs)
+        compile_s = statistics.median(ms["compile_s"] for _, ms in pairs)
+        loads = [x["load"] for pair in pairs for x in pair]
+        lines.append(f"| {workload} | {pt_ms:.1f} | {ms_ms:.1f} | **{statistics.median(ratios):.2f}x** "
+                     f"({', '.join(f'{r:.2f}' for r in ratios)}) | {first:.0f} | {compile_s:.1f} | "
+                     f"{first / ms_ms:.0f}x | {min(loads):.1f} to {max(loads):.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown:
+        from mmrun.common.atomic_write import atomic_write
+
+        atomic_write(args.markdown, table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
