@@ -31,15 +31,14 @@ context splits of the DiT are refused in one line (pipeline_num_layers with one 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from functools import partial
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from mmrun.backend.errors import UsageError
+from mmrun.training.entry_io import read_mm_json, say_rank0
 from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 
 # Model sizes come from the model json; these fill only what MindSpeed-MM's scripts never set on their own.
@@ -83,24 +82,6 @@ def _model_source(argv: list[str]) -> ModelSource:
              "vocab_size": 1, "make_vocab_size_divisible_by": 1}  # no vocabulary: the prompt comes embedded
     return ModelSource(flag="--mm-model", sizes=sizes, data_flag="--mm-data", data_parallel_only=True,
                        features=ENTRY_FEATURES)
-
-
-def _say(prefix: str, message: str) -> None:
-    from mmrun.backend import rank_env
-
-    if rank_env.read_rank_info().rank == 0:
-        print(f"{prefix}: {message}", file=sys.stderr, flush=True)
-
-
-def _read_json(path: str, flag: str) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{flag} {path}: no such file; pass the path of MindSpeed-MM's {flag[5:]}.json")
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{flag} {path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
-                         "fix the file") from None
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -202,8 +183,8 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
 
     args = get_args()
     if args.mm_tool:
-        _read_json(args.mm_tool, "--mm-tool")
-    data = _read_json(args.mm_data, "--mm-data")
+        read_mm_json(args.mm_tool, "--mm-tool")
+    data = read_mm_json(args.mm_data, "--mm-data")
     if not isinstance(data, dict) or not isinstance(data.get("dataset_param"), dict):
         raise UsageError(f"--mm-data {args.mm_data}: needs a dataset_param object (MindSpeed-MM's feature_data.json)")
     config = _SPEC.predictor
@@ -251,10 +232,10 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         source = _model_source(tokens)
     except UsageError as err:
-        _say("error", str(err))
+        say_rank0("error", str(err))
         raise SystemExit(2) from None
     if _SPEC.ignored:
-        _say("warning", f"{_SPEC.path}: {', '.join(_SPEC.ignored)} not read by training (features are extracted "
+        say_rank0("warning", f"{_SPEC.path}: {', '.join(_SPEC.ignored)} not read by training (features are extracted "
                         "beforehand)")
     return pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
                     args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args_provider, argv=tokens,

@@ -26,21 +26,21 @@ This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run 
 Data parallelism alone trains the portable model with mmrun's data-parallel engine on both frameworks (the
 same weights, batches and losses); on MindSpore the step is compiled (mindspore.jit) on fixed shapes: the text
 padded to --seq-length, the ViT's patches to a few buckets with per-frame segment ids (fixed_shape_collate), one
-graph per bucket (Qwen2-VL, images; Qwen2.5-VL, videos and --no-ms-jit run in PyNative). --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer),
-or --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
+graph per bucket (Qwen2-VL, images; Qwen2.5-VL, videos and --no-ms-jit run in PyNative).
+--tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer), or
+--use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
 say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from functools import partial
-from pathlib import Path
 from typing import Any, Iterator
 
 from mmrun.backend.errors import UsageError
+from mmrun.training.entry_io import read_mm_json, say_rank0
 from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 
 # Model sizes come from model.json; these fill only what a MindSpeed-MM script never sets on its own.
@@ -86,14 +86,14 @@ def _model_source(argv: list[str]) -> ModelSource:
     if known.mm_model is None:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
                          "scripts/finetune_qwen2vl.sh)")
-    raw = _read_json(known.mm_model, "--mm-model")
+    raw = read_mm_json(known.mm_model, "--mm-model")
     if qwen3_model_json.is_qwen3_model_json(raw):  # Qwen3-VL: data parallelism only (no TP/PP split built)
         _MODEL_JSON = qwen3_model_json.parse_model_json(raw, known.mm_model)
         qwen3_model_json.check_one_stage(_MODEL_JSON)
         for line in _MODEL_JSON.warnings:
-            _warn_rank0(line)
+            say_rank0("warning", line)
         return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data", data_parallel_only=True)
-    _MODEL_JSON = read_model_json(known.mm_model, warn=_warn_rank0)
+    _MODEL_JSON = read_model_json(known.mm_model, warn=partial(say_rank0, "warning"))
     from mmrun.backend.selection import resolve
 
     framework = resolve(argv).framework
@@ -102,9 +102,9 @@ def _model_source(argv: list[str]) -> ModelSource:
     # the data-parallel engine there (the same network, as on MindSpore), said once; a split one still needs it.
     without_mcore = framework == "pytorch" and not split and not _megatron_core_installed()
     if without_mcore:
-        _warn_rank0("megatron-core is not installed: this run trains the model on mmrun's data-parallel engine (the "
-                    "same network and initial weights); pip install megatron-core (the [megatron] extra) to train it on "
-                    "megatron-core as --use-mcore-models asks")
+        say_rank0("warning", "megatron-core is not installed: this run trains the model on mmrun's data-parallel "
+                  "engine (the same network and initial weights); pip install megatron-core (the [megatron] extra) "
+                  "to train it on megatron-core as --use-mcore-models asks")
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
                        or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore,
@@ -116,24 +116,6 @@ def _megatron_core_installed() -> bool:
     from mmrun import engines
 
     return engines.megatron_core_installed()
-
-
-def _warn_rank0(message: str) -> None:
-    from mmrun.backend import rank_env
-
-    if rank_env.read_rank_info().rank == 0:
-        print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def _read_json(path: str, flag: str) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{flag} {path}: no such file; pass the path of MindSpeed-MM's {flag[5:]}.json")
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{flag} {path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
-                         "fix the file") from None
 
 
 def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage: Any = None) -> Any:
@@ -300,14 +282,15 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
 
     args = get_args()
     if args.mm_tool:
-        _read_json(args.mm_tool, "--mm-tool")
-    data = _read_json(args.mm_data, "--mm-data")
+        read_mm_json(args.mm_tool, "--mm-tool")
+    data = read_mm_json(args.mm_data, "--mm-data")
     if not isinstance(data, dict) or not isinstance(data.get("dataset_param"), dict):
         raise UsageError(f"--mm-data {args.mm_data}: needs a dataset_param object (MindSpeed-MM's data.json). "
                          f"Received keys: {', '.join(sorted(data)) if isinstance(data, dict) else type(data).__name__}")
     unknown = sorted(set(data) - {"dataset_param", "dataloader_param"})
     if unknown:
-        _warn_rank0(f"{args.mm_data}: unknown top-level key(s) {', '.join(unknown)} (mmrun does not read them)")
+        say_rank0("warning", f"{args.mm_data}: unknown top-level key(s) {', '.join(unknown)} "
+                  "(mmrun does not read them)")
     loader = data.get("dataloader_param") or {}
     print_rank_0("> building the multimodal dataset ...")
     dataset = mllm_dataset.MultimodalDataset(data["dataset_param"], seq_length=args.seq_length,
@@ -414,18 +397,12 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         source = _model_source(tokens)
     except UsageError as err:
-        _warn_rank0_error(str(err))
+        say_rank0("error", str(err))
         raise SystemExit(2) from None
     return pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
                     args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args_provider, argv=tokens,
                     model_source=source)
 
-
-def _warn_rank0_error(message: str) -> None:
-    from mmrun.backend import rank_env
-
-    if rank_env.read_rank_info().rank == 0:
-        print(f"error: {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
