@@ -63,8 +63,8 @@ def sora(tmp_path_factory, tk):
                 assert done[name].returncode == 0, done[name].output[-4000:]
             return done[name]
 
-        @staticmethod
-        def ckpt(name: str) -> Path:
+        def ckpt(self, name: str) -> Path:
+            self(name)  # trained here when no earlier test did: each test stands alone
             return base / name / "ckpt"
 
         base_dir = base
