@@ -1,14 +1,12 @@
 """mmrun's CLIP image encoder (Wan2.1 I2V's) against transformers' CLIPVisionModel on a tiny random config (every
 weight perturbed): every hidden state, the pooled output and Wan's hidden_states[-2] within 1e-5 in fp32, on
-PyTorch and (one subprocess) MindSpore; both weight layouts (transformers 4.x's `vision_model.` names, as the hub's
-Wan checkpoint holds them, and transformers 5's); the image processor against transformers' CLIPImageProcessor;
-one-line errors."""
+PyTorch and on MindSpore (in the one MindSpore subprocess of the Wan model tests, conftest's wan_frameworks); both
+weight layouts (transformers 4.x's `vision_model.` names, as the hub's Wan checkpoint holds them, and transformers
+5's); the image processor against transformers' CLIPImageProcessor; one-line errors."""
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,68 +14,54 @@ import pytest
 
 from mmrun.backend.errors import UsageError
 
-HERE = Path(__file__).resolve().parent
+WORKER = Path(__file__).resolve().parent / "workers" / "wan_vae_run.py"
 
 
 @pytest.fixture(scope="module")
-def clip(wan_tiny, tmp_path_factory):
-    """(transformers model, transformers 5 directory, transformers 4.x-layout directory, pixels)."""
-    pytest.importorskip("transformers")
+def worker(wan_refs):
     from mmrun import backend
     try:
         backend.select("pytorch", "tests/models: the in-process side of the comparisons runs PyTorch")
     except backend.BackendError as error:
         pytest.skip(str(error))
-    from safetensors.numpy import save_file
-
-    root = tmp_path_factory.mktemp("clip")
-    model = wan_tiny.transformers_clip()
-    encoder_dir, _ = wan_tiny.clip_dirs(root / "new", model)
-    old = root / "old"  # the hub's layout: vision_model.* names and the position_ids buffer
-    old.mkdir()
-    (old / "config.json").write_text((encoder_dir / "config.json").read_text())
-    arrays = {f"vision_model.{k}": v.numpy() for k, v in model.state_dict().items()}
-    arrays["vision_model.embeddings.position_ids"] = np.arange(17, dtype=np.int64)[None]
-    save_file(arrays, str(old / "model.safetensors"))
-    pixels = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
-    return model, encoder_dir, old, pixels
+    spec = importlib.util.spec_from_file_location("mmrun_tests_wan_vae_run", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def reference(model, pixels):
+def reference(model, pixels: np.ndarray) -> dict[str, np.ndarray]:
     import torch
     with torch.no_grad():
         out = model(torch.from_numpy(pixels), output_hidden_states=True)
-    return [h.numpy() for h in out.hidden_states], out.pooler_output.numpy()
+    expected = {f"clip/hidden_states/{i}": h.numpy() for i, h in enumerate(out.hidden_states)}
+    expected["clip/pooler_output"] = out.pooler_output.numpy()
+    expected["clip/penultimate"] = out.hidden_states[-2].numpy()  # what Wan reads
+    return expected
 
 
-def test_equal_to_transformers_both_layouts(clip, wan_tiny):
-    model, new, old, pixels = clip
-    worker = _worker()
-    hidden, pooled = reference(model, pixels)
-    for directory in (new, old):
-        ours = worker.run(str(directory), pixels)
-        assert len(hidden) == wan_tiny.CLIP_CONFIG["num_hidden_layers"] + 1
-        for i, expected in enumerate(hidden):
-            np.testing.assert_allclose(ours[f"hidden_states/{i}"], expected, rtol=0, atol=1e-5)
-        np.testing.assert_allclose(ours["pooler_output"], pooled, rtol=0, atol=1e-5)
-        np.testing.assert_allclose(ours["penultimate"], hidden[-2], rtol=0, atol=1e-5)
-    assert ours["penultimate"].shape == (2, 17, 32) and np.abs(hidden[-2] - hidden[-1]).max() > 0.1
+def assert_equal(ours: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert set(expected) <= set(ours)
+    for key, value in expected.items():
+        np.testing.assert_allclose(ours[key], value, rtol=0, atol=1e-5, err_msg=key)
 
 
-def test_mindspore_equals_transformers(clip, tmp_path):
-    pytest.importorskip("mindspore")
-    model, _, old, pixels = clip
-    np.savez(tmp_path / "cases.npz", dir=np.array(str(old)), pixel_values=pixels)
-    env = {**os.environ, "MMRUN_AI_FRAMEWORK": "mindspore", "GLOG_v": "3"}
-    done = subprocess.run([sys.executable, str(HERE / "workers" / "clip_vision_run.py"), str(tmp_path / "cases.npz"),
-                           str(tmp_path / "ms.npz")], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ours = dict(np.load(tmp_path / "ms.npz"))
-    hidden, pooled = reference(model, pixels)
-    for i, expected in enumerate(hidden):
-        np.testing.assert_allclose(ours[f"hidden_states/{i}"], expected, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(ours["pooler_output"], pooled, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(ours["penultimate"], hidden[-2], rtol=0, atol=1e-5)
+def test_equal_to_transformers_both_layouts(wan_tiny, wan_refs, worker):
+    pixels = wan_tiny.clip_cases(wan_refs["clip_dir"])["clip/pixel_values"]
+    expected = reference(wan_refs["clip"], pixels)
+    assert len(expected) == wan_tiny.CLIP_CONFIG["num_hidden_layers"] + 3
+    for directory in (wan_refs["clip_dir"], wan_refs["clip_hub_dir"]):  # transformers 5's names, the hub's
+        assert_equal(worker.run_clip(str(directory), pixels), expected)
+    assert expected["clip/penultimate"].shape == (2, 17, 32)
+    assert np.abs(expected["clip/penultimate"] - expected[f"clip/hidden_states/{len(expected) - 3}"]).max() > 0.1
+
+
+@pytest.mark.slow
+def test_mindspore_equals_transformers(wan_frameworks, wan_refs):
+    cases, torch_out, ms_out = wan_frameworks
+    expected = reference(wan_refs["clip"], cases["clip/pixel_values"])
+    assert_equal(torch_out, expected)
+    assert_equal(ms_out, expected)
 
 
 def test_image_processor_equals_transformers(wan_tiny, tmp_path):
@@ -98,7 +82,8 @@ def test_image_processor_equals_transformers(wan_tiny, tmp_path):
     assert CLIPImageProcessor.from_pretrained(tmp_path).crop_size == {"height": 224, "width": 224}
 
 
-def test_errors_are_one_line(clip, tmp_path):
+def test_errors_are_one_line(wan_refs, worker, tmp_path):
+    from mmrun.backend import tensors
     from mmrun.data.gpt_dataset import DatasetConfigError
     from mmrun.data.multimodal.clip_image_processing import CLIPImageProcessor
     from mmrun.models.clip_vision import CLIPVisionModel
@@ -113,15 +98,6 @@ def test_errors_are_one_line(clip, tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"crop_size": {"height": 2}}))
     with pytest.raises(DatasetConfigError, match="crop_size"):
         CLIPImageProcessor.from_pretrained(tmp_path)
-    from mmrun.backend import tensors
-    model = CLIPVisionModel.from_pretrained(clip[1])
+    model = CLIPVisionModel.from_pretrained(wan_refs["clip_dir"])
     with pytest.raises(UsageError, match=r"pixel_values of shape \(1, 3, 16, 16\)"):
         model.penultimate(tensors.from_numpy(np.zeros((1, 3, 16, 16), np.float32)))
-
-
-def _worker():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("mmrun_tests_clip_vision_run", HERE / "workers" / "clip_vision_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -109,6 +109,24 @@ def clip_dirs(root: Path, model=None) -> tuple[Path, Path]:
     return root / "image_encoder", root / "image_processor"
 
 
+def clip_hub_layout(model, new_dir: Path, path: Path) -> Path:
+    """The same weights as transformers 4.x wrote them (the hub's Wan I2V image_encoder/): `vision_model.` names
+    and the position_ids buffer."""
+    from safetensors.numpy import save_file
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text((new_dir / "config.json").read_text())
+    arrays = {f"vision_model.{k}": v.numpy() for k, v in model.state_dict().items()}
+    tokens = (CLIP_CONFIG["image_size"] // CLIP_CONFIG["patch_size"]) ** 2 + 1
+    arrays["vision_model.embeddings.position_ids"] = np.arange(tokens, dtype=np.int64)[None]
+    save_file(arrays, str(path / "model.safetensors"))
+    return path
+
+
+def clip_cases(clip_dir: Path) -> dict[str, np.ndarray]:
+    pixels = np.random.default_rng(6).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    return {"clip/dir": np.array(str(clip_dir)), "clip/pixel_values": pixels}
+
+
 def picture(size: tuple[int, int] = (40, 28), seed: int = 0):
     """A PIL RGB image (width, height): smooth colours plus noise."""
     from PIL import Image
