@@ -6,7 +6,8 @@
 The steps and keys of a `preprocessor_config.json`: RGB (`do_convert_rgb`), resize (`size`: shortest_edge, the long
 side int(size * long / short), or height and width) with the `resample` filter (bicubic) on the uint8 image,
 center crop (`crop_size`, top/left int((H - h) / 2), zero padding where the image is smaller), rescale by
-`rescale_factor` and normalize with `image_mean` / `image_std` in float32 (mean and std scaled by 1 / rescale_factor, as transformers fuses the two).
+`rescale_factor` and normalize with `image_mean` / `image_std` in float32 (mean and std scaled by 1 / rescale_factor,
+as transformers fuses the two).
 Equal within 3e-7 to transformers 5.24's CLIPImageProcessor as it runs without torchvision (its Pillow backend,
 CLIPImageProcessorPil; tests/models/test_clip_vision.py). With torchvision installed transformers resizes with
 torchvision's antialiased kernel instead, which can differ by a grey level at some pixels (not measured here).

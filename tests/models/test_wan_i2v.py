@@ -117,3 +117,131 @@ def test_i2v_denoising_equals_diffusers_pipeline(wan_tiny, wan_refs, i2v_dirs):
                              torch.from_numpy(prompt), torch.from_numpy(negative), num_inference_steps=3,
                              guidance_scale=5.0, image_embeds=tokens, condition=other, show_progress=False)
     assert np.abs(moved - ours).max() > 1e-3
+
+
+def load_make_demo():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_demo", ROOT / "scripts" / "wan" / "make_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def i2v_files(root: Path, wan_tiny) -> dict[str, Path]:
+    """make_demo's clips and tiny models, plus a tiny CLIP image_encoder/ and image_processor/ in its Diffusers
+    directory, and MindSpeed-MM's i2v jsons made from the demo's t2v ones."""
+    load_make_demo().main([str(root), "--videos", "2", "--frames", "5", "--size", "32"])
+    diffusers_dir = root / "Wan-tiny-Diffusers"
+    wan_tiny.clip_dirs(diffusers_dir)
+    z_dim, clip_dim = 4, wan_tiny.CLIP_CONFIG["hidden_size"]
+    data = json.loads((root / "data.json").read_text())
+    data["dataset_param"]["dataset_type"] = "i2v"
+    preprocess = data["dataset_param"]["preprocess_parameters"]
+    preprocess.update(num_frames=5, max_height=32, max_width=32)
+    preprocess["train_pipeline"].update(  # MindSpeed-MM's i2v lists: CLIP's crop and normalisation, the VAE's
+        first_frame_clip=[{"trans_type": "CenterCropResizeVideo",
+                           "param": {"transform_size": [32, 32], "interpolation_mode": "bicubic", "antialias": True}},
+                          {"trans_type": "norm_fun", "param": CLIP_MEAN_STD}],
+        first_frame_vae=preprocess["train_pipeline"]["video_only"])
+    model = json.loads((root / "model_t2v.json").read_text())
+    model["task"] = "i2v"
+    model["ae"]["i2v_processor"] = {"processor_id": "wan_i2v_processor",
+                                    "image_encoder": str(diffusers_dir / "image_encoder")}
+    predictor = {"model_type": "i2v", "in_dim": 2 * z_dim + 4, "img_dim": clip_dim, "num_layers": 1}
+    pretrain = json.loads((root / "pretrain_model.json").read_text())
+    pretrain["task"] = "i2v"
+    pretrain["predictor"].update(predictor)
+    inference = json.loads((root / "inference_model.json").read_text())
+    inference["predictor"].update(predictor)
+    inference["pipeline_config"]["input_size"] = [5, 32, 32]
+    inference["diffusion"].update(num_inference_steps=2, guidance_scale=1.0)  # guidance: the denoising test's
+    inference["prompt"] = "a red square moves right"
+    inference["image"] = str(root / "first.png")
+    inference["image_encoder"] = {"from_pretrained": str(diffusers_dir / "image_encoder"), "dtype": "float32"}
+    wan_tiny.picture((40, 36), 9).save(root / "first.png")
+    files = {}
+    for name, content in (("data_i2v.json", data), ("model_i2v.json", model), ("pretrain_i2v.json", pretrain),
+                          ("inference_i2v.json", inference)):
+        files[name] = root / name
+        files[name].write_text(json.dumps(content, indent=1))
+    return files
+
+
+@pytest.mark.slow
+def test_i2v_extraction_training_and_sampling_end_to_end(wan_tiny, tmp_path, capsys):
+    import torch
+    from diffusers import AutoencoderKLWan
+    from transformers import CLIPVisionModel
+
+    from mmrun.data.video import preprocess, readers
+    from mmrun.data.video.feature_files import FeatureDataset
+    from mmrun.models import get_wan_feature, inference_sora
+
+    files = i2v_files(tmp_path, wan_tiny)
+    flags = ["--micro-batch-size", "1", "--num-workers", "8", "--distributed-backend", "nccl"]
+    extract = flags + ["--mm-data", str(files["data_i2v.json"]), "--mm-model", str(files["model_i2v.json"]),
+                       "--mm-tool", str(tmp_path / "tools.json")]
+    code = get_wan_feature.main(extract)
+    assert code == 0, capsys.readouterr().err
+    dataset = FeatureDataset(tmp_path / "sora_features" / "data.jsonl", tmp_path / "sora_features", task="i2v",
+                             text_dim=32, img_dim=32, in_channels=12)
+    sample = dataset[0]
+    assert sample["i2v_clip_feature"].shape == (17, 32) and sample["i2v_vae_feature"].shape == (8, 2, 4, 4)
+
+    # the same first frame through transformers' CLIP and diffusers' VAE, the mask by MindSpeed-MM's recipe
+    params = preprocess.PreprocessParameters.from_dict(
+        json.loads(files["data_i2v.json"].read_text())["dataset_param"]["preprocess_parameters"])
+    picked = preprocess.preprocess_video(readers.read_video(dataset.records[0]["path"]), params,
+                                         np.random.default_rng(0))
+    steps = params.train_pipeline
+    clip_in = preprocess.run_pipeline(picked["first_frame"][None], steps["first_frame_clip"], {})
+    vae_in = preprocess.run_pipeline(picked["first_frame"][None], steps["first_frame_vae"],
+                                     params.transform_size(False))
+    assert np.array_equal(vae_in[0], picked["video"][:, 0])  # the VAE's first frame is the video's
+    root = tmp_path / "Wan-tiny-Diffusers"
+    with torch.no_grad():
+        tokens = CLIPVisionModel.from_pretrained(root / "image_encoder")(
+            torch.from_numpy(clip_in), output_hidden_states=True).hidden_states[-2][0].numpy()
+        vae = AutoencoderKLWan.from_pretrained(root / "vae")
+        pixels = torch.cat([torch.from_numpy(vae_in)[:, :, None], torch.zeros(1, 3, 4, 32, 32)], dim=2)
+        mode = vae.encode(pixels).latent_dist.mode()[0].numpy()
+    mean, std = (np.asarray(vae.config[k], np.float32).reshape(-1, 1, 1, 1) for k in ("latents_mean", "latents_std"))
+    np.testing.assert_allclose(sample["i2v_clip_feature"], tokens, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(sample["i2v_vae_feature"][:4], mindspeed_mask(1, 5, 4, 4, 4)[0])
+    np.testing.assert_allclose(sample["i2v_vae_feature"][4:], (mode - mean) / std, rtol=0, atol=1e-4)
+
+    # pretrain_sora.py (task i2v) trains on these files (the demo's feature_data.json): 2 iterations, PyTorch
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MMRUN_AI_FRAMEWORK")}
+    train = subprocess.run(
+        [sys.executable, str(ROOT / "models" / "pretrain_sora.py"), "--ai-framework", "pytorch",
+         "--mm-data", str(tmp_path / "feature_data.json"), "--mm-model", str(files["pretrain_i2v.json"]),
+         "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2", "--lr", "1e-3",
+         "--log-interval", "1", "--save-interval", "2", "--save", str(tmp_path / "ckpt"), "--eval-iters", "0",
+         "--seed", "1234"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert train.returncode == 0, (train.stdout + train.stderr)[-3000:]
+    assert "building Wan2.1 i2v transformer" in train.stdout and "iteration        2/       2" in train.stdout
+
+    # inference_sora.py samples i2v from the trained checkpoint and the picture
+    code = inference_sora.main(["--mm-model", str(files["inference_i2v.json"]), "--load", str(tmp_path / "ckpt")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    frames = readers.read_video(tmp_path / "samples" / "video_0.mp4").frames
+    assert frames.shape == (5, 32, 32, 3) and frames.std() > 0
+
+    # bad inputs: one line, exit 2, nothing overwritten
+    inference = json.loads(files["inference_i2v.json"].read_text())
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    for change, message in (({"image": str(broken)}, f"{broken} will not decode as a picture"),
+                            ({"image_encoder": str(tmp_path / "absent")}, "image_encoder")):
+        files["inference_i2v.json"].write_text(json.dumps({**inference, **change}))
+        code = inference_sora.main(["--mm-model", str(files["inference_i2v.json"])])
+        error = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(error) == 1 and message in error[0], error
+    assert broken.read_bytes() == b"not a png"
+    model = json.loads(files["model_i2v.json"].read_text())
+    model["ae"]["i2v_processor"]["image_encoder"] = str(tmp_path / "absent")
+    files["model_i2v.json"].write_text(json.dumps(model))
+    code = get_wan_feature.main(extract)
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(error) == 1 and "ae.i2v_processor.image_encoder" in error[0] and "absent" in error[0]

@@ -1,4 +1,5 @@
-"""mmrun's Wan VAE, UMT5 text encoder and CLIP image encoder on whichever framework this process chose (MMRUN_AI_FRAMEWORK).
+"""mmrun's Wan VAE, UMT5 text encoder and CLIP image encoder on whichever framework this process chose
+(MMRUN_AI_FRAMEWORK).
 
 Imported by the tests for PyTorch (in the pytest process) and run as a script for MindSpore (one subprocess):
 `python wan_vae_run.py CASES.npz OUT.npz` (CASES from tests/models/wan_tiny.py: vae/*, umt5/* and clip/* keys).
