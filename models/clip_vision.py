@@ -180,30 +180,28 @@ class CLIPVisionModel(nn.Module):
             raise UsageError(f"{WHAT}: pixel_values of shape {tuple(pixel_values.shape)}; the encoder takes "
                              f"(batch, {', '.join(map(str, expected))}) (the image processor's crop)")
 
+    def _states(self, pixel_values, layers: int) -> list[Any]:
+        """The embeddings after pre_layrnorm, then the outputs of the first `layers` layers."""
+        self._check(pixel_values)
+        vision = self.vision_model
+        states = [vision.pre_layrnorm(vision.embeddings(pixel_values))]
+        for layer in list(vision.encoder.layers)[:layers]:
+            states.append(layer(states[-1]))
+        return states
+
     def forward(self, pixel_values, output_hidden_states: bool = False) -> dict[str, Any]:
         """transformers' outputs as a dict: last_hidden_state (b, tokens, hidden), pooler_output (b, hidden: the
         class token after post_layernorm) and, with output_hidden_states, hidden_states (the embeddings after
         pre_layrnorm, then every layer's output: num_hidden_layers + 1 entries)."""
-        self._check(pixel_values)
-        vision = self.vision_model
-        x = vision.pre_layrnorm(vision.embeddings(pixel_values))
-        states = [x]
-        for layer in vision.encoder.layers:
-            x = layer(x)
-            states.append(x)
-        out = {"last_hidden_state": x, "pooler_output": vision.post_layernorm(x[:, 0, :])}
+        states = self._states(pixel_values, self.config.num_hidden_layers)
+        out = {"last_hidden_state": states[-1], "pooler_output": self.vision_model.post_layernorm(states[-1][:, 0, :])}
         if output_hidden_states:
             out["hidden_states"] = tuple(states)
         return out
 
     def penultimate(self, pixel_values):
         """hidden_states[-2] (b, tokens, hidden), what Wan's DiT reads, without running the last layer."""
-        self._check(pixel_values)
-        vision = self.vision_model
-        x = vision.pre_layrnorm(vision.embeddings(pixel_values))
-        for layer in list(vision.encoder.layers)[:-1]:
-            x = layer(x)
-        return x
+        return self._states(pixel_values, self.config.num_hidden_layers - 1)[-1]
 
 
 def vision_tower(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
