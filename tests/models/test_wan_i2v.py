@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIP_MEAN_STD = {"mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711]}
 
 
 def mindspeed_mask(batch: int, frames: int, h: int, w: int, stride: int):
@@ -127,44 +126,13 @@ def load_make_demo():
     return module
 
 
-def i2v_files(root: Path, wan_tiny) -> dict[str, Path]:
-    """make_demo's clips and tiny models, plus a tiny CLIP image_encoder/ and image_processor/ in its Diffusers
-    directory, and MindSpeed-MM's i2v jsons made from the demo's t2v ones."""
-    load_make_demo().main([str(root), "--videos", "2", "--frames", "5", "--size", "32"])
-    diffusers_dir = root / "Wan-tiny-Diffusers"
-    wan_tiny.clip_dirs(diffusers_dir)
-    z_dim, clip_dim = 4, wan_tiny.CLIP_CONFIG["hidden_size"]
-    data = json.loads((root / "data.json").read_text())
-    data["dataset_param"]["dataset_type"] = "i2v"
-    preprocess = data["dataset_param"]["preprocess_parameters"]
-    preprocess.update(num_frames=5, max_height=32, max_width=32)
-    preprocess["train_pipeline"].update(  # MindSpeed-MM's i2v lists: CLIP's crop and normalisation, the VAE's
-        first_frame_clip=[{"trans_type": "CenterCropResizeVideo",
-                           "param": {"transform_size": [32, 32], "interpolation_mode": "bicubic", "antialias": True}},
-                          {"trans_type": "norm_fun", "param": CLIP_MEAN_STD}],
-        first_frame_vae=preprocess["train_pipeline"]["video_only"])
-    model = json.loads((root / "model_t2v.json").read_text())
-    model["task"] = "i2v"
-    model["ae"]["i2v_processor"] = {"processor_id": "wan_i2v_processor",
-                                    "image_encoder": str(diffusers_dir / "image_encoder")}
-    predictor = {"model_type": "i2v", "in_dim": 2 * z_dim + 4, "img_dim": clip_dim, "num_layers": 1}
-    pretrain = json.loads((root / "pretrain_model.json").read_text())
-    pretrain["task"] = "i2v"
-    pretrain["predictor"].update(predictor)
-    inference = json.loads((root / "inference_model.json").read_text())
-    inference["predictor"].update(predictor)
-    inference["pipeline_config"]["input_size"] = [5, 32, 32]
-    inference["diffusion"].update(num_inference_steps=2, guidance_scale=1.0)  # guidance: the denoising test's
-    inference["prompt"] = "a red square moves right"
-    inference["image"] = str(root / "first.png")
-    inference["image_encoder"] = {"from_pretrained": str(diffusers_dir / "image_encoder"), "dtype": "float32"}
-    wan_tiny.picture((40, 36), 9).save(root / "first.png")
-    files = {}
-    for name, content in (("data_i2v.json", data), ("model_i2v.json", model), ("pretrain_i2v.json", pretrain),
-                          ("inference_i2v.json", inference)):
-        files[name] = root / name
-        files[name].write_text(json.dumps(content, indent=1))
-    return files
+def tiny_i2v():
+    """docs/examples/generation/tiny_i2v.py: the demo's i2v files (docs/generation.md runs it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tiny_i2v", ROOT / "docs" / "examples" / "generation" / "tiny_i2v.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
@@ -177,7 +145,14 @@ def test_i2v_extraction_training_and_sampling_end_to_end(wan_tiny, tmp_path, cap
     from mmrun.data.video.feature_files import FeatureDataset
     from mmrun.models import get_wan_feature, inference_sora
 
-    files = i2v_files(tmp_path, wan_tiny)
+    load_make_demo().main([str(tmp_path), "--videos", "2", "--frames", "5", "--size", "32"])
+    files = tiny_i2v().write_files(tmp_path)
+    for name, change in (("data_i2v.json", lambda c: c["dataset_param"]["preprocess_parameters"].update(num_frames=5)),
+                         ("inference_i2v.json", lambda c: (c["pipeline_config"].update(input_size=[5, 32, 32]),
+                                                           c["diffusion"].update(guidance_scale=1.0)))):
+        config = json.loads(files[name].read_text())  # the demo's 9 frames cut to its 5 (and no guidance: tested
+        change(config)                                # against diffusers above)
+        files[name].write_text(json.dumps(config))
     flags = ["--micro-batch-size", "1", "--num-workers", "8", "--distributed-backend", "nccl"]
     extract = flags + ["--mm-data", str(files["data_i2v.json"]), "--mm-model", str(files["model_i2v.json"]),
                        "--mm-tool", str(tmp_path / "tools.json")]
@@ -225,7 +200,7 @@ def test_i2v_extraction_training_and_sampling_end_to_end(wan_tiny, tmp_path, cap
     code = inference_sora.main(["--mm-model", str(files["inference_i2v.json"]), "--load", str(tmp_path / "ckpt")])
     out = capsys.readouterr()
     assert code == 0, out.err
-    frames = readers.read_video(tmp_path / "samples" / "video_0.mp4").frames
+    frames = readers.read_video(tmp_path / "samples_i2v" / "video_0.mp4").frames
     assert frames.shape == (5, 32, 32, 3) and frames.std() > 0
 
     # bad inputs: one line, exit 2, nothing overwritten
