@@ -214,7 +214,8 @@ def extract(args: argparse.Namespace) -> Path:
     from mmrun import backend
     from mmrun.backend import distributed
     from mmrun.data.video import annotations
-    from mmrun.data.video.feature_files import FILE_KEY, feature_file_name, write_feature_file, write_index
+    from mmrun.data.video.feature_files import (FILE_KEY, I2V_CLIP, I2V_VAE, feature_file_name, write_feature_file,
+                                                write_index)
     from mmrun.models.wan import pipeline_json
 
     data = pipeline_json.read_json(args.mm_data, "--mm-data")
@@ -243,8 +244,9 @@ def extract(args: argparse.Namespace) -> Path:
         name = feature_file_name(sample["path"])
         features = extractor.features(sample, index)
         write_feature_file(features_dir / name, features)
+        i2v = "".join(f", {key} {tuple(features[key].shape)}" for key in (I2V_CLIP, I2V_VAE) if key in features)
         print(f"[rank {info.rank}] {done}/{len(mine)} {sample['path']} -> {FEATURES_DIR}/{name} "
-              f"latents {tuple(features['video'].shape)}", flush=True)
+              f"latents {tuple(features['video'].shape)}{i2v}", flush=True)
     if info.world_size > 1:
         distributed.barrier()  # every rank's files are on disk before the index names them
     index_path = Path(save_path) / INDEX_NAME
