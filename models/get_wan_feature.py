@@ -20,8 +20,16 @@ One safetensors file per video lands in <save_path>/features/ (MindSpeed-MM's na
 annotation's entry plus "file": "features/<name>" (what feature_data.json's data_path points at). With several
 ranks each takes every world_size-th video and rank 0 writes the one merged index.
 
-Image-to-video extraction (model_i2v.json: CLIP image features of the first frame) is refused in one line:
-mmrun has no CLIP image encoder yet.
+Image-to-video (model_i2v.json: `task` i2v, or an `ae.i2v_processor` block {"processor_id": "wan_i2v_processor",
+"image_encoder": <Wan I2V Diffusers dir>/image_encoder}) adds MindSpeed-MM's two i2v keys to each file, from the
+first frame after the shared `video_and_first_frame` transforms (models/wan/i2v.py):
+    i2v_clip_feature  [257, 1280]: CLIP's hidden_states[-2] (models/clip_vision.py) of the first frame put through
+                      train_pipeline.first_frame_clip (MindSpeed-MM's list, e.g. CenterCropResizeVideo to 224 and
+                      norm_fun with CLIP's mean/std; without one: the same two steps at the encoder's image_size)
+    i2v_vae_feature   [4 + C, F, H, W]: the frame mask, then the VAE latents of the first frame put through
+                      train_pipeline.first_frame_vae (else the video's own `video_only` steps) followed by F - 1 zero
+                      frames, encoded and normalised as the video is (do_sample, norm_latents)
+pretrain_sora.py (task i2v) trains on them as they are.
 """
 from __future__ import annotations
 
@@ -58,18 +66,29 @@ def parse_args(argv: Sequence[str], prog: str = PROG) -> argparse.Namespace:
     return args
 
 
-def _i2v_refusal(model: dict[str, Any], where: str) -> None:
-    if model.get("task", "t2v") != "t2v" or "i2v_processor" in (model.get("ae") or {}):
-        raise UsageError(f"{where}: image-to-video extraction (task i2v, ae.i2v_processor: CLIP image features of "
-                         "the first frame) is not supported yet: mmrun has no CLIP image encoder; extract t2v "
-                         "features, or extract i2v features with MindSpeed-MM (mmrun trains on its .pt files)")
+TASKS = ("t2v", "i2v")
+I2V_PROCESSORS = ("wan_i2v_processor",)  # MindSpeed-MM's processor_id of Wan2.1's WanVideoI2VProcessor
+# CLIP's normalisation (OpenAI CLIP's mean / std), the default first_frame_clip list's second step
+CLIP_NORM = {"trans_type": "norm_fun", "param": {"mean": [0.48145466, 0.4578275, 0.40821073],
+                                                 "std": [0.26862954, 0.26130258, 0.27577711]}}
+
+
+def task_of(model: dict[str, Any], where: str) -> str:
+    """t2v, or i2v when the model json says `task` i2v or has an ae.i2v_processor block; others refused."""
+    task = model.get("task", "i2v" if "i2v_processor" in (model.get("ae") or {}) else "t2v")
+    if task not in TASKS:
+        raise UsageError(f"{where}: task {task!r}; mmrun extracts {TASKS} features (Wan2.1)")
+    if task == "i2v" and not isinstance((model.get("ae") or {}).get("i2v_processor"), dict):
+        raise UsageError(f"{where}: task i2v needs an ae.i2v_processor block (MindSpeed-MM's model_i2v.json: "
+                         '{"processor_id": "wan_i2v_processor", "image_encoder": <Diffusers dir>/image_encoder})')
+    return task
 
 
 class Extractor:
     """The models and settings of one extraction run (built once per process)."""
 
     def __init__(self, data: dict[str, Any], model: dict[str, Any], data_flag: str, model_flag: str,
-                 seed: int) -> None:
+                 seed: int, task: str = "t2v") -> None:
         from mmrun.data.video.preprocess import PreprocessParameters
         from mmrun.models.wan import pipeline_json
 
@@ -96,32 +115,86 @@ class Extractor:
             pipeline_json.block({"tokenizer_config": tokenizer}, "tokenizer_config", f"{data_flag} dataset_param"),
             f"{data_flag} tokenizer_config")
         self.seed = seed
+        self.task = task
+        if task == "i2v":
+            self._init_i2v(model["ae"]["i2v_processor"], f"{model_flag} ae.i2v_processor")
+
+    def _init_i2v(self, processor: dict[str, Any], where: str) -> None:
+        from mmrun.data.video.preprocess import DEFAULT_VIDEO_ONLY
+        from mmrun.models.wan import pipeline_json
+
+        if processor.get("processor_id", I2V_PROCESSORS[0]) not in I2V_PROCESSORS:
+            raise UsageError(f"{where}.processor_id {processor.get('processor_id')!r}: mmrun extracts Wan2.1's "
+                             f"{I2V_PROCESSORS}")
+        if "image_encoder" not in processor:
+            raise UsageError(f"{where}: image_encoder is missing: name the Wan I2V Diffusers directory's "
+                             "image_encoder/ folder")
+        self.image_encoder, _ = pipeline_json.load_image_encoder(processor["image_encoder"], f"{where}.image_encoder")
+        pipeline = self.params.train_pipeline
+        size = self.image_encoder.config.image_size
+        self.clip_steps = pipeline.get("first_frame_clip") or [
+            {"trans_type": "CenterCropResizeVideo",
+             "param": {"transform_size": [size, size], "interpolation_mode": "bicubic", "antialias": True}},
+            CLIP_NORM]
+        self.vae_steps = pipeline.get("first_frame_vae") or pipeline.get("video_only", DEFAULT_VIDEO_ONLY)
+
+    def _encode(self, pixels: np.ndarray, rng: np.random.Generator) -> Any:
+        """Latents (1, z_dim, f, h, w) of pixels (1, 3, T, H, W), sampled or the mode, normalised or not."""
+        from mmrun.backend import tensors
+
+        if self.vae_settings.do_sample:  # MindSpeed-MM's do_sample: latent_dist.sample()
+            stride_t, stride_hw = self.vae.config.temporal_compression, self.vae.config.spatial_compression
+            shape = (1, self.vae.config.z_dim, (pixels.shape[2] - 1) // stride_t + 1, pixels.shape[3] // stride_hw,
+                     pixels.shape[4] // stride_hw)
+            latents = self.vae.encode(tensors.from_numpy(pixels),
+                                      noise=tensors.from_numpy(rng.standard_normal(shape).astype("f4")))
+        else:
+            latents = self.vae.encode(tensors.from_numpy(pixels))
+        if self.vae_settings.norm_latents:
+            latents = self.vae.normalize_latents(latents)
+        return latents
+
+    def i2v_features(self, first_frame: np.ndarray, video: np.ndarray, rng: np.random.Generator
+                     ) -> dict[str, np.ndarray]:
+        """{"i2v_clip_feature": (tokens, img_dim), "i2v_vae_feature": (4 + z_dim, f, h, w)} of a first frame
+        (3, H, W) after the shared transforms and the video (3, T, H, W) it opens."""
+        from mmrun.backend import tensors
+        from mmrun.data.video.feature_files import I2V_CLIP, I2V_VAE
+        from mmrun.data.video.preprocess import run_pipeline
+        from mmrun.models.clip_vision import encode_images
+        from mmrun.models.wan import i2v
+
+        clip_in = run_pipeline(first_frame[None], self.clip_steps, self.params.transform_size(False))
+        tokens = tensors.to_numpy(encode_images(self.image_encoder, clip_in.astype(np.float32)))[0]
+        vae_in = run_pipeline(first_frame[None], self.vae_steps, self.params.transform_size(False))
+        if vae_in.shape[-2:] != video.shape[-2:] or vae_in.dtype != np.float32:
+            raise UsageError(f"train_pipeline.first_frame_vae gives the first frame {vae_in.dtype} "
+                             f"{tuple(vae_in.shape[-2:])}, the video is float32 {tuple(video.shape[-2:])}: its "
+                             "steps must size and normalise the frame as video_only does")
+        latents = tensors.to_numpy(self._encode(i2v.condition_pixels(vae_in, video.shape[1]), rng))
+        mask = i2v.frame_mask(1, video.shape[1], latents.shape[3], latents.shape[4],
+                              self.vae.config.temporal_compression)
+        return {I2V_CLIP: tokens, I2V_VAE: np.concatenate([mask, latents.astype(np.float32)], axis=1)[0]}
 
     def features(self, sample: dict[str, Any], index: int) -> dict[str, np.ndarray]:
-        """{"video": latents (C, F, H, W), "prompt_ids": embeddings (L, D), "prompt_mask": (L,)} of one sample."""
+        """{"video": latents (C, F, H, W), "prompt_ids": embeddings (L, D), "prompt_mask": (L,)} of one sample, plus
+        i2v_clip_feature and i2v_vae_feature for i2v."""
         from mmrun.backend import tensors
         from mmrun.data.video import annotations, preprocess, readers
         from mmrun.models.wan import pipeline_json
         from mmrun.models.wan.text_encoder import encode_prompts
 
         rng = np.random.default_rng([self.seed, index])  # each sample its own stream: any rank draws the same
-        video = preprocess.preprocess_video(readers.read_video(sample["path"]), self.params, rng)["video"]
-        pixels = tensors.from_numpy(video[None])
-        if self.vae_settings.do_sample:  # MindSpeed-MM's do_sample: latent_dist.sample()
-            stride_t, stride_hw = self.vae.config.temporal_compression, self.vae.config.spatial_compression
-            shape = (1, self.vae.config.z_dim, (video.shape[1] - 1) // stride_t + 1, video.shape[2] // stride_hw,
-                     video.shape[3] // stride_hw)
-            latents = self.vae.encode(pixels, noise=tensors.from_numpy(rng.standard_normal(shape).astype("f4")))
-        else:
-            latents = self.vae.encode(pixels)
-        if self.vae_settings.norm_latents:
-            latents = self.vae.normalize_latents(latents)
+        picked = preprocess.preprocess_video(readers.read_video(sample["path"]), self.params, rng)
+        video = picked["video"]
+        latents = self._encode(video[None], rng)
+        extra = self.i2v_features(picked["first_frame"], video, rng) if self.task == "i2v" else {}
         caption = annotations.caption_of(sample, rng)
         if self.clean_text:
             caption = pipeline_json.whitespace_clean(caption)
         embeds, mask = encode_prompts(self.text_encoder, self.tokenizer, [caption], self.max_length)
         return {"video": tensors.to_numpy(latents)[0], "prompt_ids": tensors.to_numpy(embeds)[0],
-                "prompt_mask": mask[0]}
+                "prompt_mask": mask[0], **extra}
 
 
 def _check_unique_names(samples: list[dict[str, Any]], data_path: str) -> None:
@@ -141,19 +214,20 @@ def extract(args: argparse.Namespace) -> Path:
     from mmrun import backend
     from mmrun.backend import distributed
     from mmrun.data.video import annotations
-    from mmrun.data.video.feature_files import FILE_KEY, feature_file_name, write_feature_file, write_index
+    from mmrun.data.video.feature_files import (FILE_KEY, I2V_CLIP, I2V_VAE, feature_file_name, write_feature_file,
+                                                write_index)
     from mmrun.models.wan import pipeline_json
 
     data = pipeline_json.read_json(args.mm_data, "--mm-data")
     model = pipeline_json.read_json(args.mm_model, "--mm-model")
     tool = pipeline_json.read_json(args.mm_tool, "--mm-tool")
-    _i2v_refusal(model, f"--mm-model {args.mm_model}")
+    task = task_of(model, f"--mm-model {args.mm_model}")
     save_path = (tool.get("sorafeature") or {}).get("save_path")
     if not save_path:
         raise UsageError(f"--mm-tool {args.mm_tool}: sorafeature.save_path is missing: name the output folder")
     info = backend.init_distributed(args.distributed_backend)
     backend.seeding.seed_everything(args.seed)
-    extractor = Extractor(data, model, "--mm-data", "--mm-model", args.seed)
+    extractor = Extractor(data, model, "--mm-data", "--mm-model", args.seed, task)
     samples = annotations.read_data_txt(extractor.data_path)
     _check_unique_names(samples, extractor.data_path)
     for notice in extractor.vae_settings.notices:
@@ -170,8 +244,9 @@ def extract(args: argparse.Namespace) -> Path:
         name = feature_file_name(sample["path"])
         features = extractor.features(sample, index)
         write_feature_file(features_dir / name, features)
+        i2v = "".join(f", {key} {tuple(features[key].shape)}" for key in (I2V_CLIP, I2V_VAE) if key in features)
         print(f"[rank {info.rank}] {done}/{len(mine)} {sample['path']} -> {FEATURES_DIR}/{name} "
-              f"latents {tuple(features['video'].shape)}", flush=True)
+              f"latents {tuple(features['video'].shape)}{i2v}", flush=True)
     if info.world_size > 1:
         distributed.barrier()  # every rank's files are on disk before the index names them
     index_path = Path(save_path) / INDEX_NAME

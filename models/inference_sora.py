@@ -15,6 +15,20 @@ This is MindSpeed-MM's inference_sora.py with its inference_model.json as it is 
     diffusion                   UniPCMultistepScheduler (flow sigmas) or FlowMatchEulerDiscreteScheduler with
                                 diffusers' keys; num_inference_steps, guidance_scale
 
+Image-to-video (predictor.model_type i2v, Wan2.1-I2V's DiT: in_dim 36, img_dim 1280) adds, as MindSpeed-MM's i2v
+inference json does:
+
+    image                       one picture (.jpg, .jpeg, .png, .bmp, .gif, .tiff) or a text file of picture paths,
+                                one per line (the first 100), one picture per prompt, in order
+    image_encoder               the Diffusers directory's image_encoder/ (a path, or {"from_pretrained", "dtype"})
+    image_processor             its image_processor/ (a path or {"from_pretrained"}); default: the folder beside
+                                image_encoder/
+
+and samples as diffusers' WanImageToVideoPipeline (equal to it within 1e-4 on the same inputs): CLIP's
+hidden_states[-2] of the picture (models/clip_vision.py, CLIPImageProcessor) join cross-attention, and the picture
+resized to the video's size (Lanczos) followed by zero frames, encoded by the VAE (mode, normalised), with the
+first-frame mask before it, joins the latents as channels at every step (models/wan/i2v.py).
+
 Prompts are cleaned of extra whitespace, tokenized to model_max_length and encoded by UMT5 (zeros past each
 prompt), the noise is drawn from the seed (numpy: the same on both frameworks; not torch's generator, so not
 MindSpeed-MM's pixels), the DiT denoises with classifier-free guidance as diffusers' WanPipeline does (equal to
@@ -40,7 +54,10 @@ NEGATIVE_PROMPT_DEFAULT = (
     "gray, worst quality, low quality, JPEG compression residue, ugly, incomplete, extra fingers, poorly drawn hands, "
     "poorly drawn faces, deformed, disfigured, misshapen limbs, fused fingers, still picture, messy background, three "
     "legs, many people in the background, walking backwards")
-PIPELINES = ("WanPipeline",)
+PIPELINES = ("WanPipeline",)  # MindSpeed-MM's pipeline_class for Wan2.1, text- and image-to-video alike
+MODEL_TYPES = ("t2v", "i2v")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tiff")  # MindSpeed-MM's load_images: a picture
+MAX_IMAGES = 100  # ... else a file of paths, the first 100 lines
 
 
 def load_prompts(prompt: Any, where: str) -> list[str]:
@@ -59,6 +76,51 @@ def load_prompts(prompt: Any, where: str) -> list[str]:
     if prompt.endswith(".txt"):
         raise UsageError(f"{where}.prompt {prompt}: no such prompt file")
     return [prompt]
+
+
+def load_images(image: Any, where: str, count: int) -> list[Any]:
+    """MindSpeed-MM's load_images: a picture, or a text file of picture paths; one per prompt, each decoded (RGB)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(image, str) or not image:
+        raise UsageError(f"{where}.image {image!r}: image-to-video needs a picture (or a .txt file of picture "
+                         "paths, one per line), one per prompt")
+    path = Path(image)
+    if not path.is_file():
+        raise UsageError(f"{where}.image {image}: no such file")
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        paths = [path]
+    else:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        if len(lines) > MAX_IMAGES:
+            print(f"notice: {path} has {len(lines)} pictures; only the first {MAX_IMAGES} are read", flush=True)
+        paths = [Path(line) for line in lines[:MAX_IMAGES] if line]
+    if len(paths) != count:
+        raise UsageError(f"{where}.image {image}: {len(paths)} picture(s) for {count} prompt(s); give one per prompt")
+    images = []
+    for picture in paths:
+        try:
+            with Image.open(picture) as opened:
+                images.append(opened.convert("RGB"))
+        except (OSError, UnidentifiedImageError) as error:
+            raise UsageError(f"{where}.image: {picture} will not decode as a picture ({error}); give a PNG/JPEG "
+                             "file") from None
+    return images
+
+
+def load_image_processor(config: Any, encoder_dir: str, where: str) -> Any:
+    """CLIPImageProcessor of the json's image_processor (path or block), else the image_processor/ folder beside
+    the image encoder's."""
+    from mmrun.data.gpt_dataset import DatasetConfigError
+    from mmrun.data.multimodal.clip_image_processing import CLIPImageProcessor
+
+    if isinstance(config, dict):
+        config = config.get("from_pretrained")
+    path = config or str(Path(encoder_dir).parent / "image_processor")
+    try:
+        return CLIPImageProcessor.from_pretrained(path)
+    except DatasetConfigError as error:
+        raise UsageError(f"{where}.image_processor: {error}") from None
 
 
 def load_transformer(load: str | None, predictor: dict[str, Any], where: str, dtype: str | None) -> Any:
@@ -125,9 +187,9 @@ class Sampler:
         if config.get("pipeline_class", PIPELINES[0]) not in PIPELINES:
             raise UsageError(f"{where}.pipeline_class {config.get('pipeline_class')!r}: mmrun samples {PIPELINES}")
         predictor = pipeline_json.block(config, "predictor", where)
-        if predictor.get("model_type", "t2v") != "t2v":
-            raise UsageError(f"{where}.predictor.model_type {predictor.get('model_type')!r}: mmrun samples "
-                             "text-to-video (t2v) for now; image-to-video needs the CLIP image encoder")
+        self.task = predictor.get("model_type", "t2v")
+        if self.task not in MODEL_TYPES:
+            raise UsageError(f"{where}.predictor.model_type {self.task!r}: mmrun samples {MODEL_TYPES} (Wan2.1)")
         self.diffusion = pipeline_json.block(config, "diffusion", where)
         try:
             self.scheduler = build_scheduler(self.diffusion)
@@ -152,6 +214,13 @@ class Sampler:
         self.transformer = load_transformer(load, predictor, where, self.dtype)
         self.model_dtype = tensors.dtype(self.dtype) if self.dtype else None
         self.negative_prompt = config.get("negative_prompt") or NEGATIVE_PROMPT_DEFAULT
+        if self.task == "i2v":
+            if "image_encoder" not in config:
+                raise UsageError(f"{where}: image_encoder is missing: image-to-video needs the Wan I2V Diffusers "
+                                 "directory's image_encoder/ (CLIP) folder")
+            self.image_encoder, encoder_dir = pipeline_json.load_image_encoder(config["image_encoder"],
+                                                                               f"{where}.image_encoder")
+            self.image_processor = load_image_processor(config.get("image_processor"), encoder_dir, where)
 
     def _embed(self, texts: list[str]) -> Any:
         from mmrun.backend import tensors
@@ -162,17 +231,28 @@ class Sampler:
         embeds, _ = encode_prompts(self.text_encoder, self.tokenizer, cleaned, self.max_length)
         return embeds if self.model_dtype is None else tensors.cast(embeds, self.model_dtype)
 
-    def latents(self, prompts: list[str], seed: int) -> np.ndarray:
-        """Denoised (normalised) latents (B, z_dim, f, h, w) of a batch of prompts."""
+    def image_inputs(self, images: list[Any]) -> tuple[Any, np.ndarray]:
+        """(CLIP image tokens (B, tokens, img_dim) in the DiT's dtype, conditioning latents (B, 4 + z_dim, f, h, w))
+        of one picture per prompt, as WanImageToVideoPipeline builds them."""
+        from mmrun.models.clip_vision import encode_images
+        from mmrun.models.wan import i2v
+
+        tokens = encode_images(self.image_encoder, self.image_processor(images), self.model_dtype)
+        first = i2v.first_frame_pixels(images, self.height, self.width)
+        return tokens, i2v.condition_latents(self.vae, first, self.frames)
+
+    def latents(self, prompts: list[str], seed: int, images: list[Any] | None = None) -> np.ndarray:
+        """Denoised (normalised) latents (B, z_dim, f, h, w) of a batch of prompts (and, for i2v, their pictures)."""
         from mmrun.models.wan import sampling
 
         stride_t, stride_hw = self.vae.config.temporal_compression, self.vae.config.spatial_compression
-        shape = sampling.latent_shape(len(prompts), self.transformer.config.in_channels, self.frames, self.height,
-                                      self.width, stride_t, stride_hw)
+        shape = sampling.latent_shape(len(prompts), self.vae.config.z_dim, self.frames, self.height, self.width,
+                                      stride_t, stride_hw)
+        image_embeds, condition = self.image_inputs(images) if self.task == "i2v" else (None, None)
         negative = self._embed([self.negative_prompt] * len(prompts)) if self.guidance_scale > 1 else None
         return sampling.denoise(self.transformer, self.scheduler, sampling.initial_latents(seed, shape),
                                 self._embed(prompts), negative, num_inference_steps=self.steps,
-                                guidance_scale=self.guidance_scale)
+                                guidance_scale=self.guidance_scale, image_embeds=image_embeds, condition=condition)
 
     def decode(self, latents: np.ndarray) -> np.ndarray:
         """uint8 videos (B, T, H, W, 3) of normalised latents."""
@@ -206,13 +286,16 @@ def sample(args: argparse.Namespace) -> list[Path]:
                          "change --micro-batch-size or the prompt file")
     info = backend.init_distributed(args.distributed_backend)
     backend.seeding.seed_everything(seed)
+    task = (config.get("predictor") or {}).get("model_type", "t2v")
+    images = load_images(config.get("image"), where, len(prompts)) if task == "i2v" else None  # before any model
     sampler = Sampler(config, args.load, where)
     Path(save_path).mkdir(parents=True, exist_ok=True)
     written = []
     for start in range(info.rank * batch, len(prompts), batch * info.world_size):
         chunk = prompts[start:start + batch]
         print(f"[rank {info.rank}] prompts {start}..{start + len(chunk) - 1}: {chunk}", flush=True)
-        videos = sampler.decode(sampler.latents(chunk, seed + start))
+        pictures = None if images is None else images[start:start + batch]
+        videos = sampler.decode(sampler.latents(chunk, seed + start, pictures))
         for offset, video in enumerate(videos):
             path = write_video(Path(save_path) / f"video_{start + offset}.mp4", video, fps)
             written.append(path)

@@ -115,6 +115,22 @@ def load_tokenizer(config: Mapping[str, Any], where: str = "tokenizer") -> tuple
     return tokenizer, length
 
 
+def load_image_encoder(config: Any, where: str) -> tuple[Any, str]:
+    """(CLIPVisionModel, its directory) of an image encoder given as a directory path or a block
+    {"from_pretrained": <dir>/image_encoder, "dtype"}: Wan2.1 I2V's CLIP (models/clip_vision.py)."""
+    from mmrun.models.clip_vision import CLIPVisionModel
+
+    if isinstance(config, str):
+        config = {"from_pretrained": config}
+    if not isinstance(config, Mapping):
+        raise UsageError(f"{where} {config!r}: give the Wan I2V Diffusers directory's image_encoder/ folder")
+    path = config.get("from_pretrained")
+    if not path or not Path(path).is_dir():
+        raise UsageError(f"{where} {path!r}: not a directory; point it at the Wan I2V Diffusers directory's "
+                         "image_encoder/ folder as downloaded")
+    return CLIPVisionModel.from_pretrained(path, dtype_name(config.get("dtype"), where)), str(path)
+
+
 def whitespace_clean(text: str) -> str:
     """MindSpeed-MM's `whitespace_clean` text preprocessing (and diffusers' prompt_clean without ftfy)."""
     return re.sub(r"\s+", " ", text).strip()

@@ -5,10 +5,11 @@
                       num_inference_steps=50, guidance_scale=5.0)
     frames = decode_to_frames(vae, latents)                                   # uint8 (B, T, H, W, 3)
 
-The loop is WanPipeline's: the model is called at every scheduler timestep (expanded over the batch) on the
-latents cast to the model's dtype; with guidance_scale > 1 it is called a second time on the negative prompt and
-the two predictions mix as uncond + scale * (cond - uncond); the scheduler (numpy, scheduling_unipc) steps the
-float32 latents. Latents leave the loop normalised; decoding undoes the VAE's per-channel normalisation first.
+The loop is WanPipeline's (and WanImageToVideoPipeline's, with the image tokens and conditioning latents): the model
+is called at every scheduler timestep (expanded over the batch) on the latents cast to the model's dtype; with
+guidance_scale > 1 it is called a second time on the negative prompt and the two predictions mix as uncond + scale *
+(cond - uncond); the scheduler (numpy, scheduling_unipc) steps the float32 latents. Latents leave the loop
+normalised; decoding undoes the VAE's per-channel normalisation first.
 """
 from __future__ import annotations
 
@@ -58,9 +59,11 @@ def _model_dtype(model: Any) -> Any:
 
 def denoise(transformer: Callable[..., Any], scheduler: Any, latents: np.ndarray, prompt_embeds: Any,
             negative_prompt_embeds: Any = None, *, num_inference_steps: int, guidance_scale: float,
-            image_embeds: Any = None, show_progress: bool = True,
+            image_embeds: Any = None, condition: np.ndarray | None = None, show_progress: bool = True,
             on_step: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
-    """Run the scheduler from noise `latents` to clean latents (numpy float32 in and out)."""
+    """Run the scheduler from noise `latents` to clean latents (numpy float32 in and out). Image-to-video
+    (WanImageToVideoPipeline) adds `image_embeds` (the CLIP tokens, models/wan/i2v.py) and `condition` (b, 4 + z_dim,
+    f, h, w: the first frame's mask and latents), concatenated to the latents along channels at every step."""
     scheduler.set_timesteps(num_inference_steps)
     guided = guidance_scale > 1.0
     if guided and negative_prompt_embeds is None:
@@ -70,7 +73,8 @@ def denoise(transformer: Callable[..., Any], scheduler: Any, latents: np.ndarray
     iterator = progress(steps, len(steps)) if show_progress else iter(steps)
     latents = np.asarray(latents, dtype=np.float32)
     for index, t in enumerate(iterator):
-        hidden = tensors.from_numpy(latents, dtype=dtype)
+        model_input = latents if condition is None else np.concatenate([latents, condition], axis=1)
+        hidden = tensors.from_numpy(model_input, dtype=dtype)
         timestep = tensors.from_numpy(np.full((latents.shape[0],), t, dtype=np.asarray(t).dtype))
         extra = {} if image_embeds is None else {"encoder_hidden_states_image": image_embeds}
         with autograd.no_grad():

@@ -79,20 +79,24 @@ def wan_tiny() -> ModuleType:
 
 @pytest.fixture(scope="session")
 def wan_refs(wan_tiny, tmp_path_factory) -> dict:
-    """The diffusers VAE and transformers UMT5 (perturbed), each saved with save_pretrained, and the tokenizer."""
+    """The diffusers VAE, transformers UMT5 and CLIP image encoder (perturbed), each saved with save_pretrained
+    (the CLIP also in transformers 4.x's layout, as the hub's Wan I2V image_encoder/ holds it), and the tokenizer."""
     pytest.importorskip("diffusers")
     folder = tmp_path_factory.mktemp("wan")
     refs = {"vae": wan_tiny.diffusers_vae(), "umt5": wan_tiny.transformers_umt5(), "vae_dir": folder / "vae",
             "umt5_dir": folder / "text_encoder", "tokenizer_dir": wan_tiny.tokenizer_dir(folder / "tokenizer")}
     refs["vae"].save_pretrained(refs["vae_dir"])
     refs["umt5"].save_pretrained(refs["umt5_dir"])
+    refs["clip"] = wan_tiny.transformers_clip()
+    refs["clip_dir"], refs["clip_processor_dir"] = wan_tiny.clip_dirs(folder, refs["clip"])
+    refs["clip_hub_dir"] = wan_tiny.clip_hub_layout(refs["clip"], refs["clip_dir"], folder / "image_encoder_hub")
     return refs
 
 
 @pytest.fixture(scope="session")
 def wan_frameworks(wan_tiny, wan_refs, tmp_path_factory) -> tuple[dict, dict, dict]:
     """(cases, PyTorch results, MindSpore results) of workers/wan_vae_run.py: MindSpore in ONE subprocess for the
-    VAE and the text encoder together."""
+    VAE, the text encoder and the image encoder together."""
     import os
     import subprocess
     import sys
@@ -105,7 +109,8 @@ def wan_frameworks(wan_tiny, wan_refs, tmp_path_factory) -> tuple[dict, dict, di
     except backend.BackendError as error:
         pytest.skip(str(error))
     cases = {**wan_tiny.vae_cases(wan_refs["vae_dir"]),
-             **wan_tiny.umt5_cases(wan_refs["umt5_dir"], wan_refs["tokenizer_dir"])}
+             **wan_tiny.umt5_cases(wan_refs["umt5_dir"], wan_refs["tokenizer_dir"]),
+             **wan_tiny.clip_cases(wan_refs["clip_hub_dir"])}
     folder = tmp_path_factory.mktemp("wan_frameworks")
     np.savez(folder / "cases.npz", **cases)
     env = {**os.environ, "MMRUN_AI_FRAMEWORK": "mindspore", "GLOG_v": "3"}

@@ -72,7 +72,7 @@ def test_entries_refuse_what_they_cannot_run_in_one_line(tmp_path, capsys):
     code = get_wan_feature.main(["--mm-data", str(tmp_path / "data.json"), "--mm-model", str(tmp_path / "i2v.json"),
                                  "--mm-tool", str(tmp_path / "tools.json")])
     error = capsys.readouterr().err.strip()
-    assert code == 2 and "image-to-video extraction" in error and "\n" not in error
+    assert code == 2 and "task i2v needs an ae.i2v_processor block" in error and "\n" not in error
     (tmp_path / "inference.json").write_text(json.dumps({
         "prompt": "a red square moves right", "save_path": str(tmp_path / "samples"),
         "pipeline_config": {"input_size": [9, 64, 64]}, "predictor": {"model_type": "t2v"},

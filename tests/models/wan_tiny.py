@@ -83,3 +83,54 @@ def umt5_cases(umt5_dir: Path, tok_dir: Path) -> dict[str, np.ndarray]:
     return {"umt5/dir": np.array(str(umt5_dir)), "umt5/tokenizer": np.array(str(tok_dir)),
             "umt5/input_ids": rng.integers(0, UMT5_CONFIG["vocab_size"], (2, 14)).astype(np.int64),
             "umt5/attention_mask": mask, "umt5/prompts": np.array(PROMPTS), "umt5/max_length": np.array(MAX_LENGTH)}
+
+
+# Wan2.1 I2V's image encoder scaled down: a CLIP ViT with gelu (Wan's hidden_act), 32 px images in 8 px patches:
+# 17 tokens (a class token and 16 patches), hidden 32 (the DiT's image_dim).
+CLIP_CONFIG = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, image_size=32,
+                   patch_size=8, hidden_act="gelu", projection_dim=16, layer_norm_eps=1e-5)
+CLIP_PROCESSOR = dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+
+
+def transformers_clip():
+    import torch
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+    torch.manual_seed(0)
+    model = CLIPVisionModel(CLIPVisionConfig(**CLIP_CONFIG)).eval()
+    perturb(model, 5)
+    return model
+
+
+def clip_dirs(root: Path, model=None) -> tuple[Path, Path]:
+    """(image_encoder/, image_processor/) as a Wan I2V Diffusers directory holds them (save_pretrained)."""
+    from transformers import CLIPImageProcessor
+    (model or transformers_clip()).save_pretrained(root / "image_encoder")
+    CLIPImageProcessor(**CLIP_PROCESSOR).save_pretrained(root / "image_processor")
+    return root / "image_encoder", root / "image_processor"
+
+
+def clip_hub_layout(model, new_dir: Path, path: Path) -> Path:
+    """The same weights as transformers 4.x wrote them (the hub's Wan I2V image_encoder/): `vision_model.` names
+    and the position_ids buffer."""
+    from safetensors.numpy import save_file
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text((new_dir / "config.json").read_text())
+    arrays = {f"vision_model.{k}": v.numpy() for k, v in model.state_dict().items()}
+    tokens = (CLIP_CONFIG["image_size"] // CLIP_CONFIG["patch_size"]) ** 2 + 1
+    arrays["vision_model.embeddings.position_ids"] = np.arange(tokens, dtype=np.int64)[None]
+    save_file(arrays, str(path / "model.safetensors"))
+    return path
+
+
+def clip_cases(clip_dir: Path) -> dict[str, np.ndarray]:
+    pixels = np.random.default_rng(6).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    return {"clip/dir": np.array(str(clip_dir)), "clip/pixel_values": pixels}
+
+
+def picture(size: tuple[int, int] = (40, 28), seed: int = 0):
+    """A PIL RGB image (width, height): smooth colours plus noise."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size[1], 0:size[0]]
+    base = np.stack([128 + 100 * np.sin(x / 5.0), 128 + 100 * np.cos(y / 4.0), 128 + 60 * np.sin((x + y) / 7.0)], -1)
+    return Image.fromarray(np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8))

@@ -1,7 +1,8 @@
-"""mmrun's Wan VAE and UMT5 text encoder on whichever framework this process chose (MMRUN_AI_FRAMEWORK).
+"""mmrun's Wan VAE, UMT5 text encoder and CLIP image encoder on whichever framework this process chose
+(MMRUN_AI_FRAMEWORK).
 
 Imported by the tests for PyTorch (in the pytest process) and run as a script for MindSpore (one subprocess):
-`python wan_vae_run.py CASES.npz OUT.npz` (CASES from tests/models/wan_tiny.py: vae/* and umt5/* keys).
+`python wan_vae_run.py CASES.npz OUT.npz` (CASES from tests/models/wan_tiny.py: vae/*, umt5/* and clip/* keys).
 """
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         prompts = [str(p) for p in cases["umt5/prompts"]]
         embeddings, mask = encode_prompts(encoder, tokenizer, prompts, int(cases["umt5/max_length"]))
         out["umt5/prompt_embeds"], out["umt5/prompt_mask"] = tensors.to_numpy(embeddings), mask
+    if "clip/dir" in cases:
+        out.update(run_clip(str(cases["clip/dir"]), cases["clip/pixel_values"]))
+    return out
+
+
+def run_clip(path: str, pixel_values: np.ndarray) -> dict[str, np.ndarray]:
+    """clip/hidden_states/<i>, clip/pooler_output and clip/penultimate (Wan's tokens) of the CLIP image encoder."""
+    from mmrun.backend import autograd
+    from mmrun.models.clip_vision import CLIPVisionModel, encode_images
+
+    model = CLIPVisionModel.from_pretrained(path)
+    with autograd.no_grad():
+        result = model(tensors.from_numpy(pixel_values), output_hidden_states=True)
+    out = {f"clip/hidden_states/{i}": tensors.to_numpy(h) for i, h in enumerate(result["hidden_states"])}
+    out["clip/pooler_output"] = tensors.to_numpy(result["pooler_output"])
+    out["clip/penultimate"] = tensors.to_numpy(encode_images(model, pixel_values))
     return out
 
 
