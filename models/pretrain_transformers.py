@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mmrun.training import ModelType, get_args, pretrain, print_rank_0
+from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 from mmrun.training.arguments import ArgumentsError
 
 # Megatron requires these; a transformers model takes its sizes from its config, so they are only
@@ -228,8 +228,12 @@ def main(argv: list[str] | None = None):
             raise SystemExit(2) from None
         _MM["model"], _MM["data"] = launch.model, launch.data
         argv = launch.argv + ["--mm-model", argv[0], "--mm-data", argv[0]] + argv[1:]
+    # The transformers model's structure is its config.json's: with a model file, the launch script's
+    # model-structure flags (--swiglu, --normalization RMSNorm, ... in MindSpeed-MM's gpt_args) are ignored
+    # with one warning, as pretrain_vlm.py does, instead of refused as for mmrun's GPT.
+    source = ModelSource(flag="--mm-model", sizes={}) if any(a in ("--mm-model", "--mm_model") for a in argv) else None
     return pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
-                    args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args, argv=argv)
+                    args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args, argv=argv, model_source=source)
 
 
 if __name__ == "__main__":
