@@ -252,12 +252,17 @@ def input_errors() -> tuple[type[Exception], ...]:
     return UsageError, DatasetConfigError, TokenizerError, NotAnHFDirectoryError, CheckpointError
 
 
-def main(argv: list[str] | None = None) -> int:
+def entry_main(run_entry: Callable[[list[str]], int], argv: list[str] | None) -> int:
+    """An entry's main (this one's, evaluate_vlm.py's): run_entry(argv), bad input one line and exit code 2."""
     try:
-        return run(list(sys.argv[1:] if argv is None else argv))
+        return run_entry(list(sys.argv[1:] if argv is None else argv))
     except input_errors() as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    return entry_main(run, argv)
 
 
 if __name__ == "__main__":

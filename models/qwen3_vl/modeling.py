@@ -34,7 +34,7 @@ from mmrun.backend import nn, ops, tensors
 from mmrun.data.multimodal.rope_index import get_rope_index
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.modeling import (VisionAttention, VisionPatchEmbed, _host, causal_lm_loss,
-                                            merge_vision, vision_rotary)
+                                            freeze_parts, merge_vision, vision_rotary)
 # Qwen2-VL's seeded, framework-independent init serves any model named by checkpoint keys (re-exported).
 from mmrun.models.qwen2_vl.modeling import init_weights  # noqa: F401
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig
@@ -297,14 +297,9 @@ class Qwen3VLForConditionalGeneration(nn.Module):
     def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:
         """MindSpeed-MM's model.freeze (defaults: ViT frozen, merger and LLM trained); returns {part: number of
         parameters frozen}. The ViT's learned positions and DeepStack mergers always train, as there."""
-        frozen = {"vision_encoder": 0, "vision_projector": 0, "text_decoder": 0}
-        wanted = {"vision_encoder": vision_encoder, "vision_projector": vision_projector, "text_decoder": text_decoder}
-        for name, param in self.named_parameters():
-            part = parameter_part(name)
-            off = wanted[part] and not name.startswith(NEVER_FROZEN_PREFIXES)
-            (nn.freeze if off else nn.unfreeze)([param])
-            frozen[part] += int(off)
-        return frozen
+        return freeze_parts(self, {"vision_encoder": vision_encoder, "vision_projector": vision_projector,
+                                   "text_decoder": text_decoder},
+                            (VISION_ENCODER_PREFIX, VISION_PROJECTOR_PREFIX), NEVER_FROZEN_PREFIXES)
 
 
 def rope_index(config: Qwen3VLConfig, input_ids, image_grid, video_grid, attention_mask=None
@@ -320,15 +315,6 @@ def rope_index(config: Qwen3VLConfig, input_ids, image_grid, video_grid, attenti
         spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
         video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id)
     return np.asarray(positions, dtype=np.int64), np.asarray(deltas, dtype=np.int64)
-
-
-def parameter_part(name: str) -> str:
-    """Which of the three freezable parts a parameter belongs to."""
-    if name.startswith(VISION_PROJECTOR_PREFIX):
-        return "vision_projector"
-    if name.startswith(VISION_ENCODER_PREFIX):
-        return "vision_encoder"
-    return "text_decoder"
 
 
 # ------------------------------------------------------------------------------------------ weights
