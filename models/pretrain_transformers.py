@@ -16,7 +16,8 @@ prefixes whose parameters do not train). data.json (or `data`): `dataset_param.d
 `mock` (Megatron's mock GPT samples: --seq-length tokens, --vocab-size), `megatron` (--data-path,
 the indexed format), or `huggingface` (MindSpeed-MM's Qwen2-VL data.json: mllm_format JSON + images,
 tokenizer and image processor from `preprocess_parameters.model_name_or_path`, mmrun.data.multimodal;
-the model must be a Qwen2-VL / Qwen2.5-VL whose token ids are the tokenizer's). Other pipelines plug in
+the model must be a Qwen2-VL / Qwen2.5-VL / Qwen3-VL whose token ids are the tokenizer's; MindSpeed-MM's
+examples/qwen3vl/qwen3vl_full_sft_8B.yaml runs as it is, docs/qwen3-vl.md). Other pipelines plug in
 through DATASET_BUILDERS (datasets or loaders of batch dicts).
 
 The five callbacks are Megatron's, as in models/pretrain_gpt.py; forward_step calls the model with
@@ -169,8 +170,8 @@ def multimodal_samples(args, data_cfg, num_samples):
     model_type = config.get("model_type")
     if "image_token_id" not in config or "vision_config" not in config:
         raise ArgumentsError(f"data: a multimodal data.json (dataset_type huggingface) needs a vision-language model; "
-                             f"the model is {model_type!r} (no image_token_id/vision_config): use a Qwen2-VL or "
-                             "Qwen2.5-VL init_from_hf_path")
+                             f"the model is {model_type!r} (no image_token_id/vision_config): use a Qwen2-VL, "
+                             "Qwen2.5-VL or Qwen3-VL init_from_hf_path")
     dataset = MultimodalDataset(data_cfg["dataset_param"], seq_length=args.seq_length)
     rope = RopeConfig.from_model_config(config)
     ids = dataset.token_ids

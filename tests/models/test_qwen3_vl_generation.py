@@ -20,6 +20,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "workers" / "qwen2_vl_generate.py"
 TINY_MODEL_JSON = HERE.parents[1] / "scripts" / "qwen3vl" / "model_tiny.json"
+EXAMPLE = HERE.parents[1] / "docs" / "examples" / "inference" / "make_tiny_qwen3_vl.py"
 NEW_TOKENS = 10
 
 
@@ -81,36 +82,14 @@ def test_cache_gives_the_logits_of_a_full_rerun(tiny3, q3):
 
 @pytest.fixture(scope="module")
 def q3_job(tmp_path_factory):
-    """(root, inference json path, its dict, transformers model): the offline demo's Qwen3-VL tokenizer and
-    processor with a random transformers Qwen3-VL of scripts/qwen3vl/model_tiny.json's shape saved beside them,
-    and the Qwen2.5-VL inference json carrying model_tiny.json's sections."""
-    import torch
-    import transformers
-
-    from mmrun.data.multimodal.demo import make_demo
-    from mmrun.models.qwen3_vl.model_json import parse_model_json
-
+    """(root, inference json path, its dict, transformers model, the example's module): docs/inference.md's
+    tiny Qwen3-VL (docs/examples/inference/make_tiny_qwen3_vl.py)."""
+    spec = importlib.util.spec_from_file_location("mmrun_docs_make_tiny_qwen3_vl", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
     root = tmp_path_factory.mktemp("qwen3_inference")
-    demo = make_demo(str(root / "demo"), num_samples=4, model="qwen3_vl")
-    sections = json.loads(TINY_MODEL_JSON.read_text())
-    hf_config = parse_model_json(sections, str(TINY_MODEL_JSON)).hf_config
-    hf_config.pop("model_type")
-    torch.manual_seed(1)
-    model = transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**hf_config))
-    with torch.no_grad():  # strong weights: varied tokens, no near-ties between fp32 kernels
-        for param in model.parameters():
-            param.add_(0.3 * torch.randn_like(param))
-    model.eval().save_pretrained(demo["model_dir"])
-    sections.pop("model_id")
-    raw = {**sections, "pipeline_class": "Qwen2VlPipeline", "dtype": "fp32", "device": "npu",
-           "generation_config": {"do_sample": False, "max_new_tokens": 8, "eos_token_id": [2], "num_beams": 1},
-           "tokenizer": {"hub_backend": "hf", "autotokenizer_name": "AutoTokenizer",
-                         "from_pretrained": demo["model_dir"]},
-           "min_pixels": 3136, "max_pixels": 12544, "image_path": str(root / "demo" / "data" / "images" / "0000.png"),
-           "prompts": ["What is in the picture?"]}
-    path = root / "inference_qwen3_vl.json"
-    path.write_text(json.dumps(raw))
-    return root, path, raw, model
+    path, raw, model = example.write(root, str(TINY_MODEL_JSON))
+    return root, path, raw, model, example
 
 
 def entry(module, capsys, *argv) -> tuple[int, str, str]:
@@ -125,23 +104,14 @@ def entry(module, capsys, *argv) -> tuple[int, str, str]:
 def test_inference_vlm_streams_transformers_greedy_answer(q3_job, capsys):
     """The entry's answer is transformers' generate on the same prompt (the qwen3_vl_nothink template, the
     processor's image tokens), decoded without the special tokens."""
-    from mmrun.data.multimodal.image_processing import ImageProcessorConfig
-    from mmrun.data.multimodal.templates import QWEN3_VL_NOTHINK
-    from mmrun.data.multimodal.vlm_prompt import encode_prompt, open_image, with_pixel_limits
     from mmrun.data.tokenizers import HuggingFaceTokenizer
     from mmrun.models import inference_vlm
 
-    root, path, raw, model = q3_job
-    model_dir = raw["tokenizer"]["from_pretrained"]
+    root, path, raw, model, example = q3_job
     code, out, err = entry(inference_vlm, capsys, "--mm-model", str(path))
     assert code == 0, err
-    tokenizer = HuggingFaceTokenizer(model_dir)
-    processor = with_pixel_limits(ImageProcessorConfig.from_pretrained(model_dir), 3136, 12544)
-    prompt = encode_prompt(tokenizer, QWEN3_VL_NOTHINK, raw["prompts"][0], [open_image(raw["image_path"], "test")],
-                           processor)
-    assert "<|im_start|>user\n<|vision_start|>" in tokenizer.detokenize(prompt["input_ids"][0].tolist())
-    tokens = hf_greedy(model, prompt, 8, model.config.image_token_id, 2)
-    answer = tokenizer.detokenize([t for t in tokens if t > 6])  # the demo tokenizer's special ids are 0..6
+    tokens = example.transformers_answer(raw, model)
+    answer = HuggingFaceTokenizer(raw["tokenizer"]["from_pretrained"]).detokenize([t for t in tokens if t > 6])
     assert len(tokens) == 8 and answer.strip() and out.splitlines()[0] == answer
     assert "weights: Hugging Face directory" in err and "8 new tokens after a prompt of" in err
 
@@ -149,7 +119,7 @@ def test_inference_vlm_streams_transformers_greedy_answer(q3_job, capsys):
 def test_evaluate_vlm_scores_qwen3_vl(q3_job, capsys, tmp_path):
     from mmrun.models import evaluate_vlm
 
-    root, _, raw, _ = q3_job
+    root, _, raw, _, _ = q3_job
     tsv = tmp_path / "DocVQA_VAL.tsv"
     with tsv.open("w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
@@ -157,9 +127,8 @@ def test_evaluate_vlm_scores_qwen3_vl(q3_job, capsys, tmp_path):
         for i in range(2):
             image = base64.b64encode((root / "demo" / "data" / "images" / f"{i:04d}.png").read_bytes()).decode()
             writer.writerow([i, image, "What colour?", repr(["red", "blue"])])
-    job = {k: v for k, v in raw.items() if k not in ("pipeline_class", "image_path", "prompts")}
-    job.update({"model_id": "Qwen2VlPipeline", "dataset_path": str(tsv), "evaluation_dataset": "docvqa_val",
-                "evaluation_model": "tiny3", "result_output_path": str(tmp_path / "out")})
+    job = json.loads((root / "evaluate_qwen3_vl.json").read_text())  # docs/inference.md's evaluation json
+    job.update({"dataset_path": str(tsv), "evaluation_model": "tiny3", "result_output_path": str(tmp_path / "out")})
     (tmp_path / "evaluate.json").write_text(json.dumps(job))
     code, out, err = entry(evaluate_vlm, capsys, "--mm-model", str(tmp_path / "evaluate.json"))
     assert code == 0, err

@@ -31,7 +31,8 @@ def test_the_yamls_unused_keys_are_one_notice_and_a_typo_is_named(tmp_path):
     done = subprocess.run([sys.executable, str(TRANSFORMERS), str(tmp_path / "typo.yaml")], cwd=tmp_path,
                           env=clean_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "unrecognized argument '--micro-bach-size'" in done.stderr and "did you mean --micro-batch-size?" in done.stderr
+    assert "unrecognized argument '--micro-bach-size'" in done.stderr
+    assert "did you mean --micro-batch-size?" in done.stderr
     done = subprocess.run([sys.executable, str(TRANSFORMERS), str(job)], cwd=tmp_path,
                           env=clean_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and f"init_from_hf_path {tmp_path / 'demo' / 'model'} has no config.json" in done.stderr
