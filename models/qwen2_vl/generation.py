@@ -267,9 +267,11 @@ DECODINGS = {
 
 
 def decoding_for(model: Any) -> Any:
-    name = type(model).__name__
-    if name not in DECODINGS:
-        raise TypeError(f"no generation for {name}; models with one: {', '.join(DECODINGS)}")
+    """The Decoding of the model's class or of the nearest base class in DECODINGS (a subclass generates as its
+    base does)."""
+    name = next((cls.__name__ for cls in type(model).__mro__ if cls.__name__ in DECODINGS), None)
+    if name is None:
+        raise TypeError(f"no generation for {type(model).__name__}; models with one: {', '.join(DECODINGS)}")
     module, _, cls = DECODINGS[name].partition(":")
     return getattr(importlib.import_module(module), cls)(model)
 

@@ -73,7 +73,7 @@ def test_cache_gives_the_logits_of_a_full_rerun(tiny3, q3):
     runs = {}
     for use_cache in (True, False):
         logits: list[np.ndarray] = []
-        tokens = generator.generate(prompt, GenerationConfig(max_new_tokens=5, use_cache=use_cache),
+        tokens = generator.generate(prompt, GenerationConfig(max_new_tokens=3, use_cache=use_cache),
                                     on_logits=logits.append)
         runs[use_cache] = (tokens, np.stack(logits))
     assert runs[True][0] == runs[False][0]

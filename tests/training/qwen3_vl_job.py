@@ -16,10 +16,12 @@ FSDP2 = {"sharding_size": "auto", "sub_modules_to_wrap": ["model.visual.blocks.{
 def tiny_hf_qwen3_vl(model_dir: str) -> None:
     """A random transformers Qwen3-VL whose token ids are the demo tokenizer's, saved into model_dir (offline)."""
     import torch
+    import transformers
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from mmrun.data.multimodal.demo import special_token_ids_for_model_config
 
+    transformers.utils.logging.disable_progress_bar()  # no progress bar in docs/qwen3-vl.md's output
     ids = special_token_ids_for_model_config(model_dir)
     text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "vocab_size": ids["vocab_size"],
