@@ -1,4 +1,4 @@
-"""Score a Qwen2-VL / Qwen2.5-VL on a benchmark, MindSpeed-MM's evaluate_vlm.py on PyTorch or MindSpore.
+"""Score a Qwen2-VL / Qwen2.5-VL / Qwen3-VL on a benchmark, MindSpeed-MM's evaluate_vlm.py on PyTorch or MindSpore.
 
     mmrun --ai-framework pytorch   --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate.json --load DIR
     mmrun --ai-framework mindspore --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate.json --load DIR
