@@ -3,8 +3,9 @@ same weights, same image and prompt, same device, in one process (PyTorch).
 
     .venv/bin/python benchmarks/vlm_generate.py                      # a small random Qwen2-VL, CPU or the GPU
     .venv/bin/python benchmarks/vlm_generate.py --new-tokens 64 --repeat 5 --hidden 512 --layers 8
+    .venv/bin/python benchmarks/vlm_generate.py --model qwen3_vl        # Qwen3-VL (DeepStack, interleaved M-RoPE)
 
-A random Qwen2-VL (transformers' config, this size) is saved once and loaded by both. Each round generates
+A random Qwen2-VL or Qwen3-VL (transformers' config, this size) is saved once and loaded by both. Each round generates
 `--new-tokens` greedy tokens with no EOS (both run the whole length) from the same prompt (text, one image,
 text), mmrun and transformers alternating so that machine load hits both alike; the tokens are checked equal.
 Reported per side: the median wall time of a round and tokens/s (new tokens / time, prompt included), and
@@ -22,35 +23,53 @@ import time
 import numpy as np
 
 
-def build(hidden: int, layers: int, vocab: int, path: str) -> None:
+def build(model: str, hidden: int, layers: int, vocab: int, path: str) -> None:
     import torch
     import transformers
 
     heads = max(hidden // 64, 2)
-    config = transformers.Qwen2VLConfig(
-        hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=max(heads // 2, 1), vocab_size=vocab, max_position_embeddings=4096,
-        rope_scaling={"type": "mrope", "mrope_section": [hidden // heads // 4, hidden // heads // 8,
-                                                         hidden // heads // 8]},
-        image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
-        vision_end_token_id=vocab - 1, eos_token_id=None, bos_token_id=None, tie_word_embeddings=False,
-        vision_config=dict(depth=2, embed_dim=128, hidden_size=hidden, mlp_ratio=2, num_heads=4, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2))
+    head_dim = hidden // heads
+    ids = dict(image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
+               vision_end_token_id=vocab - 1, tie_word_embeddings=False)
+    text = dict(hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=max(heads // 2, 1), vocab_size=vocab, max_position_embeddings=4096)
+    if model == "qwen3_vl":
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                "mrope_section": [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]}
+        config = transformers.Qwen3VLConfig(
+            text_config={**text, "head_dim": head_dim, "rope_parameters": rope}, **ids,
+            vision_config=dict(depth=2, hidden_size=128, intermediate_size=256, num_heads=4, out_hidden_size=hidden,
+                               patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0, 1],
+                               spatial_merge_size=2, temporal_patch_size=2))
+    else:
+        config = transformers.Qwen2VLConfig(
+            **text, **ids, eos_token_id=None, bos_token_id=None,
+            rope_scaling={"type": "mrope", "mrope_section": [head_dim // 4, head_dim // 8, head_dim // 8]},
+            vision_config=dict(depth=2, embed_dim=128, hidden_size=hidden, mlp_ratio=2, num_heads=4, patch_size=14,
+                               spatial_merge_size=2, temporal_patch_size=2))
     torch.manual_seed(0)
-    transformers.Qwen2VLForConditionalGeneration(config).save_pretrained(path)
+    getattr(transformers, MODELS[model][0])(config).save_pretrained(path)
 
 
-def prompt(vocab: int, grid=(1, 8, 8), text: int = 64):
+def prompt(vocab: int, patch_dim: int, grid=(1, 8, 8), text: int = 64):
     rng = np.random.default_rng(0)
     image, start, end = vocab - 4, vocab - 2, vocab - 1
     ids = (rng.integers(0, vocab - 8, text // 2).tolist() + [start] + [image] * (int(np.prod(grid)) // 4) + [end]
            + rng.integers(0, vocab - 8, text // 2).tolist())
-    pixels = rng.standard_normal((int(np.prod(grid)), 1176)).astype(np.float32)
+    pixels = rng.standard_normal((int(np.prod(grid)), patch_dim)).astype(np.float32)
     return np.asarray([ids], np.int64), pixels, np.asarray([grid], np.int64), image
+
+
+# --model -> (transformers' class, mmrun's package with from_pretrained, values per patch)
+MODELS = {
+    "qwen2_vl": ("Qwen2VLForConditionalGeneration", "mmrun.models.qwen2_vl", 1176),
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", "mmrun.models.qwen3_vl", 1536),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen2_vl")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=256)
@@ -66,20 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from mmrun import backend
-    from mmrun.models.qwen2_vl import from_pretrained
+    import importlib
+
     from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
 
     backend.select("pytorch", "benchmarks/vlm_generate.py")
     device = backend.current().device_kind
     directory = tempfile.mkdtemp(prefix="vlm_generate_")
-    build(args.hidden, args.layers, args.vocab, directory)
+    build(args.model, args.hidden, args.layers, args.vocab, directory)
     import transformers
 
-    theirs = transformers.Qwen2VLForConditionalGeneration.from_pretrained(directory).eval()
+    cls, package, patch_dim = MODELS[args.model]
+    theirs = getattr(transformers, cls).from_pretrained(directory).eval()
     theirs.to(backend.load().device.default_device())
-    ours = from_pretrained(directory)
+    ours = importlib.import_module(package).from_pretrained(directory)
     ours.eval()
-    ids, pixels, grid, image = prompt(args.vocab)
+    ids, pixels, grid, image = prompt(args.vocab, patch_dim)
     where = backend.load().device.default_device()
     hf_inputs = {"input_ids": torch.from_numpy(ids).to(where), "attention_mask": torch.ones(ids.shape, dtype=torch.long,
                                                                                              device=where),
@@ -114,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 times[name][n].append(time.perf_counter() - start)
     same = all(tokens["mmrun", n] == tokens["transformers", n] for n in (args.new_tokens, 2 * args.new_tokens))
     print(f"device {device} ({torch.get_num_threads()} CPU thread(s)), torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; Qwen2-VL hidden "
+          f"transformers {transformers.__version__}; {args.model} hidden "
           f"{args.hidden}, {args.layers} layers, vocab {args.vocab}; prompt {ids.shape[1]} tokens (one image of "
           f"{int(np.prod(grid)) // 4} tokens); {args.repeat} rounds, alternating; greedy tokens equal: {same}")
     rates = {}

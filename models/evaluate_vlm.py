@@ -1,4 +1,4 @@
-"""Score a Qwen2-VL / Qwen2.5-VL on a benchmark, MindSpeed-MM's evaluate_vlm.py on PyTorch or MindSpore.
+"""Score a Qwen2-VL / Qwen2.5-VL / Qwen3-VL on a benchmark, MindSpeed-MM's evaluate_vlm.py on PyTorch or MindSpore.
 
     mmrun --ai-framework pytorch   --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate.json --load DIR
     mmrun --ai-framework mindspore --nproc-per-node 2 models/evaluate_vlm.py --mm-model evaluate.json --load DIR
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.inference_vlm import Qwen2VlPipeline, input_errors, notice, parse_args, read_inference_json
+from mmrun.models.inference_vlm import Qwen2VlPipeline, entry_main, notice, parse_args, read_inference_json
 
 RESULT_COLUMNS = ("index", "question", "answer", "prediction", "score", "extracted")
 
@@ -120,11 +120,7 @@ def run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(list(sys.argv[1:] if argv is None else argv))
-    except input_errors() as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+    return entry_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Chat with a Qwen2-VL / Qwen2.5-VL about an image, MindSpeed-MM's inference_vlm.py on PyTorch or MindSpore.
+"""Chat with a Qwen2-VL / Qwen2.5-VL / Qwen3-VL about an image, MindSpeed-MM's inference_vlm.py on PyTorch or
+MindSpore.
 
     mmrun --ai-framework pytorch   models/inference_vlm.py --mm-model inference_qwen2_5_vl_7b.json --load DIR
     mmrun --ai-framework mindspore models/inference_vlm.py --mm-model inference_qwen2_5_vl_7b.json --load DIR
@@ -11,6 +12,10 @@ or a list), `min_pixels` / `max_pixels`, `dtype` (bf16, fp16, fp32) and `device`
 directory as downloaded (its config.json must describe the json's network), or an mmrun / MindSpeed-MM-named
 checkpoint of any tensor/pipeline split (`mmrun convert ... hf_to_mm` output, or a training run's --save):
 it is joined into one model. Without --load, tokenizer.from_pretrained is loaded when it holds weights.
+Qwen3-VL (dense): MindSpeed-MM runs its Qwen3-VL inference through transformers (examples/qwen3vl/
+inference_demo.py) and has no inference json for it; here the Qwen2.5-VL json serves with Qwen3-VL's model
+sections (model.json's: text_decoder.model_id qwen3_lm or qwen3lm, a qwen3vit image encoder), the prompt in
+its qwen3_vl_nothink template and its weights from a Hugging Face directory.
 
 The answer streams to stdout token by token; a summary line goes to stderr. The launch script's other Megatron
 flags (parallel sizes, --use-flash-attn, ...) are accepted and ignored in one notice: one process runs the
@@ -34,7 +39,20 @@ INFERENCE_KEYS = ("pipeline_class", "tokenizer", "generation_config", "image_pat
                   "min_pixels", "max_pixels", "dtype", "device", "dataset_path", "evaluation_dataset",
                   "evaluation_model", "result_output_path", "use_custom_prompt")
 # text_decoder.model_id -> model.json's model_id (the inference json has no model-level one).
-TEXT_DECODERS = {"qwen2lm": "qwen2vl", "qwen2_5_lm": "qwen2_5vl"}
+TEXT_DECODERS = {"qwen2lm": "qwen2vl", "qwen2_5_lm": "qwen2_5vl", "qwen3_lm": "qwen3_vl", "qwen3lm": "qwen3_vl"}
+# model.json's model_id -> (the model's package: model_json, configuration, hf_checkpoint, modeling; its config
+# and model classes; the chat template of its prompts).
+FAMILIES = {
+    "qwen2vl": ("mmrun.models.qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "qwen2vl"),
+    "qwen2_5vl": ("mmrun.models.qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "qwen2vl"),
+    "qwen3_vl": ("mmrun.models.qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "qwen3_vl_nothink"),
+}
+
+
+def family_module(model_id: str, name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"{FAMILIES[model_id][0]}.{name}")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32"}
 
@@ -88,9 +106,8 @@ def read_inference_json(path: str) -> dict[str, Any]:
 
 
 def model_spec(raw: dict[str, Any], path: str) -> Any:
-    """model.json's part of the inference json, read by the model.json reader (model_id from text_decoder's)."""
-    from mmrun.models.qwen2_vl.model_json import parse_model_json
-
+    """model.json's part of the inference json, read by its family's model.json reader (model_id from
+    text_decoder's)."""
     model = {k: v for k, v in raw.items() if k not in INFERENCE_KEYS and k != "model_id"}
     text_id = (raw.get("text_decoder") or {}).get("model_id")
     if text_id not in TEXT_DECODERS:
@@ -101,37 +118,39 @@ def model_spec(raw: dict[str, Any], path: str) -> Any:
         if key not in model and isinstance(generation.get(key), int):
             model[key] = generation[key]
     model["model_id"] = TEXT_DECODERS[text_id]
-    return parse_model_json(model, path)
+    return family_module(model["model_id"], "model_json").parse_model_json(model, path)
 
 
 def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[[str], None]) -> Any:
     """The model from --load (an HF directory or an mmrun checkpoint) or tokenizer.from_pretrained's weights."""
-    from mmrun.models.qwen2_vl import hf_checkpoint
-    from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, load_hf_weights
-
     spec = model_spec(raw, path)
+    model_id = TEXT_DECODERS[raw["text_decoder"]["model_id"]]
+    package, config_class, model_class, _ = FAMILIES[model_id]
+    hf_checkpoint, modeling = family_module(model_id, "hf_checkpoint"), family_module(model_id, "modeling")
     for line in spec.warnings:
         log(line)
-    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    config = getattr(family_module(model_id, "configuration"), config_class).from_hf_config(spec.hf_config)
     source = load
     if source is None:
         source = raw["tokenizer"]["from_pretrained"]
         if not hf_checkpoint.is_hf_directory(source):
-            raise UsageError(f"no --load given and tokenizer.from_pretrained {source} holds no Qwen2-VL weights; pass "
-                             "--load (a Hugging Face directory or an mmrun checkpoint)")
+            raise UsageError(f"no --load given and tokenizer.from_pretrained {source} holds no {model_id} weights; "
+                             "pass --load (a Hugging Face directory or an mmrun checkpoint)")
     if hf_checkpoint.is_hf_directory(source):
         weights = hf_checkpoint.open_for_model(source, config, described_by=path)
         config = weights.config
         log(f"weights: Hugging Face directory {source}")
+    elif package != "mmrun.models.qwen2_vl":
+        raise UsageError(f"--load {source}: not a Hugging Face directory; {model_id} loads from one here (its "
+                         "config.json and *.safetensors)")
     else:
         from mmrun.training import checkpoint_vlm
 
         opened = checkpoint_vlm.open_checkpoint(source, config)
         weights = dict(opened.hf_tensors())
         log(f"weights: checkpoint {source} ({opened.describe()})")
-    model = Qwen2VLForConditionalGeneration(config)
-    load_hf_weights(model, weights)
+    model = getattr(modeling, model_class)(config)
+    modeling.load_hf_weights(model, weights)
     return model
 
 
@@ -144,7 +163,7 @@ class Qwen2VlPipeline:
         from mmrun.backend import tensors
         from mmrun.data.multimodal.image_processing import ImageProcessorConfig
         from mmrun.data.multimodal.mllm_dataset import special_token_ids
-        from mmrun.data.multimodal.templates import QWEN2VL
+        from mmrun.data.multimodal.templates import TEMPLATES
         from mmrun.data.multimodal.vlm_prompt import with_pixel_limits
         from mmrun.data.tokenizers import HuggingFaceTokenizer
         from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator
@@ -153,7 +172,8 @@ class Qwen2VlPipeline:
         generation = GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")
         model_dir = raw["tokenizer"]["from_pretrained"]
         self.tokenizer = HuggingFaceTokenizer(model_dir)
-        ids = special_token_ids(self.tokenizer, QWEN2VL, f"{model_dir}/tokenizer.json")
+        self.template = TEMPLATES[FAMILIES[TEXT_DECODERS[raw["text_decoder"]["model_id"]]][3]]
+        ids = special_token_ids(self.tokenizer, self.template, f"{model_dir}/tokenizer.json")
         if not generation.eos_token_id:
             generation = generation.replace(eos_token_id=(ids["end_of_turn"], ids["pad"]))
         self.generation = generation.replace(seed=seed)
@@ -182,11 +202,10 @@ class Qwen2VlPipeline:
     def answer(self, text: str, images: list[Any], streamer: Callable[[str], None] | None = None
                ) -> tuple[list[int], str, int]:
         """(new token ids, the answer's text, prompt length) for one user turn: the images, then the text."""
-        from mmrun.data.multimodal.templates import QWEN2VL
         from mmrun.data.multimodal.vlm_prompt import TextStream, encode_prompt
         from mmrun.models.qwen2_vl.generation import Prompt
 
-        prompt = Prompt(**encode_prompt(self.tokenizer, QWEN2VL, text, images, self.image_config))
+        prompt = Prompt(**encode_prompt(self.tokenizer, self.template, text, images, self.image_config))
         stream = TextStream(self.tokenizer, self.hidden)
         emit = (lambda token: streamer(stream.push(token))) if streamer is not None else stream.push
         tokens = self.generator.generate(prompt, self.generation, streamer=emit)
@@ -233,12 +252,17 @@ def input_errors() -> tuple[type[Exception], ...]:
     return UsageError, DatasetConfigError, TokenizerError, NotAnHFDirectoryError, CheckpointError
 
 
-def main(argv: list[str] | None = None) -> int:
+def entry_main(run_entry: Callable[[list[str]], int], argv: list[str] | None) -> int:
+    """An entry's main (this one's, evaluate_vlm.py's): run_entry(argv), bad input one line and exit code 2."""
     try:
-        return run(list(sys.argv[1:] if argv is None else argv))
+        return run_entry(list(sys.argv[1:] if argv is None else argv))
     except input_errors() as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    return entry_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ prefixes whose parameters do not train). data.json (or `data`): `dataset_param.d
 `mock` (Megatron's mock GPT samples: --seq-length tokens, --vocab-size), `megatron` (--data-path,
 the indexed format), or `huggingface` (MindSpeed-MM's Qwen2-VL data.json: mllm_format JSON + images,
 tokenizer and image processor from `preprocess_parameters.model_name_or_path`, mmrun.data.multimodal;
-the model must be a Qwen2-VL / Qwen2.5-VL whose token ids are the tokenizer's). Other pipelines plug in
+the model must be a Qwen2-VL / Qwen2.5-VL / Qwen3-VL whose token ids are the tokenizer's; MindSpeed-MM's
+examples/qwen3vl/qwen3vl_full_sft_8B.yaml runs as it is, docs/qwen3-vl.md). Other pipelines plug in
 through DATASET_BUILDERS (datasets or loaders of batch dicts).
 
 The five callbacks are Megatron's, as in models/pretrain_gpt.py; forward_step calls the model with
@@ -32,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mmrun.training import ModelType, get_args, pretrain, print_rank_0
+from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 from mmrun.training.arguments import ArgumentsError
 
 # Megatron requires these; a transformers model takes its sizes from its config, so they are only
@@ -169,8 +170,8 @@ def multimodal_samples(args, data_cfg, num_samples):
     model_type = config.get("model_type")
     if "image_token_id" not in config or "vision_config" not in config:
         raise ArgumentsError(f"data: a multimodal data.json (dataset_type huggingface) needs a vision-language model; "
-                             f"the model is {model_type!r} (no image_token_id/vision_config): use a Qwen2-VL or "
-                             "Qwen2.5-VL init_from_hf_path")
+                             f"the model is {model_type!r} (no image_token_id/vision_config): use a Qwen2-VL, "
+                             "Qwen2.5-VL or Qwen3-VL init_from_hf_path")
     dataset = MultimodalDataset(data_cfg["dataset_param"], seq_length=args.seq_length)
     rope = RopeConfig.from_model_config(config)
     ids = dataset.token_ids
@@ -228,8 +229,12 @@ def main(argv: list[str] | None = None):
             raise SystemExit(2) from None
         _MM["model"], _MM["data"] = launch.model, launch.data
         argv = launch.argv + ["--mm-model", argv[0], "--mm-data", argv[0]] + argv[1:]
+    # The transformers model's structure is its config.json's: with a model file, the launch script's
+    # model-structure flags (--swiglu, --normalization RMSNorm, ... in MindSpeed-MM's gpt_args) are ignored
+    # with one warning, as pretrain_vlm.py does, instead of refused as for mmrun's GPT.
+    source = ModelSource(flag="--mm-model", sizes={}) if any(a in ("--mm-model", "--mm_model") for a in argv) else None
     return pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
-                    args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args, argv=argv)
+                    args_defaults=CPU_DEFAULTS, extra_args_provider=extra_args, argv=argv, model_source=source)
 
 
 if __name__ == "__main__":

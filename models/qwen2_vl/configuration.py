@@ -25,8 +25,22 @@ ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Q
 ACTIVATIONS = ("quick_gelu", "gelu", "gelu_pytorch_tanh", "silu", "swish")
 
 
+class ViTShape:
+    """What a Qwen ViT's sizes give (a base of Qwen2-VL's and Qwen3-VL's VisionConfig, which hold the fields)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Values per pre-flattened patch: in_channels * temporal_patch_size * patch_size**2 (1176 for
+        Qwen2-VL's 14-pixel patches, 1536 for Qwen3-VL's 16)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
+
+
 @dataclass
-class VisionConfig:
+class VisionConfig(ViTShape):
     """The ViT and its patch merger. Defaults are Qwen2-VL-7B's (Hugging Face's)."""
 
     depth: int = 32
@@ -46,14 +60,6 @@ class VisionConfig:
     tokens_per_second: float | None = None  # M-RoPE time scale of videos (Qwen2.5-VL)
     initializer_range: float = 0.02
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_dim(self) -> int:
-        """Values per pre-flattened patch: in_channels * temporal_patch_size * patch_size**2 (1176)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
 
 
 @dataclass

@@ -1,10 +1,13 @@
-"""Text generation for Qwen2-VL / Qwen2.5-VL on the portable API: PyTorch and MindSpore alike.
+"""Text generation for Qwen2-VL / Qwen2.5-VL and Qwen3-VL on the portable API: PyTorch and MindSpore alike.
 
 One prompt at a time (MindSpeed-MM's Qwen2VlPipeline does the same). The prompt runs once through the model
 and fills a KV cache; each new token then runs the decoder on that one token (O(1) layers of work, not a
 re-run of the prompt). Its M-RoPE position continues past the prompt as transformers does: the prompt's
 get_rope_index gives `rope_delta` = (largest prompt position + 1) - prompt length, and the token at sequence
 index i gets position i + rope_delta in all three rows (text after the images counts on from their grid).
+What the loop asks of a model (its text decoder, the prompt's embeddings and positions) is a Decoding, one
+class per family, found by the model's class name in DECODINGS: Qwen3-VL's (models/qwen3_vl/generation.py)
+adds DeepStack's features to the prompt's visual tokens; new tokens are text and take none.
 
 Choosing a token follows transformers' `generate` (greedy, or sampling with its logits processors in its
 order: repetition penalty, then temperature, top-k, top-p), computed in numpy on the host from the fp32
@@ -14,6 +17,7 @@ are not comparable with it, greedy ones are).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,7 +26,7 @@ import numpy as np
 from mmrun.backend import autograd, ops, tensors
 from mmrun.backend.errors import UsageError
 from mmrun.models.qwen2_vl import vision_layout
-from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, merge_vision, rope_index
+from mmrun.models.qwen2_vl.modeling import merge_vision, rope_index
 
 
 class GenerationConfigError(UsageError):
@@ -225,22 +229,69 @@ def _device(value: np.ndarray | None) -> Any:
     return None if value is None else tensors.from_numpy(np.asarray(value))
 
 
-def _logits(model: Qwen2VLForConditionalGeneration, hidden: Any) -> np.ndarray:
+class Qwen2VLDecoding:
+    """What the loop needs of a Qwen2-VL / Qwen2.5-VL: `text` (the decoder: embed_tokens, layers,
+    forward(embeds, position_ids, cache=)), `output_weight`, `max_positions`, and `prompt_hidden`."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.text = model.model
+
+    @property
+    def output_weight(self) -> Any:
+        return self.text.embed_tokens.weight if self.model.lm_head is None else self.model.lm_head.weight
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.config.text.max_position_embeddings
+
+    def prompt_hidden(self, prompt: "Prompt", cache: "KVCache | None") -> tuple[Any, int]:
+        """The prompt through the decoder once (filling `cache`): (hidden (1, S, H), rope_delta)."""
+        model = self.model
+        ids = tensors.from_numpy(prompt.input_ids)
+        image_grid, video_grid = (vision_layout.grid_array(prompt.image_grid_thw),
+                                  vision_layout.grid_array(prompt.video_grid_thw))
+        embeds = merge_vision(model.config, model.visual, False, ids, self.text.embed_tokens(ids),
+                              _device(prompt.pixel_values), image_grid, _device(prompt.pixel_values_videos),
+                              video_grid)
+        positions, deltas = rope_index(model.config, prompt.input_ids, image_grid, video_grid, None,
+                                       prompt.second_per_grid_ts)
+        return self.text(embeds, tensors.from_numpy(positions), cache=cache), int(deltas[0, 0])
+
+
+# The model's class name -> its Decoding ("module:class", imported on first use).
+DECODINGS = {
+    "Qwen2VLForConditionalGeneration": "mmrun.models.qwen2_vl.generation:Qwen2VLDecoding",
+    "Qwen3VLForConditionalGeneration": "mmrun.models.qwen3_vl.generation:Qwen3VLDecoding",
+}
+
+
+def decoding_for(model: Any) -> Any:
+    """The Decoding of the model's class or of the nearest base class in DECODINGS (a subclass generates as its
+    base does)."""
+    name = next((cls.__name__ for cls in type(model).__mro__ if cls.__name__ in DECODINGS), None)
+    if name is None:
+        raise TypeError(f"no generation for {type(model).__name__}; models with one: {', '.join(DECODINGS)}")
+    module, _, cls = DECODINGS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(model)
+
+
+def _logits(decoding: Any, hidden: Any) -> np.ndarray:
     """fp32 logits (vocab,) of the last position of hidden (1, S, H): the output layer on that row only."""
     seq = hidden.shape[1]
     last = ops.split(hidden, [seq - 1, 1], dim=1)[1] if seq > 1 else hidden
-    weight = model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    return tensors.to_numpy(tensors.cast(ops.linear(last, weight), "float32")).reshape(-1)
+    return tensors.to_numpy(tensors.cast(ops.linear(last, decoding.output_weight), "float32")).reshape(-1)
 
 
 class Generator:
     """generate(prompt) -> new token ids, with a KV cache (use_cache) or by re-running the whole sequence."""
 
-    def __init__(self, model: Qwen2VLForConditionalGeneration) -> None:
+    def __init__(self, model: Any) -> None:
         self.model = model
+        self.decoding = decoding_for(model)
 
     def check_length(self, prompt: Prompt, config: GenerationConfig) -> None:
-        limit = self.model.config.text.max_position_embeddings
+        limit = self.decoding.max_positions
         length = prompt.input_ids.shape[1]
         if length + config.new_tokens(length) > limit:
             raise PromptTooLongError(
@@ -250,24 +301,16 @@ class Generator:
 
     def prefill(self, prompt: Prompt, cache: KVCache | None) -> tuple[np.ndarray, int]:
         """The prompt through the model once: (last logits, rope_delta)."""
-        model = self.model
-        ids = tensors.from_numpy(prompt.input_ids)
-        image_grid, video_grid = (vision_layout.grid_array(prompt.image_grid_thw),
-                                  vision_layout.grid_array(prompt.video_grid_thw))
-        embeds = merge_vision(model.config, model.visual, False, ids, model.model.embed_tokens(ids),
-                              _device(prompt.pixel_values), image_grid, _device(prompt.pixel_values_videos),
-                              video_grid)
-        positions, deltas = rope_index(model.config, prompt.input_ids, image_grid, video_grid, None,
-                                       prompt.second_per_grid_ts)
-        hidden = model.model(embeds, tensors.from_numpy(positions), cache)
-        return _logits(model, hidden), int(deltas[0, 0])
+        hidden, delta = self.decoding.prompt_hidden(prompt, cache)
+        return _logits(self.decoding, hidden), delta
 
     def step(self, token: int, index: int, rope_delta: int, cache: KVCache) -> np.ndarray:
         """One new token at sequence index `index` through the decoder with the cache: its logits."""
         ids = tensors.from_numpy(np.array([[token]], dtype=np.int64))
         position = np.full((3, 1, 1), index + rope_delta, dtype=np.int64)
-        hidden = self.model.model(self.model.model.embed_tokens(ids), tensors.from_numpy(position), cache)
-        return _logits(self.model, hidden)
+        text = self.decoding.text
+        hidden = text(text.embed_tokens(ids), tensors.from_numpy(position), cache=cache)
+        return _logits(self.decoding, hidden)
 
     def rerun(self, prompt: Prompt, generated: Sequence[int]) -> np.ndarray:
         """No cache: the whole prompt + generated tokens through the model again; the last logits."""
@@ -287,7 +330,7 @@ class Generator:
         generated: list[int] = []
         eos = set(config.eos_token_id)
         with autograd.no_grad():
-            cache = KVCache(len(self.model.model.layers)) if config.use_cache else None
+            cache = KVCache(len(self.decoding.text.layers)) if config.use_cache else None
             logits, delta = self.prefill(prompt, cache)
             for step in range(config.new_tokens(length)):
                 if step:

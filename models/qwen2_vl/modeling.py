@@ -303,13 +303,8 @@ class Qwen2VLForConditionalGeneration(nn.Module):
         vision encoder = visual.* except visual.merger.*, projector = visual.merger.*, text decoder =
         model.* and lm_head. A frozen part gets requires_grad False (no gradient, no optimizer state);
         the others requires_grad True. Returns {part: number of parameters} frozen."""
-        frozen = {"vision_encoder": 0, "vision_projector": 0, "text_decoder": 0}
-        wanted = {"vision_encoder": vision_encoder, "vision_projector": vision_projector, "text_decoder": text_decoder}
-        for name, param in self.named_parameters():
-            part = parameter_part(name)
-            (nn.freeze if wanted[part] else nn.unfreeze)([param])
-            frozen[part] += int(wanted[part])
-        return frozen
+        return freeze_parts(self, {"vision_encoder": vision_encoder, "vision_projector": vision_projector,
+                                   "text_decoder": text_decoder})
 
 
 def merge_vision(config: Qwen2VLConfig, visual: Any, training: bool, input_ids, embeds, pixel_values, image_grid,
@@ -400,13 +395,28 @@ def merge_fixed_vision(config: Qwen2VLConfig, visual: Any, input_ids, embeds, pi
     return _place_features(ids, embeds, vision, [(tensors.cast(ids == config.image_token_id, "int64"), 0)])
 
 
-def parameter_part(name: str) -> str:
-    """Which of the three freezable parts a parameter belongs to."""
-    if name.startswith(VISION_PROJECTOR_PREFIX):
+def parameter_part(name: str, encoder_prefix: str = VISION_ENCODER_PREFIX,
+                   projector_prefix: str = VISION_PROJECTOR_PREFIX) -> str:
+    """Which of the three freezable parts a parameter belongs to (the prefixes: this model's names)."""
+    if name.startswith(projector_prefix):
         return "vision_projector"
-    if name.startswith(VISION_ENCODER_PREFIX):
+    if name.startswith(encoder_prefix):
         return "vision_encoder"
     return "text_decoder"
+
+
+def freeze_parts(model: Any, wanted: Mapping[str, bool], prefixes: tuple[str, str] = (VISION_ENCODER_PREFIX,
+                 VISION_PROJECTOR_PREFIX), never_frozen: tuple[str, ...] = ()) -> dict:
+    """MindSpeed-MM's model.freeze over `model`'s parameters: a part wanted frozen gets requires_grad False (no
+    gradient, no optimizer state), except names starting with `never_frozen`; the rest requires_grad True.
+    `prefixes`: (vision encoder, vision projector) name prefixes. Returns {part: number of parameters frozen}."""
+    frozen = dict.fromkeys(wanted, 0)
+    for name, param in model.named_parameters():
+        part = parameter_part(name, *prefixes)
+        off = wanted[part] and not name.startswith(never_frozen)
+        (nn.freeze if off else nn.unfreeze)([param])
+        frozen[part] += int(off)
+    return frozen
 
 
 def causal_lm_loss(logits, labels, per_token: bool = False) -> dict:

@@ -14,17 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from mmrun.models.qwen2_vl.configuration import ACTIVATIONS, ViTShape
+
 MODEL_TYPE = "qwen3_vl"
 MOE_MODEL_TYPE = "qwen3_vl_moe"
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
-ACTIVATIONS = ("quick_gelu", "gelu", "gelu_pytorch_tanh", "silu", "swish")
 MOE_REFUSAL = ("model_type 'qwen3_vl_moe' (Qwen3-VL-30B-A3B / 235B-A22B, mixture of experts) is not built in "
                "mmrun; use a dense Qwen3-VL (2B/4B/8B/32B, model_type 'qwen3_vl'), or train the MoE with "
                "models/pretrain_transformers.py (transformers' own model)")
 
 
 @dataclass
-class VisionConfig:
+class VisionConfig(ViTShape):
     """The ViT, its patch merger and DeepStack mergers. Defaults are transformers' (Qwen3-VL-4B's shape)."""
 
     depth: int = 27
@@ -41,15 +42,6 @@ class VisionConfig:
     deepstack_visual_indexes: tuple[int, ...] = (8, 16, 24)  # blocks whose output feeds decoder layers 0, 1, 2
     rope_theta: float = 10000.0
     initializer_range: float = 0.02
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_dim(self) -> int:
-        """Values per pre-flattened patch: in_channels * temporal_patch_size * patch_size**2 (1536)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
 
     @property
     def num_grid_per_side(self) -> int:

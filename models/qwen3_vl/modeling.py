@@ -34,7 +34,7 @@ from mmrun.backend import nn, ops, tensors
 from mmrun.data.multimodal.rope_index import get_rope_index
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.modeling import (VisionAttention, VisionPatchEmbed, _host, causal_lm_loss,
-                                            merge_vision, vision_rotary)
+                                            freeze_parts, merge_vision, vision_rotary)
 # Qwen2-VL's seeded, framework-independent init serves any model named by checkpoint keys (re-exported).
 from mmrun.models.qwen2_vl.modeling import init_weights  # noqa: F401
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig
@@ -182,15 +182,16 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Qwen3TextModel(nn.Module):
     """embed_tokens, decoder layers with interleaved M-RoPE and DeepStack, final norm.
-    forward(embeds (B, S, H), position_ids (3, B, S), deepstack=None) where deepstack is (index, tables) from
-    `deepstack_index`: after layer i < len(tables), the vision rows get tables[i] added."""
+    forward(embeds (B, S, H), position_ids (3, B, S), deepstack=None, cache=None) where deepstack is (index,
+    tables) from `deepstack_index`: after layer i < len(tables), the vision rows get tables[i] added; cache is
+    generation's KV cache (qwen2_vl.generation.KVCache) or None (training)."""
 
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
@@ -200,11 +201,11 @@ class Qwen3TextModel(nn.Module):
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.inv_freq = rotary_inv_freq(config.head_dim, config.rope_theta)
 
-    def forward(self, embeds, position_ids, deepstack=None):
+    def forward(self, embeds, position_ids, deepstack=None, cache=None):
         cos, sin = interleaved_multimodal_rotary(position_ids, self.inv_freq, self.config.mrope_section, embeds.dtype)
         x = embeds
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, None if cache is None else cache.layer(index))
             if deepstack is not None and index < len(deepstack[1]):
                 x = deepstack_add(x, deepstack[0], deepstack[1][index])
         return self.norm(x)
@@ -263,6 +264,20 @@ class Qwen3VLForConditionalGeneration(nn.Module):
                 calculate_per_token_loss: bool = False, **ignored):
         image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
         text = self.model.language_model
+        embeds, injection = self.embed(input_ids, pixel_values, image_grid, pixel_values_videos, video_grid)
+        if position_ids is None:
+            position_ids = tensors.from_numpy(rope_index(self.config, input_ids, image_grid, video_grid,
+                                                         attention_mask)[0])
+        hidden = text(embeds, position_ids, injection)
+        weight = text.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = ops.linear(hidden, weight)
+        loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
+        return {"logits": logits, "loss_dict": loss_dict}
+
+    def embed(self, input_ids, pixel_values, image_grid, pixel_values_videos, video_grid):
+        """(embeds (B, S, H) with the vision features in place, DeepStack's (index, tables) or None): the
+        text decoder's inputs, for training and for generation's prompt (grids as numpy)."""
+        text = self.model.language_model
         deepstack: list = []
 
         def visual(pixels, grid):  # merge_vision's ViT call: keep the DeepStack features beside the merged ones
@@ -277,47 +292,29 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             unit = self.config.vision.spatial_merge_size ** 2
             images = 0 if pixel_values is None else int(vision_layout.patch_counts(image_grid).sum()) // unit
             injection = (deepstack_index(self.config, input_ids, images), deepstack)
-        if position_ids is None:
-            position_ids = self._rope_positions(input_ids, attention_mask, image_grid, video_grid)
-        hidden = text(embeds, position_ids, injection)
-        weight = text.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = ops.linear(hidden, weight)
-        loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
-        return {"logits": logits, "loss_dict": loss_dict}
-
-    def _rope_positions(self, input_ids, attention_mask, image_grid, video_grid):
-        """position_ids (3, B, S) on the device. Qwen3-VL separates video frames by timestamp text, each frame
-        its own <|vision_start|> block: Qwen2-VL's rule over one (1, h, w) grid per frame is Qwen3-VL's."""
-        config = self.config
-        if video_grid is not None:
-            video_grid = np.repeat(video_grid, video_grid[:, 0], axis=0)
-            video_grid[:, 0] = 1
-        positions, _ = get_rope_index(
-            _host(input_ids), image_grid, video_grid, _host(attention_mask),
-            spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
-            video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id)
-        return tensors.from_numpy(np.asarray(positions, dtype=np.int64))
+        return embeds, injection
 
     def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:
         """MindSpeed-MM's model.freeze (defaults: ViT frozen, merger and LLM trained); returns {part: number of
         parameters frozen}. The ViT's learned positions and DeepStack mergers always train, as there."""
-        frozen = {"vision_encoder": 0, "vision_projector": 0, "text_decoder": 0}
-        wanted = {"vision_encoder": vision_encoder, "vision_projector": vision_projector, "text_decoder": text_decoder}
-        for name, param in self.named_parameters():
-            part = parameter_part(name)
-            off = wanted[part] and not name.startswith(NEVER_FROZEN_PREFIXES)
-            (nn.freeze if off else nn.unfreeze)([param])
-            frozen[part] += int(off)
-        return frozen
+        return freeze_parts(self, {"vision_encoder": vision_encoder, "vision_projector": vision_projector,
+                                   "text_decoder": text_decoder},
+                            (VISION_ENCODER_PREFIX, VISION_PROJECTOR_PREFIX), NEVER_FROZEN_PREFIXES)
 
 
-def parameter_part(name: str) -> str:
-    """Which of the three freezable parts a parameter belongs to."""
-    if name.startswith(VISION_PROJECTOR_PREFIX):
-        return "vision_projector"
-    if name.startswith(VISION_ENCODER_PREFIX):
-        return "vision_encoder"
-    return "text_decoder"
+def rope_index(config: Qwen3VLConfig, input_ids, image_grid, video_grid, attention_mask=None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(position_ids (3, B, S), rope_deltas (B, 1)), numpy int64, on the host. Qwen3-VL separates video frames
+    by timestamp text, each frame its own <|vision_start|> block: Qwen2-VL's rule over one (1, h, w) grid per
+    frame is Qwen3-VL's."""
+    if video_grid is not None:
+        video_grid = np.repeat(video_grid, video_grid[:, 0], axis=0)
+        video_grid[:, 0] = 1
+    positions, deltas = get_rope_index(
+        _host(input_ids), image_grid, video_grid, _host(attention_mask),
+        spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
+        video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id)
+    return np.asarray(positions, dtype=np.int64), np.asarray(deltas, dtype=np.int64)
 
 
 # ------------------------------------------------------------------------------------------ weights

@@ -1,4 +1,5 @@
-"""Generation with mmrun's Qwen2-VL on whichever framework this process chose (MMRUN_AI_FRAMEWORK).
+"""Generation with mmrun's Qwen2-VL / Qwen3-VL (the directory's model_type) on whichever framework this process
+chose (MMRUN_AI_FRAMEWORK).
 
 Imported by the tests for PyTorch; run as a script for MindSpore: `python qwen2_vl_generate.py CASES.npz OUT.npz`.
 CASES.npz holds per case `<c>`: `<c>/dir` (a Hugging Face directory), `<c>/input_ids` (1, S), optional
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -16,7 +18,9 @@ VISION_KEYS = ("pixel_values", "image_grid_thw")
 
 
 def generate_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from mmrun.models.qwen2_vl import from_pretrained
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from qwen2_vl_run import from_pretrained
+
     from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
 
     models: dict[str, object] = {}
