@@ -117,11 +117,24 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                      pipeline_layers=pipeline_layers)
 
 
-def check_one_stage(spec: ModelJson) -> None:
-    """Qwen3-VL trains unsplit (one pipeline stage): model.json's pipeline_num_layers must say so."""
+# Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks.
+SPLIT_FRAMEWORKS = ("mindspore",)
+
+
+def check_split(spec: ModelJson, framework: str, split: bool) -> None:
+    """An unsplit run needs model.json's pipeline_num_layers to say one stage (one line otherwise); a split run needs
+    a framework whose parallel engine builds Qwen3-VL (MindSpore's; megatron-core's is not built)."""
+    if split and framework not in SPLIT_FRAMEWORKS:
+        raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework mindspore only (its "
+                         f"parallel engine); megatron-core's Qwen3-VL is not built. Received: --ai-framework "
+                         f"{framework} with a split; train it with --ai-framework mindspore, or unsplit "
+                         "(data parallelism) on pytorch")
+    if split:
+        return
     for part, where in (("vit", "image_encoder.vision_encoder"), ("llm", "text_decoder")):
         layers = spec.pipeline_layers.get(part)
         if layers is not None and len(layers) != 1:
             raise UsageError(f"{spec.path}: {where}.pipeline_num_layers {json.dumps(layers)} splits Qwen3-VL over "
-                             f"{len(layers)} pipeline stages, which mmrun does not build for Qwen3-VL; train it "
-                             "unsplit: one entry holding every layer, or drop the key")
+                             f"{len(layers)} pipeline stages, but the run has one (no --pipeline-model-parallel-size);"
+                             f" pass --pipeline-model-parallel-size {len(layers)}, or give one entry holding every "
+                             "layer")

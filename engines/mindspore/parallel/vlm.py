@@ -402,6 +402,20 @@ def refuse_virtual_stages(spec: Any) -> None:
                              f"--ai-framework pytorch has). Give one count per stage, e.g. {flat}")
 
 
+def read_spec(path: str) -> Any:
+    """model.json as models/pretrain_vlm.py reads it: Qwen3-VL's (model_id qwen3_vl) or the Qwen2-VL family's."""
+    import json
+    from pathlib import Path
+
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.qwen3_vl import model_json as qwen3_model_json
+
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))  # the entry read and checked it before the engine
+    if qwen3_model_json.is_qwen3_model_json(raw):
+        return qwen3_model_json.parse_model_json(raw, path)
+    return read_model_json(path)
+
+
 def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], None] = print) -> ParallelTrainStep:
     """This rank's stage of model.json's model (`spec`: models/qwen2_vl/model_json.ModelJson), starting from the
     one-process run's initial weights (mm_layout.initial_state for --seed, --init-method-std) or from --load's
@@ -410,12 +424,19 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     from mmrun.backend.mindspore import optim
     from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 
-    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    qwen3 = spec.hf_config["model_type"] == "qwen3_vl"
+    if qwen3:  # Qwen3-VL's stage (DeepStack, QK-norm) on the same parallel layers
+        from mmrun.engines.mindspore.parallel.qwen3_vlm import Qwen3VLStage
+        from mmrun.models.qwen3_vl import hf_checkpoint
+        from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
+        config = Qwen3VLConfig.from_hf_config(spec.hf_config)
+    else:
+        config = Qwen2VLConfig.from_hf_config(spec.hf_config)
     refuse_virtual_stages(spec)
     layout = VLMLayout.build(config, tp=state.tensor_model_parallel_size,
                              pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.pipeline_layers.get("vit"),
                              llm_pp_layers=spec.pipeline_layers.get("llm"))
-    model = Qwen2VLStage(config, layout, state)
+    model = (Qwen3VLStage if qwen3 else Qwen2VLStage)(config, layout, state)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
         weights = hf_checkpoint.open_for_model(args.load, config, str(spec.path))
         model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, weights.read_float, state.tp_rank,
@@ -431,7 +452,8 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
                             eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
     per_token = bool(getattr(args, "calculate_per_token_loss", False))
     return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=False, fields=VLM_FIELDS,
-                             hidden_size=config.text.hidden_size, loss_func=token_sum if per_token else None)
+                             hidden_size=getattr(model, "message_size", config.text.hidden_size),
+                             loss_func=token_sum if per_token else None)
 
 
 def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState,
@@ -474,10 +496,8 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
     model_names = "mindspeed-mm"
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
-        from mmrun.models.qwen2_vl.model_json import read_model_json
-
         args = self.args
-        spec = read_model_json(args.mm_model)
+        spec = read_spec(args.mm_model)
         self.log(f"building {spec.hf_config['model_type']} model from {spec.path} for (tp, pp) rank "
                  f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
                  "(engines/mindspore/parallel/vlm.py; the entry's model_provider is not called) ...")
