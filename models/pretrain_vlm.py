@@ -378,9 +378,6 @@ def _rope_config(dataset: Any) -> Any:
     from mmrun.data.multimodal.rope_index import RopeConfig
 
     config = _MODEL_JSON.hf_config
-    if config["model_type"] == "qwen3_vl" and dataset.config.attr.get("videos"):
-        raise UsageError(f"{get_args().mm_data}: attr.videos is set, but Qwen3-VL's video layout (a timestamp and a "
-                         "vision block per frame) is not built in mmrun's data pipeline; train Qwen3-VL on images")
     rope = RopeConfig.from_model_config(config)
     ids = dataset.token_ids
     pairs = (("img_context_token_id", rope.image_token_id, "<|image_pad|>", ids["image_pad"]),

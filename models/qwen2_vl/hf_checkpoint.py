@@ -380,7 +380,7 @@ def save_hf_directory(path: str | os.PathLike, config: Qwen2VLConfig, arrays: Ma
 
     The directory is built beside `path` and swapped in at once; an existing `path` is replaced only when
     it is empty or a Hugging Face Qwen2-VL directory itself."""
-    _check_names("the arrays to save", config, set(arrays))
+    _check_names("the arrays to save", config, set(arrays), expected=hf_shapes(config))
     return write_hf_directory(path, config, arrays.items(), {n: np.asarray(a).dtype for n, a in arrays.items()},
                               dtype=dtype, max_shard_bytes=max_shard_bytes, copy_files_from=copy_files_from)
 

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from mmrun.backend import nn, ops, tensors
-from mmrun.data.multimodal.rope_index import get_rope_index
+from mmrun.data.multimodal.rope_index import get_rope_index, per_frame_grids
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.modeling import (VisionAttention, VisionPatchEmbed, _host, causal_lm_loss,
                                             merge_vision, vision_rotary)
@@ -301,9 +301,7 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         """position_ids (3, B, S) on the device. Qwen3-VL separates video frames by timestamp text, each frame
         its own <|vision_start|> block: Qwen2-VL's rule over one (1, h, w) grid per frame is Qwen3-VL's."""
         config = self.config
-        if video_grid is not None:
-            video_grid = np.repeat(video_grid, video_grid[:, 0], axis=0)
-            video_grid[:, 0] = 1
+        video_grid = per_frame_grids(video_grid)
         positions, _ = get_rope_index(
             _host(input_ids), image_grid, video_grid, _host(attention_mask),
             spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,

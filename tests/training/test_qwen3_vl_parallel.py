@@ -25,8 +25,26 @@ ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "
 TOLERANCE = 1e-5
 
 
+def _converted_initial_weights(tmp_path: Path, demo: dict) -> Path:
+    """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a Hugging Face
+    directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to the TP=2 x PP=2 split."""
+    from mmrun.models.convert_cli import main
+    from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+    from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
+    from mmrun.models.qwen3_vl.model_json import parse_model_json
+
+    spec = parse_model_json(json.loads(MODEL_JSON.read_text()), str(MODEL_JSON))
+    config = Qwen3VLConfig.from_hf_config(spec.hf_config)
+    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02) for name, shape in mm_layout.hf_shapes(config).items()}
+    hf_dir = hf_checkpoint.save_hf_directory(tmp_path / "hf-init", config, arrays, dtype="float32")
+    assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm-init"),
+                 "--cfg.hf_config.hf_dir", str(hf_dir), "--cfg.parallel_config.tp_size", "2",
+                 "--cfg.parallel_config.vit_pp_layers", "[[2,0]]", "--cfg.parallel_config.llm_pp_layers", "[[1,1]]"]) == 0
+    return tmp_path / "mm-init"
+
+
 @pytest.mark.slow
-def test_tp2_pp2_sp_on_mindspore_trains_the_one_process_losses_and_saves_mindspeed_mm_shards(tk, tmp_path):
+def test_a_converted_tp2_pp2_checkpoint_trains_on_mindspore_with_the_one_process_losses(tk, tmp_path):
     from mmrun.models.qwen2_vl.mm_layout import VLMLayout
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
     from mmrun.models.qwen3_vl.model_json import parse_model_json
@@ -37,13 +55,16 @@ def test_tp2_pp2_sp_on_mindspore_trains_the_one_process_losses_and_saves_mindspe
     one = tk.run_training(tmp_path / "one", [*common, "--mm-model", str(MODEL_JSON)], framework="pytorch", nproc=None,
                           entry=entry)
     assert one.returncode == 0, one.output[-3000:]
+    converted = _converted_initial_weights(tmp_path, demo)
     split = tk.run_training(tmp_path / "split", [*common, "--mm-model", str(MODEL_JSON_PP2), "--sequence-parallel",
+                                                 "--load", str(converted), "--no-load-optim", "--no-load-rng",
                                                  "--tensor-model-parallel-size", "2",
                                                  "--pipeline-model-parallel-size", "2",
                                                  "--save", str(tmp_path / "ckpt"), "--save-interval", "2"],
                             framework="mindspore", nproc=4, timeout=600, entry=entry)
     assert split.returncode == 0, split.output[-3000:]
     assert "tensor-parallel 2, pipeline-parallel 2, sequence-parallel" in split.output
+    assert f"{converted}" in split.output, split.output[-3000:]
     expected, losses = one.losses(), split.losses()
     assert sorted(losses) == [1, 2] and max(abs(losses[i] - expected[i]) for i in losses) <= TOLERANCE, (losses,
                                                                                                         expected)
