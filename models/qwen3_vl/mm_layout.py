@@ -8,7 +8,8 @@ model as Qwen2-VL's, with what Qwen3-VL adds (HF name -> MindSpeed-MM name, laye
     model.visual.blocks.N.{norm1,norm2}             ...blocks.layers.N.{input_layernorm,pre_mlp_layernorm}
     model.visual.blocks.N.attn.qkv                  ...blocks.layers.N.self_attention.linear_qkv (rows per head)
     model.visual.blocks.N.mlp.linear_fc1 / fc2      ...blocks.layers.N.mlp.linear_fc1 / fc2 (not gated)
-    model.visual.deepstack_merger_list.K.norm       ...blocks.layers.{deepstack_visual_indexes[K]}.deepstack_layer.layernorm
+    model.visual.deepstack_merger_list.K.norm       ...blocks.layers.{deepstack_visual_indexes[K]}
+                                                        .deepstack_layer.layernorm
     model.visual.deepstack_merger_list.K.linear_fc1 / fc2   ...deepstack_layer.encoder.linear_fc1 / fc2
     model.visual.merger.{norm,linear_fc1,linear_fc2} image_encoder.projector.{layernorm,encoder.linear_fc1,fc2}
     model.language_model.layers.N.self_attn.{q,k}_norm   text_decoder.decoder.layers.N.self_attention.{q,k}_layernorm

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 from safetensors.numpy import load_file
 
 from mmrun.models.convert_cli import main
@@ -42,7 +41,8 @@ def test_hf_to_split_to_resplit_to_hf_is_bit_exact_and_loads_in_transformers(tin
     layout = VLMLayout.build(config, tp=2, pp=2, vit_pp_layers=[3, 0], llm_pp_layers=[1, 1])
     for tp_rank in range(2):
         for pp_rank in range(2):
-            shard = load_file(tmp_path / "mm" / "release" / f"mp_rank_{tp_rank:02d}_{pp_rank:03d}" / "model.safetensors")
+            rank_dir = tmp_path / "mm" / "release" / f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+            shard = load_file(rank_dir / "model.safetensors")
             assert {n: t.shape for n, t in shard.items()} == layout.rank_shapes(tp_rank, pp_rank)
     stage0 = load_file(tmp_path / "mm" / "release" / "mp_rank_01_000" / "model.safetensors")
     # MindSpeed-MM's names: the DeepStack merger of block 2 lives with that block, column-parallel fc1
@@ -77,12 +77,3 @@ def test_the_qwen2_converter_refuses_a_qwen3_directory_in_one_line(tiny3, tmp_pa
     assert "not a Qwen2-VL family model" in err and err.count("\n") == 1, err
     assert not (tmp_path / "mm").exists()
 
-
-@pytest.fixture(autouse=True)
-def _quiet_torch_threads():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -4,8 +4,9 @@ engines/mindspore/parallel/qwen3_vlm.py): a real msrun job through `mmrun`, agai
 The tiny model.json puts the ViT and decoder layer 0 on stage 0, decoder layer 1 on stage 1; its DeepStack
 indexes [0, 1] feed decoder layers 0 and 1, so the second DeepStack feature crosses the stage boundary with the
 hidden states (and its gradient comes back), and QK-norm runs on each TP rank's heads under sequence parallelism.
-The split run starts from the one-process run's weights (mm_layout.initial_state, sharded), reads the same
-micro-batches and computes the same loss, so each iteration's loss equals the unsplit run's within 1e-5."""
+The split run starts from the one-process run's initial weights written as a Hugging Face directory and converted
+to the split by `mmrun convert Qwen3VLMegatronConverter` (--load ... --finetune), reads the same micro-batches and
+computes the same loss, so each iteration's loss equals the unsplit run's within 1e-5."""
 from __future__ import annotations
 
 import json
@@ -35,11 +36,13 @@ def _converted_initial_weights(tmp_path: Path, demo: dict) -> Path:
 
     spec = parse_model_json(json.loads(MODEL_JSON.read_text()), str(MODEL_JSON))
     config = Qwen3VLConfig.from_hf_config(spec.hf_config)
-    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02) for name, shape in mm_layout.hf_shapes(config).items()}
+    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02)
+              for name, shape in mm_layout.hf_shapes(config).items()}
     hf_dir = hf_checkpoint.save_hf_directory(tmp_path / "hf-init", config, arrays, dtype="float32")
     assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm-init"),
                  "--cfg.hf_config.hf_dir", str(hf_dir), "--cfg.parallel_config.tp_size", "2",
-                 "--cfg.parallel_config.vit_pp_layers", "[[2,0]]", "--cfg.parallel_config.llm_pp_layers", "[[1,1]]"]) == 0
+                 "--cfg.parallel_config.vit_pp_layers", "[[2,0]]",
+                 "--cfg.parallel_config.llm_pp_layers", "[[1,1]]"]) == 0
     return tmp_path / "mm-init"
 
 
@@ -57,14 +60,14 @@ def test_a_converted_tp2_pp2_checkpoint_trains_on_mindspore_with_the_one_process
     assert one.returncode == 0, one.output[-3000:]
     converted = _converted_initial_weights(tmp_path, demo)
     split = tk.run_training(tmp_path / "split", [*common, "--mm-model", str(MODEL_JSON_PP2), "--sequence-parallel",
-                                                 "--load", str(converted), "--no-load-optim", "--no-load-rng",
+                                                 "--load", str(converted), "--finetune",
                                                  "--tensor-model-parallel-size", "2",
                                                  "--pipeline-model-parallel-size", "2",
                                                  "--save", str(tmp_path / "ckpt"), "--save-interval", "2"],
                             framework="mindspore", nproc=4, timeout=600, entry=entry)
     assert split.returncode == 0, split.output[-3000:]
     assert "tensor-parallel 2, pipeline-parallel 2, sequence-parallel" in split.output
-    assert f"{converted}" in split.output, split.output[-3000:]
+    assert f"successfully loaded weights from {converted}" in split.output, split.output[-3000:]
     expected, losses = one.losses(), split.losses()
     assert sorted(losses) == [1, 2] and max(abs(losses[i] - expected[i]) for i in losses) <= TOLERANCE, (losses,
                                                                                                         expected)

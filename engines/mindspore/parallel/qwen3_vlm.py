@@ -20,15 +20,12 @@ way, so the ViT on stage 0 gets the DeepStack gradients of every stage.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
 
 import numpy as np
 
 from mmrun.backend.mindspore import nn, ops, tensors
 from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
 from mmrun.backend.mindspore.parallel.groups import ParallelState
-from mmrun.backend.mindspore.parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
 from mmrun.engines.mindspore.parallel import vlm
 from mmrun.models.qwen2_vl import vision_layout
@@ -36,7 +33,7 @@ from mmrun.models.qwen2_vl.mm_layout import VLMLayout
 from mmrun.models.qwen2_vl.modeling import merge_vision
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, VisionConfig
 from mmrun.models.qwen3_vl.modeling import deepstack_index, deepstack_rows, vision_forward
-from mmrun.models.transformer_blocks import apply_rotary, interleaved_multimodal_rotary, rotary_inv_freq
+from mmrun.models.transformer_blocks import interleaved_multimodal_rotary, rotary_inv_freq
 
 
 class PatchEmbed(nn.Module):
@@ -96,51 +93,6 @@ class ImageEncoder(nn.Module):
                               layers, self.projector, mergers, pixel_values, grid)
 
 
-class TextAttention(vlm.TextAttention):
-    """Qwen2-VL's GQA with Qwen3's per-head RMSNorm of q and k (before the rotary) and optional biases."""
-
-    def __init__(self, config: Qwen3VLConfig, state: ParallelState) -> None:
-        nn.Module.__init__(self)
-        text, tp = config.text, state.tensor_model_parallel_size
-        self.head_dim = text.head_dim
-        self.groups = divide(text.num_key_value_heads, tp, "number of key/value heads (num_query_groups)")
-        self.per_group = text.num_attention_heads // text.num_key_value_heads
-        self.scale = 1.0 / math.sqrt(self.head_dim)
-        qkv_rows = (text.num_attention_heads + 2 * text.num_key_value_heads) * self.head_dim
-        self.linear_qkv = ColumnParallelLinear(text.hidden_size, qkv_rows, state, bias=text.attention_bias)
-        self.q_layernorm = nn.RMSNorm(text.head_dim, eps=text.rms_norm_eps)
-        self.k_layernorm = nn.RMSNorm(text.head_dim, eps=text.rms_norm_eps)
-        self.linear_proj = RowParallelLinear(text.num_attention_heads * self.head_dim, text.hidden_size, state,
-                                             bias=text.attention_bias)
-
-    def forward(self, x, cos, sin):
-        qkv, _ = self.linear_qkv(x)
-        s, b = qkv.shape[0], qkv.shape[1]
-        d = self.head_dim
-        qkv = ops.reshape(qkv, (s, b, self.groups, (self.per_group + 2) * d))
-        q, k, v = ops.split(qkv, [self.per_group * d, d, d], dim=3)
-        q = ops.permute(ops.reshape(q, (s, b, self.groups * self.per_group, d)), (1, 2, 0, 3))
-        k, v = ops.permute(k, (1, 2, 0, 3)), ops.permute(v, (1, 2, 0, 3))
-        q, k = self.q_layernorm(q), self.k_layernorm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = ops.scaled_dot_product_attention(q, k, v, causal=True, scale=self.scale)
-        y = ops.reshape(ops.permute(y, (2, 0, 1, 3)), (s, b, self.groups * self.per_group * d))
-        out, bias = self.linear_proj(y)
-        return out if bias is None else out + bias
-
-
-class TextLayer(vlm.TextLayer):
-    def __init__(self, config: Qwen3VLConfig, state: ParallelState) -> None:
-        super().__init__(config, state)
-        self.self_attention = TextAttention(config, state)
-
-
-class TextDecoder(vlm.TextDecoder):
-    def __init__(self, config: Qwen3VLConfig, state: ParallelState, num_layers: int) -> None:
-        super().__init__(config, state, 0)
-        self.decoder.layers = nn.ModuleList([TextLayer(config, state) for _ in range(num_layers)])
-
-
 def carried_levels(config: Qwen3VLConfig, layout: VLMLayout) -> list[int]:
     """The DeepStack levels (= decoder layer indexes) that sit after the first stage: sent along with the hidden
     states, in level order."""
@@ -163,7 +115,7 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
             if state.sequence_parallel:
                 self.scatter = ScatterToSequenceParallelRegion(state.group("tp"))
         self.layers = layout.stage_layers("llm", pp_rank)
-        self.text_decoder = TextDecoder(config, state, len(self.layers))
+        self.text_decoder = vlm.TextDecoder(config, state, len(self.layers))  # QK-norm: vlm.TextAttention
         if self.post_process:
             self.cross_entropy = VocabParallelCrossEntropy(config.text.vocab_size, state)
         self.inv_freq = rotary_inv_freq(config.text.head_dim, config.text.rope_theta)
@@ -234,6 +186,3 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
         rows = ops.transpose(rows, 0, 1)
         return self.scatter(rows) if self.state.sequence_parallel else rows
 
-
-def build_stage(config: Qwen3VLConfig, layout: VLMLayout, state: ParallelState) -> Qwen3VLStage:
-    return Qwen3VLStage(config, layout, state)

@@ -209,9 +209,16 @@ class TextAttention(nn.Module):
         self.per_group = text.num_attention_heads // text.num_key_value_heads
         self.scale = 1.0 / math.sqrt(self.head_dim)
         qkv_rows = (text.num_attention_heads + 2 * text.num_key_value_heads) * self.head_dim
-        self.linear_qkv = ColumnParallelLinear(text.hidden_size, qkv_rows, state, bias=True)
+        # Qwen3-VL (qwen3_vlm.py's stage): RMSNorm on each head of q and k, biases on q/k/v and o only with
+        # attention_bias; Qwen2-VL: q/k/v biases, none on o
+        self.qk_norm = config.model_type == "qwen3_vl"
+        bias = getattr(text, "attention_bias", True)
+        self.linear_qkv = ColumnParallelLinear(text.hidden_size, qkv_rows, state, bias=bias)
         self.linear_proj = RowParallelLinear(text.num_attention_heads * self.head_dim, text.hidden_size, state,
-                                             bias=False)
+                                             bias=self.qk_norm and bias)
+        if self.qk_norm:  # replicated: each TP rank normalises its own heads with the same weight
+            self.q_layernorm = nn.RMSNorm(text.head_dim, eps=text.rms_norm_eps)
+            self.k_layernorm = nn.RMSNorm(text.head_dim, eps=text.rms_norm_eps)
 
     def forward(self, x, cos, sin):
         qkv, _ = self.linear_qkv(x)  # [s, b, groups/tp * (per_group + 2) * head_dim]
@@ -221,11 +228,13 @@ class TextAttention(nn.Module):
         q, k, v = ops.split(qkv, [self.per_group * d, d, d], dim=3)
         q = ops.permute(ops.reshape(q, (s, b, self.groups * self.per_group, d)), (1, 2, 0, 3))  # [b, heads, s, d]
         k, v = ops.permute(k, (1, 2, 0, 3)), ops.permute(v, (1, 2, 0, 3))  # [b, groups, s, d]
+        if self.qk_norm:  # RMSNorm over head_dim, before the rotary (transformers' Qwen3 attention)
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = ops.scaled_dot_product_attention(q, k, v, causal=True, scale=self.scale)  # GQA: kv heads repeated
         y = ops.reshape(ops.permute(y, (2, 0, 1, 3)), (s, b, self.groups * self.per_group * d))
-        out, _ = self.linear_proj(y)
-        return out
+        out, bias = self.linear_proj(y)  # a bias is added inside unless skip_bias_add (None then)
+        return out if bias is None else out + bias
 
 
 class TextMLP(nn.Module):
