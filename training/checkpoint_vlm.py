@@ -155,14 +155,9 @@ def _config_of(meta: Mapping[str, Any], given: Qwen2VLConfig | None) -> Qwen2VLC
         return _config_class(meta["hf_config"]).from_hf_config(meta["hf_config"])
     model_json = (meta.get("args") or {}).get("mm_model")
     if model_json and Path(model_json).is_file():
-        import json
+        from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
 
-        from mmrun.models.qwen2_vl.model_json import read_model_json
-        from mmrun.models.qwen3_vl import model_json as qwen3_model_json
-
-        raw = json.loads(Path(model_json).read_text(encoding="utf-8"))
-        spec = (qwen3_model_json.parse_model_json(raw, model_json) if qwen3_model_json.is_qwen3_model_json(raw)
-                else read_model_json(model_json))
+        spec = read_vlm_model_json(model_json)
         return _config_class(spec.hf_config).from_hf_config(spec.hf_config)
     raise UsageError("the checkpoint does not record its model's config (no hf_config in its meta.json, and its "
                      f"--mm-model {model_json or '(none)'} is not here); pass --cfg.hf_config.hf_dir, the model's "

@@ -117,6 +117,18 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                      pipeline_layers=pipeline_layers)
 
 
+def read_vlm_model_json(path: str) -> ModelJson:
+    """A model.json of either family, as models/pretrain_vlm.py reads it: Qwen3-VL's (model_id qwen3_vl) here,
+    the Qwen2-VL family's by models/qwen2_vl/model_json.py (for the engines and checkpoint readers that get only
+    its path; the entry has already checked that it exists and is JSON)."""
+    from pathlib import Path
+
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    return parse_model_json(raw, str(path)) if is_qwen3_model_json(raw) else read_model_json(path)
+
+
 # Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks.
 SPLIT_FRAMEWORKS = ("mindspore",)
 

@@ -411,20 +411,6 @@ def refuse_virtual_stages(spec: Any) -> None:
                              f"--ai-framework pytorch has). Give one count per stage, e.g. {flat}")
 
 
-def read_spec(path: str) -> Any:
-    """model.json as models/pretrain_vlm.py reads it: Qwen3-VL's (model_id qwen3_vl) or the Qwen2-VL family's."""
-    import json
-    from pathlib import Path
-
-    from mmrun.models.qwen2_vl.model_json import read_model_json
-    from mmrun.models.qwen3_vl import model_json as qwen3_model_json
-
-    raw = json.loads(Path(path).read_text(encoding="utf-8"))  # the entry read and checked it before the engine
-    if qwen3_model_json.is_qwen3_model_json(raw):
-        return qwen3_model_json.parse_model_json(raw, path)
-    return read_model_json(path)
-
-
 def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], None] = print) -> ParallelTrainStep:
     """This rank's stage of model.json's model (`spec`: models/qwen2_vl/model_json.ModelJson), starting from the
     one-process run's initial weights (mm_layout.initial_state for --seed, --init-method-std) or from --load's
@@ -505,8 +491,10 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
     model_names = "mindspeed-mm"
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
+        from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
+
         args = self.args
-        spec = read_spec(args.mm_model)
+        spec = read_vlm_model_json(args.mm_model)
         self.log(f"building {spec.hf_config['model_type']} model from {spec.path} for (tp, pp) rank "
                  f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
                  "(engines/mindspore/parallel/vlm.py; the entry's model_provider is not called) ...")
