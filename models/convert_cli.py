@@ -37,6 +37,7 @@ PROG = "mmrun convert"
 CONVERTERS: dict[str, str] = {
     "Qwen2VLConverter": "mmrun.models.qwen2_vl.convert",
     "Qwen2_5_VLConverter": "mmrun.models.qwen2_vl.convert",
+    "Qwen3VLMegatronConverter": "mmrun.models.qwen2_vl.convert",  # MindSpeed-MM's mcore Qwen3-VL names
     "WanConverter": "mmrun.models.wan.convert",
 }
 

@@ -87,12 +87,17 @@ def _model_source(argv: list[str]) -> ModelSource:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
                          "scripts/finetune_qwen2vl.sh)")
     raw = read_mm_json(known.mm_model, "--mm-model")
-    if qwen3_model_json.is_qwen3_model_json(raw):  # Qwen3-VL: data parallelism only (no TP/PP split built)
+    if qwen3_model_json.is_qwen3_model_json(raw):
+        # Qwen3-VL: unsplit on the data-parallel engine; split (TP/PP) on MindSpore's parallel engine
         _MODEL_JSON = qwen3_model_json.parse_model_json(raw, known.mm_model)
-        qwen3_model_json.check_one_stage(_MODEL_JSON)
+        split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
+        from mmrun.backend.selection import resolve
+
+        qwen3_model_json.check_split(_MODEL_JSON, resolve(argv).framework, split)
         for line in _MODEL_JSON.warnings:
             say_rank0("warning", line)
-        return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data", data_parallel_only=True)
+        return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
+                           data_parallel_only=not split)
     _MODEL_JSON = read_model_json(known.mm_model, warn=partial(say_rank0, "warning"))
     from mmrun.backend.selection import resolve
 
@@ -373,9 +378,6 @@ def _rope_config(dataset: Any) -> Any:
     from mmrun.data.multimodal.rope_index import RopeConfig
 
     config = _MODEL_JSON.hf_config
-    if config["model_type"] == "qwen3_vl" and dataset.config.attr.get("videos"):
-        raise UsageError(f"{get_args().mm_data}: attr.videos is set, but Qwen3-VL's video layout (a timestamp and a "
-                         "vision block per frame) is not built in mmrun's data pipeline; train Qwen3-VL on images")
     rope = RopeConfig.from_model_config(config)
     ids = dataset.token_ids
     pairs = (("img_context_token_id", rope.image_token_id, "<|image_pad|>", ids["image_pad"]),

@@ -141,16 +141,24 @@ def _stage_layers(names: Iterable[str], prefix: str) -> int:
     return len({name[len(prefix):].split(".", 1)[0] for name in names if name.startswith(prefix)})
 
 
+def _config_class(hf_config: Mapping[str, Any]) -> Any:
+    """Qwen3VLConfig for a Qwen3-VL config.json, else Qwen2VLConfig (Qwen2-VL, Qwen2.5-VL)."""
+    from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, Qwen3VLConfig
+
+    return Qwen3VLConfig if hf_config.get("model_type") == MODEL_TYPE else Qwen2VLConfig
+
+
 def _config_of(meta: Mapping[str, Any], given: Qwen2VLConfig | None) -> Qwen2VLConfig:
     if given is not None:
         return given
     if isinstance(meta.get("hf_config"), dict):
-        return Qwen2VLConfig.from_hf_config(meta["hf_config"])
+        return _config_class(meta["hf_config"]).from_hf_config(meta["hf_config"])
     model_json = (meta.get("args") or {}).get("mm_model")
     if model_json and Path(model_json).is_file():
-        from mmrun.models.qwen2_vl.model_json import read_model_json
+        from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
 
-        return Qwen2VLConfig.from_hf_config(read_model_json(model_json).hf_config)
+        spec = read_vlm_model_json(model_json)
+        return _config_class(spec.hf_config).from_hf_config(spec.hf_config)
     raise UsageError("the checkpoint does not record its model's config (no hf_config in its meta.json, and its "
                      f"--mm-model {model_json or '(none)'} is not here); pass --cfg.hf_config.hf_dir, the model's "
                      "Hugging Face directory")
@@ -324,7 +332,8 @@ def _names_of(rank: _Rank, config: Qwen2VLConfig) -> str:
     inner = [_CHUNK_PREFIX.sub("", n, count=1) if _CHUNK_PREFIX.match(n) else n for n in rank.model]
     if any(n.startswith(("image_encoder.", "text_decoder.")) for n in inner):
         return MM_NAMES
-    if "model.embed_tokens.weight" in rank.model or any(n.startswith("visual.") for n in rank.model):
+    hf_starts = ("visual.", "model.visual.", "model.language_model.")  # Qwen2-VL's hub names, Qwen3-VL's
+    if "model.embed_tokens.weight" in rank.model or any(n.startswith(hf_starts) for n in rank.model):
         return HF_NAMES
     raise CheckpointError(f"{rank.path} holds no {config.model_type} tensors (model_names "
                           f"{rank.meta.get('model_names', 'unknown')!r}, e.g. {next(iter(rank.model), 'none')}); "

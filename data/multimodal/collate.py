@@ -55,6 +55,6 @@ def collate(samples: Sequence[dict], pad_token_id: int, rope_config: RopeConfig,
         if parts:
             out[key] = np.concatenate(parts)
     out["position_ids"], _ = get_rope_index(
-        input_ids, out.get("image_grid_thw"), out.get("video_grid_thw"), attention_mask,
+        input_ids, out.get("image_grid_thw"), rope_config.video_grids(out.get("video_grid_thw")), attention_mask,
         second_per_grid_ts=out.get("second_per_grid_ts"), **rope_config.kwargs())
     return out

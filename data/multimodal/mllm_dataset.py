@@ -34,7 +34,7 @@ from mmrun.data.multimodal.image_processing import (ImageProcessorConfig, prepro
 from mmrun.data.multimodal.rope_index import RopeConfig
 from mmrun.data.multimodal.templates import (ASSISTANT, FUNCTION, IMAGE_PLACEHOLDER, OBSERVATION,
                                              TEMPLATES, USER, VIDEO_PLACEHOLDER, ChatTemplate,
-                                             encode_conversation, expand_placeholders)
+                                             encode_conversation, expand_placeholders, frame_timestamps)
 from mmrun.data.tokenizers import HuggingFaceTokenizer
 
 
@@ -212,7 +212,7 @@ class MultimodalDataset:
                                          f"differ from tokenizer.json's {ours}; use matching files.")
             return rope
         return RopeConfig(self.image_config.merge_size, self.token_ids["image_pad"], self.token_ids["video_pad"],
-                          self.token_ids["vision_start"])
+                          self.token_ids["vision_start"], frames_split=self.template.timestamped_video)
 
     def _read_samples(self) -> list[Sample]:
         samples, problems = [], []
@@ -264,16 +264,17 @@ class MultimodalDataset:
         pre = self.config.preprocess
         out: dict[str, np.ndarray] = {}
         merge = self.image_config.merge_size ** 2
-        image_tokens, video_tokens = [], []
+        image_tokens, video_tokens, video_blocks = [], [], []
         if sample.images:
             images = [regularize_image(_open_image(p, sample.where), pre["image_max_pixels"], pre["image_min_pixels"])
                       for p in sample.images]
             out["pixel_values"], out["image_grid_thw"] = preprocess_images(images, self.image_config)
             image_tokens = [int(np.prod(g)) // merge for g in out["image_grid_thw"]]
         if sample.videos:
-            pixels, grids, seconds = [], [], []
+            pixels, grids, seconds, counts = [], [], [], []
             for frames_paths in sample.videos:
                 frames = [_open_image(p, sample.where) for p in frames_paths]
+                sampled = len(frames)
                 if len(frames) % 2:
                     frames.append(frames[-1])  # MindSpeed-MM pads odd frame counts before the processor
                 frames = [regularize_image(f, pre["video_max_pixels"], pre["video_min_pixels"]) for f in frames]
@@ -283,12 +284,17 @@ class MultimodalDataset:
                     raise SampleError(f"{sample.where}: {exc}; fix the video's frames.") from None
                 pixels.append(flat)
                 grids.append(grid)
+                counts.append(sampled)
                 seconds.append(self.video_config.temporal_patch_size / pre["video_fps"])
             out["pixel_values_videos"] = np.concatenate(pixels)
             out["video_grid_thw"] = np.concatenate(grids)
             out["second_per_grid_ts"] = np.asarray(seconds, dtype=np.float32)
             video_tokens = [int(np.prod(g)) // merge for g in out["video_grid_thw"]]
-        messages = expand_placeholders(sample.messages, self.template, image_tokens, video_tokens)
+            if self.template.timestamped_video:  # Qwen3-VL: "<t seconds>" + a vision block per temporal patch
+                video_blocks = [[(seconds, tokens // int(g[0])) for seconds in frame_timestamps(
+                    frames, pre["video_fps"], self.video_config.temporal_patch_size)]
+                    for g, tokens, frames in zip(out["video_grid_thw"], video_tokens, counts)]
+        messages = expand_placeholders(sample.messages, self.template, image_tokens, video_blocks or video_tokens)
         input_ids, labels = encode_conversation(
             self.tokenizer, messages, self.template, self.seq_length, system=sample.system,
             train_on_prompt=self.config.basic["train_on_prompt"], mask_history=self.config.basic["mask_history"])

@@ -33,6 +33,9 @@ class RopeConfig:
     video_token_id: int
     vision_start_token_id: int
     tokens_per_second: float | None = None  # None: Qwen2-VL's rule (frame index)
+    # Qwen3-VL: each video frame (temporal patch) is its own vision block after its timestamp text, so the rule
+    # runs over one (1, h, w) grid per frame (per_frame_grids)
+    frames_split: bool = False
 
     def kwargs(self) -> dict:
         return {"spatial_merge_size": self.spatial_merge_size, "image_token_id": self.image_token_id,
@@ -47,12 +50,26 @@ class RopeConfig:
         return cls(spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
                    image_token_id=int(config["image_token_id"]), video_token_id=int(config["video_token_id"]),
                    vision_start_token_id=int(config["vision_start_token_id"]),
-                   tokens_per_second=vision.get("tokens_per_second", 4) if qwen25 else None)
+                   tokens_per_second=vision.get("tokens_per_second", 4) if qwen25 else None,
+                   frames_split=config.get("model_type") == "qwen3_vl")
+
+    def video_grids(self, video_grid_thw: np.ndarray | None) -> np.ndarray | None:
+        """The video grids as get_rope_index reads them for this model (per_frame_grids for Qwen3-VL)."""
+        return per_frame_grids(video_grid_thw) if self.frames_split else video_grid_thw
 
     @classmethod
     def from_pretrained(cls, directory: str) -> "RopeConfig":
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             return cls.from_model_config(json.load(f))
+
+
+def per_frame_grids(video_grid_thw: np.ndarray | None) -> np.ndarray | None:
+    """(t, h, w) rows -> t rows of (1, h, w): Qwen3-VL's videos, whose frames are separate vision blocks."""
+    if video_grid_thw is None:
+        return None
+    grids = np.repeat(np.asarray(video_grid_thw), np.asarray(video_grid_thw)[:, 0], axis=0)
+    grids[:, 0] = 1
+    return grids
 
 
 def _runs(types: np.ndarray) -> list[tuple[int, int, int]]:

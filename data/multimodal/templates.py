@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
+
+import numpy as np
 
 IGNORE_INDEX = -100
 IMAGE_PLACEHOLDER = "<image>"
@@ -41,6 +43,8 @@ class ChatTemplate:
     pad: str  # the padding token the collator uses (Qwen: <|endoftext|>)
     # A reasoning template (MindSpeed-MM's ReasoningTemplate): the (open, close) thought words; None: plain.
     thought_words: tuple[str, str] | None = None
+    # Qwen3-VL's video layout: each frame (temporal patch) as "<t seconds>" + its own vision block
+    timestamped_video: bool = False
 
     @property
     def empty_thought(self) -> str:
@@ -97,6 +101,7 @@ QWEN3_VL_NOTHINK = ChatTemplate(
     video_pad=QWEN2VL.video_pad,
     end_of_turn=QWEN2VL.end_of_turn,
     pad=QWEN2VL.pad,
+    timestamped_video=True,
 )
 QWEN3_VL = dataclasses.replace(QWEN3_VL_NOTHINK, name="qwen3_vl", thought_words=("<think>", "</think>"))
 
@@ -109,20 +114,36 @@ class TextTokenizer(Protocol):
 
 
 def expand_placeholders(messages: Sequence[dict], template: ChatTemplate, image_tokens: Sequence[int],
-                        video_tokens: Sequence[int]) -> list[dict]:
+                        video_tokens: Sequence[Any]) -> list[dict]:
     """Copies of `messages` with the i-th `<image>` (`<video>`) replaced by its vision block of
-    `image_tokens[i]` (`video_tokens[i]`) pad tokens; counts are grid_t*grid_h*grid_w // merge_size**2."""
+    `image_tokens[i]` (`video_tokens[i]`) pad tokens; counts are grid_t*grid_h*grid_w // merge_size**2. With a
+    template's timestamped_video (Qwen3-VL), `video_tokens[i]` is a list of (seconds, tokens) per frame: each frame
+    becomes `<{seconds:.1f} seconds>` + its own vision block, as transformers' Qwen3VLProcessor writes it."""
     images, videos = iter(image_tokens), iter(video_tokens)
+
+    def block(pad: str, count: Any) -> str:
+        if isinstance(count, (int, np.integer)):
+            return f"{template.vision_start}{pad * int(count)}{template.vision_end}"
+        return "".join(f"<{seconds:.1f} seconds>{block(pad, tokens)}" for seconds, tokens in count)
+
     out = []
     for message in messages:
         content = message["content"]
         for placeholder, pad, counts in ((IMAGE_PLACEHOLDER, template.image_pad, images),
                                          (VIDEO_PLACEHOLDER, template.video_pad, videos)):
             pieces = content.split(placeholder)
-            content = pieces[0] + "".join(
-                f"{template.vision_start}{pad * next(counts)}{template.vision_end}{piece}" for piece in pieces[1:])
+            content = pieces[0] + "".join(f"{block(pad, next(counts))}{piece}" for piece in pieces[1:])
         out.append({**message, "content": content})
     return out
+
+
+def frame_timestamps(frames: int, fps: float, temporal_patch_size: int) -> list[float]:
+    """Seconds of each temporal patch of a video of `frames` frames sampled at `fps`: the mean of its first and last
+    frame's times, the last frame repeated to fill the last patch (transformers' Qwen3VLProcessor's timestamps)."""
+    indices = list(range(frames))
+    indices += [indices[-1]] * (-frames % temporal_patch_size)
+    times = [i / fps for i in indices]
+    return [(times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)]
 
 
 def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int, int]:

@@ -29,7 +29,8 @@ from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
 
-CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl"}
+CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl",
+                         "Qwen3VLMegatronConverter": "qwen3_vl"}
 LOAD_HINT = "--no-load-optim --no-load-rng, or --finetune"
 
 
@@ -58,9 +59,17 @@ def _check_model_type(converter: str, config: Qwen2VLConfig, where: str) -> Qwen
     return config
 
 
+def _checkpoints(converter: str) -> Any:
+    """The module reading this converter's Hugging Face directories (Qwen3-VL's names differ from Qwen2-VL's)."""
+    if CONVERTER_MODEL_TYPES[converter] == "qwen3_vl":
+        from mmrun.models.qwen3_vl import hf_checkpoint as qwen3_checkpoint
+        return qwen3_checkpoint
+    return hf_checkpoint
+
+
 def _config(converter: str, hf_dir: str) -> Qwen2VLConfig:
     try:
-        config = hf_checkpoint.load_hf_config(hf_dir)
+        config = _checkpoints(converter).load_hf_config(hf_dir)
     except hf_checkpoint.NotAnHFDirectoryError as err:
         raise UsageError(f"--cfg.hf_config.hf_dir: {err}") from None
     return _check_model_type(converter, config, f"{hf_dir}/config.json")
@@ -160,7 +169,7 @@ def hf_to_mm(converter: str, cfg: dict[str, Any]) -> None:
     config = _config(converter, hf_dir)
     layout = _layout(cfg, "parallel_config", config)
     try:
-        weights = hf_checkpoint.HFWeights(hf_dir)
+        weights = _checkpoints(converter).HFWeights(hf_dir)
     except ValueError as err:  # NotAnHFDirectoryError, wrong tensor names
         raise UsageError(f"--cfg.hf_config.hf_dir: {err}") from None
     total = sum(weights.nbytes(name) for name in weights)

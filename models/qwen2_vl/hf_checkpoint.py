@@ -38,6 +38,9 @@ CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 PATCH_EMBED = "visual.patch_embed.proj.weight"
+# The Conv3d kernel that mmrun keeps flattened, for the families whose checkpoint names it otherwise (the writer
+# below serves Qwen3-VL too).
+PATCH_EMBED_NAMES = {"qwen3_vl": "model.visual.patch_embed.proj.weight"}
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024 ** 3  # transformers' default max_shard_size ("5GB")
 # safetensors dtype name <-> numpy dtype; BF16 travels as uint16 bits (see the module docstring).
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
@@ -245,6 +248,14 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
     return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
 
 
+def _is_vlm_directory(path: Path) -> bool:
+    """A Hugging Face directory of a family this writer writes (Qwen2-VL's, or Qwen3-VL's): one it may replace."""
+    if is_hf_directory(path):
+        return True
+    from mmrun.models.qwen3_vl import hf_checkpoint as qwen3_checkpoint
+    return qwen3_checkpoint.is_hf_directory(path)
+
+
 def load_hf_config(path: str | os.PathLike) -> Qwen2VLConfig:
     """The Qwen2VLConfig of a Hugging Face directory's config.json (one-line errors otherwise)."""
     path = Path(path)
@@ -369,7 +380,7 @@ def save_hf_directory(path: str | os.PathLike, config: Qwen2VLConfig, arrays: Ma
 
     The directory is built beside `path` and swapped in at once; an existing `path` is replaced only when
     it is empty or a Hugging Face Qwen2-VL directory itself."""
-    _check_names("the arrays to save", config, set(arrays))
+    _check_names("the arrays to save", config, set(arrays), expected=hf_shapes(config))
     return write_hf_directory(path, config, arrays.items(), {n: np.asarray(a).dtype for n, a in arrays.items()},
                               dtype=dtype, max_shard_bytes=max_shard_bytes, copy_files_from=copy_files_from)
 
@@ -382,13 +393,14 @@ def write_hf_directory(path: str | os.PathLike, config: Qwen2VLConfig, tensors: 
     array in mmrun's layout and of dtype `dtypes[name]`; each goes to its file as it comes, so memory holds
     one tensor at a time. Shapes come from the config (mm_layout.hf_shapes)."""
     path = Path(path)
-    if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_hf_directory(path))):
+    if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or _is_vlm_directory(path))):
         raise ValueError(f"refusing to replace {path}: it exists and is not a Hugging Face Qwen2-VL directory; "
                          "name a new directory")
     v = config.vision
-    shapes = dict(hf_shapes(config))
-    _check_names("the tensors to save", config, set(dtypes))
-    shapes[PATCH_EMBED] = (shapes[PATCH_EMBED][0], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+    shapes = dict(hf_shapes(config))  # Qwen2-VL's or Qwen3-VL's (mm_layout picks by model_type)
+    _check_names("the tensors to save", config, set(dtypes), expected=shapes)
+    patch = PATCH_EMBED_NAMES.get(config.model_type, PATCH_EMBED)
+    shapes[patch] = (shapes[patch][0], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
     stored = {name: _converted_dtype(np.dtype(dtypes[name]), dtype) for name in shapes}
     float_kinds = {_NAMES[d] for d in stored.values() if _NAMES[d] in _TORCH_DTYPE}
     hf_config = config.to_hf_config()

@@ -89,8 +89,18 @@ class LayoutError(UsageError):
 
 # ------------------------------------------------------------------------------------------ the model's tensors
 
+def _family(config: Any) -> Any:
+    """Qwen3-VL's own recipes (models/qwen3_vl/mm_layout.py) for a Qwen3VLConfig, None for the Qwen2-VL family."""
+    if config.model_type == "qwen3_vl":
+        from mmrun.models.qwen3_vl import mm_layout as qwen3_layout
+        return qwen3_layout
+    return None
+
+
 def hf_shapes(config: Qwen2VLConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter of the model in mmrun's (Hugging Face hub) names, with its shape, in checkpoint order."""
+    if _family(config) is not None:
+        return _family(config).hf_shapes(config)
     v, t = config.vision, config.text
     d, f, merged = v.hidden_size, v.intermediate_size, v.hidden_size * v.spatial_merge_size ** 2
     h, i, hd = t.hidden_size, t.intermediate_size, t.head_dim
@@ -137,6 +147,8 @@ class _Recipe:
 
 def _recipes(config: Qwen2VLConfig) -> dict[str, _Recipe]:
     """MindSpeed-MM name -> recipe, for the whole model (global layer numbers), in MindSpeed-MM's order."""
+    if _family(config) is not None:
+        return _family(config).recipes(config)
     v, t = config.vision, config.text
     out: dict[str, _Recipe] = {}
     hf = hf_shapes(config)
@@ -457,10 +469,11 @@ class VLMLayout:
     def split_kind(self, name: str) -> str:
         """COLUMN, ROW, GLU or REPLICATED: how megatron-core splits this tensor over tensor-parallel ranks."""
         module, _, param = self.split_chunk(name)[1].rpartition(".")
-        if module.endswith(("word_embeddings", "output_layer", "linear_qkv", "projector.encoder.linear_fc1")):
+        if module.endswith(("word_embeddings", "output_layer", "linear_qkv", "projector.encoder.linear_fc1",
+                            "deepstack_layer.encoder.linear_fc1")):
             return COLUMN
         if module.endswith("mlp.linear_fc1"):
-            return GLU if (module.startswith(TEXT) or self.config.is_qwen2_5) else COLUMN
+            return GLU if (module.startswith(TEXT) or getattr(self.config, "is_qwen2_5", False)) else COLUMN
         if module.endswith(("linear_proj", "linear_fc2")):
             return ROW if param == "weight" else REPLICATED
         return REPLICATED

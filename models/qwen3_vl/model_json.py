@@ -117,11 +117,36 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                      pipeline_layers=pipeline_layers)
 
 
-def check_one_stage(spec: ModelJson) -> None:
-    """Qwen3-VL trains unsplit (one pipeline stage): model.json's pipeline_num_layers must say so."""
+def read_vlm_model_json(path: str) -> ModelJson:
+    """A model.json of either family, as models/pretrain_vlm.py reads it: Qwen3-VL's (model_id qwen3_vl) here,
+    the Qwen2-VL family's by models/qwen2_vl/model_json.py (for the engines and checkpoint readers that get only
+    its path; the entry has already checked that it exists and is JSON)."""
+    from pathlib import Path
+
+    from mmrun.models.qwen2_vl.model_json import read_model_json
+
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    return parse_model_json(raw, str(path)) if is_qwen3_model_json(raw) else read_model_json(path)
+
+
+# Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks.
+SPLIT_FRAMEWORKS = ("mindspore",)
+
+
+def check_split(spec: ModelJson, framework: str, split: bool) -> None:
+    """An unsplit run needs model.json's pipeline_num_layers to say one stage (one line otherwise); a split run needs
+    a framework whose parallel engine builds Qwen3-VL (MindSpore's; megatron-core's is not built)."""
+    if split and framework not in SPLIT_FRAMEWORKS:
+        raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework mindspore only (its "
+                         f"parallel engine); megatron-core's Qwen3-VL is not built. Received: --ai-framework "
+                         f"{framework} with a split; train it with --ai-framework mindspore, or unsplit "
+                         "(data parallelism) on pytorch")
+    if split:
+        return
     for part, where in (("vit", "image_encoder.vision_encoder"), ("llm", "text_decoder")):
         layers = spec.pipeline_layers.get(part)
         if layers is not None and len(layers) != 1:
             raise UsageError(f"{spec.path}: {where}.pipeline_num_layers {json.dumps(layers)} splits Qwen3-VL over "
-                             f"{len(layers)} pipeline stages, which mmrun does not build for Qwen3-VL; train it "
-                             "unsplit: one entry holding every layer, or drop the key")
+                             f"{len(layers)} pipeline stages, but the run has one (no --pipeline-model-parallel-size);"
+                             f" pass --pipeline-model-parallel-size {len(layers)}, or give one entry holding every "
+                             "layer")

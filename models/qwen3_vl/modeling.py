@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from mmrun.backend import nn, ops, tensors
-from mmrun.data.multimodal.rope_index import get_rope_index
+from mmrun.data.multimodal.rope_index import get_rope_index, per_frame_grids
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.modeling import (VisionAttention, VisionPatchEmbed, _host, causal_lm_loss,
                                             freeze_parts, merge_vision, vision_rotary)
@@ -144,29 +144,36 @@ class Qwen3VisionTransformer(nn.Module):
         self.inv_freq = rotary_inv_freq(config.head_dim // 2, config.rope_theta)  # numpy: no buffers in the API
 
     def forward(self, pixel_values, grid: np.ndarray):
-        config = self.config
-        merge = config.spatial_merge_size
-        total = int(vision_layout.patch_counts(grid).sum())
-        if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
-            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
-                             f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid")
-        x = self.patch_embed(pixel_values)
-        indices, weights = position_taps(grid, config.num_grid_per_side, merge)
-        taps = ops.reshape(ops.embedding(tensors.from_numpy(indices.reshape(-1)), self.pos_embed.weight),
-                           (total, 4, -1))
-        # fp32 weights, as transformers' (a bf16 table's taps are promoted, summed in fp32, then cast back)
-        if taps.dtype != tensors.float32:
-            taps = tensors.cast(taps, "float32")
-        positions = ops.sum(taps * ops.reshape(tensors.from_numpy(weights), (total, 4, 1)), dim=1)
-        x = x + tensors.cast(positions, x.dtype)
-        cos, sin = vision_rotary(vision_layout.rotary_position_ids(grid, merge), self.inv_freq)
-        frames = vision_layout.frame_cu_seqlens(grid)
-        deepstack = []
-        for index, block in enumerate(self.blocks):
-            x = block(x, cos, sin, frames)
-            if index in config.deepstack_visual_indexes:
-                deepstack.append(self.deepstack_merger_list[config.deepstack_visual_indexes.index(index)](x))
-        return self.merger(x), deepstack
+        return vision_forward(self.config, self.inv_freq, self.patch_embed, self.pos_embed.weight, self.blocks,
+                              self.merger, self.deepstack_merger_list, pixel_values, grid)
+
+
+def vision_forward(config: VisionConfig, inv_freq: np.ndarray, patch_embed: Any, pos_table: Any, blocks: Any,
+                   merger: Any, deepstack_mergers: Any, pixel_values: Any, grid: np.ndarray) -> tuple[Any, list]:
+    """The ViT + mergers' forward around its modules (this model's, or a tensor-parallel ViT's with the same calls:
+    patch_embed(pixels), block(x, cos, sin, cu_seqlens), merger(x), deepstack_mergers[k](x)); pos_table is the
+    learned position table (side*side, D). -> (merged features, [DeepStack features, one per index])."""
+    merge = config.spatial_merge_size
+    total = int(vision_layout.patch_counts(grid).sum())
+    if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
+        raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
+                         f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid")
+    x = patch_embed(pixel_values)
+    indices, weights = position_taps(grid, config.num_grid_per_side, merge)
+    taps = ops.reshape(ops.embedding(tensors.from_numpy(indices.reshape(-1)), pos_table), (total, 4, -1))
+    # fp32 weights, as transformers' (a bf16 table's taps are promoted, summed in fp32, then cast back)
+    if taps.dtype != tensors.float32:
+        taps = tensors.cast(taps, "float32")
+    positions = ops.sum(taps * ops.reshape(tensors.from_numpy(weights), (total, 4, 1)), dim=1)
+    x = x + tensors.cast(positions, x.dtype)
+    cos, sin = vision_rotary(vision_layout.rotary_position_ids(grid, merge), inv_freq)
+    frames = vision_layout.frame_cu_seqlens(grid)
+    deepstack = []
+    for index, block in enumerate(blocks):
+        x = block(x, cos, sin, frames)
+        if index in config.deepstack_visual_indexes:
+            deepstack.append(deepstack_mergers[config.deepstack_visual_indexes.index(index)](x))
+    return merger(x), deepstack
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -223,10 +230,15 @@ def deepstack_index(config: Qwen3VLConfig, input_ids, image_features: int):
 
 def deepstack_add(hidden, index, features):
     """hidden (B, S, H) with features[k] added to the k-th vision row, by one gather (text rows add zero)."""
-    batch, seq, size = hidden.shape
-    table = ops.cat([ops.zeros((1, size), dtype=hidden.dtype, like=hidden),
-                     tensors.cast(features, hidden.dtype) if features.dtype != hidden.dtype else features], dim=0)
-    return hidden + ops.reshape(ops.embedding(index, table), (batch, seq, size))
+    return hidden + deepstack_rows(index, features, hidden)
+
+
+def deepstack_rows(index, features, like):
+    """(B, S, H) of like's shape and dtype: features[k] on the k-th vision row, zero on text rows (one gather)."""
+    batch, seq, size = like.shape
+    table = ops.cat([ops.zeros((1, size), dtype=like.dtype, like=like),
+                     tensors.cast(features, like.dtype) if features.dtype != like.dtype else features], dim=0)
+    return ops.reshape(ops.embedding(index, table), (batch, seq, size))
 
 
 class Qwen3VLModel(nn.Module):
@@ -307,11 +319,8 @@ def rope_index(config: Qwen3VLConfig, input_ids, image_grid, video_grid, attenti
     """(position_ids (3, B, S), rope_deltas (B, 1)), numpy int64, on the host. Qwen3-VL separates video frames
     by timestamp text, each frame its own <|vision_start|> block: Qwen2-VL's rule over one (1, h, w) grid per
     frame is Qwen3-VL's."""
-    if video_grid is not None:
-        video_grid = np.repeat(video_grid, video_grid[:, 0], axis=0)
-        video_grid[:, 0] = 1
     positions, deltas = get_rope_index(
-        _host(input_ids), image_grid, video_grid, _host(attention_mask),
+        _host(input_ids), image_grid, per_frame_grids(video_grid), _host(attention_mask),
         spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
         video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id)
     return np.asarray(positions, dtype=np.int64), np.asarray(deltas, dtype=np.int64)

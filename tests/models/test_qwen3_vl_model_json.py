@@ -45,8 +45,11 @@ def test_mindspeed_mm_8b_model_json_is_qwen3_vl_8b():
     assert text.mrope_section == (24, 20, 20) and text.rope_theta == 5e6 and not config.tie_word_embeddings
     assert (vision.depth, vision.num_position_embeddings, vision.deepstack_visual_indexes) == (27, 2304, (8, 16, 24))
     assert spec.freeze == {"vision_encoder": True, "vision_projector": True, "text_decoder": False}
-    with pytest.raises(UsageError, match=r"splits Qwen3-VL over 4 pipeline stages.*train it unsplit"):
-        model_json.check_one_stage(spec)
+    with pytest.raises(UsageError, match=r"splits Qwen3-VL over 4 pipeline stages.*pipeline-model-parallel-size 4"):
+        model_json.check_split(spec, "mindspore", split=False)
+    model_json.check_split(spec, "mindspore", split=True)  # MindSpeed-MM's PP=4 twin: the parallel engine builds it
+    with pytest.raises(UsageError, match=r"built on --ai-framework mindspore only.*Received: --ai-framework pytorch"):
+        model_json.check_split(spec, "pytorch", split=True)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -64,5 +67,5 @@ def test_what_is_not_qwen3_vl_dense_is_refused_in_one_line(change, message):
 def test_the_tiny_model_json_reads_and_is_one_stage():
     raw = json.loads((REPO / "scripts" / "qwen3vl" / "model_tiny.json").read_text())
     spec = model_json.parse_model_json(raw, "model_tiny.json")
-    model_json.check_one_stage(spec)
+    model_json.check_split(spec, "pytorch", split=False)
     assert spec.warnings == [] and Qwen3VLConfig.from_hf_config(spec.hf_config).vision.num_grid_per_side == 4

@@ -209,9 +209,16 @@ class TextAttention(nn.Module):
         self.per_group = text.num_attention_heads // text.num_key_value_heads
         self.scale = 1.0 / math.sqrt(self.head_dim)
         qkv_rows = (text.num_attention_heads + 2 * text.num_key_value_heads) * self.head_dim
-        self.linear_qkv = ColumnParallelLinear(text.hidden_size, qkv_rows, state, bias=True)
+        # Qwen3-VL (qwen3_vlm.py's stage): RMSNorm on each head of q and k, biases on q/k/v and o only with
+        # attention_bias; Qwen2-VL: q/k/v biases, none on o
+        self.qk_norm = config.model_type == "qwen3_vl"
+        bias = getattr(text, "attention_bias", True)
+        self.linear_qkv = ColumnParallelLinear(text.hidden_size, qkv_rows, state, bias=bias)
         self.linear_proj = RowParallelLinear(text.num_attention_heads * self.head_dim, text.hidden_size, state,
-                                             bias=False)
+                                             bias=self.qk_norm and bias)
+        if self.qk_norm:  # replicated: each TP rank normalises its own heads with the same weight
+            self.q_layernorm = nn.RMSNorm(text.head_dim, eps=text.rms_norm_eps)
+            self.k_layernorm = nn.RMSNorm(text.head_dim, eps=text.rms_norm_eps)
 
     def forward(self, x, cos, sin):
         qkv, _ = self.linear_qkv(x)  # [s, b, groups/tp * (per_group + 2) * head_dim]
@@ -221,11 +228,13 @@ class TextAttention(nn.Module):
         q, k, v = ops.split(qkv, [self.per_group * d, d, d], dim=3)
         q = ops.permute(ops.reshape(q, (s, b, self.groups * self.per_group, d)), (1, 2, 0, 3))  # [b, heads, s, d]
         k, v = ops.permute(k, (1, 2, 0, 3)), ops.permute(v, (1, 2, 0, 3))  # [b, groups, s, d]
+        if self.qk_norm:  # RMSNorm over head_dim, before the rotary (transformers' Qwen3 attention)
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = ops.scaled_dot_product_attention(q, k, v, causal=True, scale=self.scale)  # GQA: kv heads repeated
         y = ops.reshape(ops.permute(y, (2, 0, 1, 3)), (s, b, self.groups * self.per_group * d))
-        out, _ = self.linear_proj(y)
-        return out
+        out, bias = self.linear_proj(y)  # a bias is added inside unless skip_bias_add (None then)
+        return out if bias is None else out + bias
 
 
 class TextMLP(nn.Module):
@@ -410,12 +419,19 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     from mmrun.backend.mindspore import optim
     from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 
-    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    qwen3 = spec.hf_config["model_type"] == "qwen3_vl"
+    if qwen3:  # Qwen3-VL's stage (DeepStack, QK-norm) on the same parallel layers
+        from mmrun.engines.mindspore.parallel.qwen3_vlm import Qwen3VLStage
+        from mmrun.models.qwen3_vl import hf_checkpoint
+        from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
+        config = Qwen3VLConfig.from_hf_config(spec.hf_config)
+    else:
+        config = Qwen2VLConfig.from_hf_config(spec.hf_config)
     refuse_virtual_stages(spec)
     layout = VLMLayout.build(config, tp=state.tensor_model_parallel_size,
                              pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.pipeline_layers.get("vit"),
                              llm_pp_layers=spec.pipeline_layers.get("llm"))
-    model = Qwen2VLStage(config, layout, state)
+    model = (Qwen3VLStage if qwen3 else Qwen2VLStage)(config, layout, state)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
         weights = hf_checkpoint.open_for_model(args.load, config, str(spec.path))
         model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, weights.read_float, state.tp_rank,
@@ -431,7 +447,8 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
                             eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
     per_token = bool(getattr(args, "calculate_per_token_loss", False))
     return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=False, fields=VLM_FIELDS,
-                             hidden_size=config.text.hidden_size, loss_func=token_sum if per_token else None)
+                             hidden_size=getattr(model, "message_size", config.text.hidden_size),
+                             loss_func=token_sum if per_token else None)
 
 
 def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState,
@@ -474,10 +491,10 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
     model_names = "mindspeed-mm"
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
-        from mmrun.models.qwen2_vl.model_json import read_model_json
+        from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
 
         args = self.args
-        spec = read_model_json(args.mm_model)
+        spec = read_vlm_model_json(args.mm_model)
         self.log(f"building {spec.hf_config['model_type']} model from {spec.path} for (tp, pp) rank "
                  f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
                  "(engines/mindspore/parallel/vlm.py; the entry's model_provider is not called) ...")

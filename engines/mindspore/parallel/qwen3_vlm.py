@@ -1,0 +1,188 @@
+"""Qwen3-VL (dense) on MindSpore, tensor-, pipeline- and sequence-parallel: one pipeline stage per process.
+
+The portable model of models/qwen3_vl/modeling.py (the same numerics) on the Qwen2-VL stage's parallel layers
+(engines/mindspore/parallel/vlm.py), with MindSpeed-MM's names and shards (models/qwen3_vl/mm_layout.py):
+
+    image_encoder.encoder   patch_embed (Conv3d weight as a matmul, with bias), pos_embed (the learned table,
+                            replicated), blocks.layers.N (Qwen2-VL's LayerNorm block: column-parallel qkv per head,
+                            row-parallel proj, fc1 column / fc2 row), blocks.layers.K.deepstack_layer (the DeepStack
+                            merger of block K: LayerNorm after the 2x2 shuffle, fc1 column / fc2 row)
+    image_encoder.projector layernorm, 2x2 merge, encoder.linear_fc1 -> GELU -> encoder.linear_fc2
+    text_decoder            Qwen2-VL's decoder with q_layernorm / k_layernorm (RMSNorm over head_dim, applied per
+                            head: each TP rank normalises its own heads with the replicated weight), interleaved M-RoPE
+
+DeepStack across stages: the K-th DeepStack feature is added to the vision rows after decoder layer K. Each
+feature is put on the sequence (`deepstack_rows`: zero on text rows, [s, b, h] like the hidden states, split over
+TP ranks with --sequence-parallel) on the first stage; the features of layers that sit on later stages travel with
+the hidden states, concatenated on the last dim ([s, b, h * (1 + carried)]), and their gradients come back the same
+way, so the ViT on stage 0 gets the DeepStack gradients of every stage.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from mmrun.backend.mindspore import nn, ops, tensors
+from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
+from mmrun.backend.mindspore.parallel.groups import ParallelState
+from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
+from mmrun.engines.mindspore.parallel import vlm
+from mmrun.models.qwen2_vl import vision_layout
+from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+from mmrun.models.qwen2_vl.modeling import merge_vision
+from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, VisionConfig
+from mmrun.models.qwen3_vl.modeling import deepstack_index, deepstack_rows, vision_forward
+from mmrun.models.transformer_blocks import interleaved_multimodal_rotary, rotary_inv_freq
+
+
+class PatchEmbed(nn.Module):
+    """`proj.weight` (D, 1536) and `proj.bias`: the Conv3d (kernel = stride) as one matmul over flattened patches."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.proj = vlm._Weight(config.hidden_size, config.patch_dim)
+        self.proj.bias = nn.Parameter(tensors.from_numpy(np.zeros((config.hidden_size,), np.float32)))
+
+    def forward(self, pixel_values):
+        weight = self.proj.weight
+        return ops.linear(tensors.cast(pixel_values, weight.dtype), weight, self.proj.bias)
+
+
+class DeepstackProjector(vlm.VisionProjector):
+    """A DeepStack merger: the 2x2 shuffle first, then LayerNorm over the merged width, then the projector's MLP."""
+
+    def __init__(self, config: VisionConfig, state: ParallelState) -> None:
+        super().__init__(config, state, qwen2_5=False)
+        self.layernorm = nn.LayerNorm(self.merged, eps=1e-6)
+
+    def forward(self, x):
+        return self.encoder(self.layernorm(ops.reshape(x, (-1, self.merged))))
+
+
+class VisionLayer(vlm.VisionLayer):
+    def __init__(self, config: VisionConfig, state: ParallelState, deepstack: bool) -> None:
+        super().__init__(config, state, qwen2_5=False)
+        if deepstack:
+            self.deepstack_layer = DeepstackProjector(config, state)
+
+
+class VisionEncoder(nn.Module):
+    def __init__(self, config: VisionConfig, state: ParallelState) -> None:
+        super().__init__()
+        self.config = config
+        self.patch_embed = PatchEmbed(config)
+        self.pos_embed = vlm._Weight(config.num_position_embeddings, config.hidden_size)
+        self.blocks = nn.Module()
+        self.blocks.layers = nn.ModuleList([VisionLayer(config, state, n in config.deepstack_visual_indexes)
+                                            for n in range(config.depth)])
+        self.inv_freq = rotary_inv_freq(config.head_dim // 2, config.rope_theta)
+
+
+class ImageEncoder(nn.Module):
+    def __init__(self, config: Qwen3VLConfig, state: ParallelState) -> None:
+        super().__init__()
+        self.encoder = VisionEncoder(config.vision, state)
+        self.projector = vlm.VisionProjector(config.vision, state, qwen2_5=False)
+
+    def forward(self, pixel_values, grid: np.ndarray):
+        """-> (merged features, [DeepStack features]) as the portable ViT's forward, on these TP modules."""
+        encoder, layers = self.encoder, self.encoder.blocks.layers
+        mergers = [layers[n].deepstack_layer for n in encoder.config.deepstack_visual_indexes]
+        return vision_forward(encoder.config, encoder.inv_freq, encoder.patch_embed, encoder.pos_embed.weight,
+                              layers, self.projector, mergers, pixel_values, grid)
+
+
+def carried_levels(config: Qwen3VLConfig, layout: VLMLayout) -> list[int]:
+    """The DeepStack levels (= decoder layer indexes) that sit after the first stage: sent along with the hidden
+    states, in level order."""
+    first = layout.stage_layers("llm", 0)
+    return [k for k in range(len(config.vision.deepstack_visual_indexes)) if k not in first]
+
+
+class Qwen3VLStage(vlm.Qwen2VLStage):
+    """This rank's pipeline stage of Qwen3-VL, its tensor-parallel shard, named as mm_layout names it."""
+
+    def __init__(self, config: Qwen3VLConfig, layout: VLMLayout, state: ParallelState) -> None:
+        super(vlm.Qwen2VLStage, self).__init__()  # RankState and nn.Module, as Qwen2VLStage's own __init__
+        self.config, self.layout, self.state = config, layout, state
+        pp_rank = state.pp_rank
+        self.hidden_size = config.text.hidden_size
+        self.pre_process, self.post_process = state.is_first_stage, state.is_last_stage
+        if self.pre_process:
+            # The ViT's tokens are the images' (not the text sequence): it runs without sequence parallelism.
+            self.image_encoder = ImageEncoder(config, dataclasses.replace(state, sequence_parallel=False))
+            if state.sequence_parallel:
+                self.scatter = ScatterToSequenceParallelRegion(state.group("tp"))
+        self.layers = layout.stage_layers("llm", pp_rank)
+        self.text_decoder = vlm.TextDecoder(config, state, len(self.layers))  # QK-norm: vlm.TextAttention
+        if self.post_process:
+            self.cross_entropy = VocabParallelCrossEntropy(config.text.vocab_size, state)
+        self.inv_freq = rotary_inv_freq(config.text.head_dim, config.text.rope_theta)
+        self.carried = carried_levels(config, layout)
+
+    @property
+    def message_size(self) -> int:
+        """The last dim of the activations sent between stages: the hidden size, and one per carried level."""
+        return self.hidden_size * (1 + len(self.carried))
+
+    def forward(self, input_ids, position_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                hidden_in=None, labels=None):
+        """As Qwen2VLStage.forward, the DeepStack features added after decoder layers 0, 1, ... and the carried ones
+        sent on (module docstring)."""
+        batch, seq = input_ids.shape
+        cos, sin = interleaved_multimodal_rotary(position_ids, self.inv_freq, self.config.text.mrope_section,
+                                                 "float32")
+        cos, sin = ops.reshape(cos, (batch, 1, seq, -1)), ops.reshape(sin, (batch, 1, seq, -1))
+        if self.pre_process:
+            x, levels = self._embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        else:
+            parts = ops.split(hidden_in, self.hidden_size, dim=-1)
+            x, levels = parts[0], dict(zip(self.carried, parts[1:]))
+        for layer, index in zip(self.text_decoder.decoder.layers, self.layers):
+            x = layer(x, cos, sin)
+            if index in levels:
+                x = x + levels[index]
+        if not self.post_process:
+            return ops.cat([x] + [levels[k] for k in self.carried], dim=-1) if self.carried else x
+        decoder = self.text_decoder
+        x = decoder.decoder.final_layernorm(x)
+        weight = (decoder.output_layer.weight if decoder.uses_own_output_weight
+                  else decoder.embedding.word_embeddings.weight)
+        logits, _ = decoder.output_layer(x, weight)  # [s, b, v / tp]
+        if labels is None:
+            return logits
+        return ops.transpose(self.cross_entropy(logits, ops.transpose(labels, 0, 1)), 0, 1)
+
+    def _embed(self, input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw):
+        """[s, b, h] embeddings with the vision features merged, and {level: [s, b, h] DeepStack rows}, both split
+        over the sequence with --sequence-parallel. Without images (a blank ViT run), no DeepStack rows."""
+        config = self.config
+        image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
+        deepstack: list = []
+
+        def visual(pixels, grid):  # merge_vision's ViT call: keep the DeepStack features beside the merged ones
+            merged, stacked = self.image_encoder(pixels, grid)
+            deepstack.append(stacked)
+            return merged
+
+        x = self.text_decoder.embedding.word_embeddings(input_ids)  # [b, s, h], summed over TP
+        x = merge_vision(config, visual, self.training, input_ids, x, pixel_values, image_grid, pixel_values_videos,
+                         video_grid)
+        levels = {}
+        if pixel_values is not None or pixel_values_videos is not None:
+            unit = config.vision.spatial_merge_size ** 2
+            images = 0 if pixel_values is None else int(vision_layout.patch_counts(image_grid).sum()) // unit
+            index = deepstack_index(config, input_ids, images)
+            levels = {k: self._sequence(deepstack_rows(index, features, x)) for k, features in enumerate(deepstack[0])}
+        elif self.carried:
+            # a blank ViT run: its features count zero times, the carried messages hold zeros
+            zero = ops.zeros(tuple(x.shape), dtype=x.dtype, like=x)
+            levels = {k: self._sequence(zero) for k in self.carried}
+        return self._sequence(x), levels
+
+    def _sequence(self, rows):
+        """[b, s, h] -> [s, b, h], this rank's part of the sequence with --sequence-parallel."""
+        rows = ops.transpose(rows, 0, 1)
+        return self.scatter(rows) if self.state.sequence_parallel else rows
+
