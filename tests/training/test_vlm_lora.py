@@ -1,8 +1,10 @@
 """LoRA through models/pretrain_vlm.py (MindSpeed-MM's `--lora-target-modules linear_qkv linear_proj linear_fc1
-linear_fc2` on Qwen2-VL): from a Hugging Face directory, only the adapters train (the base bit-identical), the same
-losses on PyTorch and MindSpore; `mmrun convert Qwen2VLConverter lora_to_peft` writes an adapter that `peft` loads
+linear_fc2` on Qwen2-VL): from a Hugging Face directory, only the adapters train (the base bit-identical);
+`mmrun convert Qwen2VLConverter lora_to_peft` writes an adapter that `peft` loads
 onto transformers' Qwen2VLForConditionalGeneration with mmrun's logits, and merge_lora_to_base folds it in.
 Bad target names and a TP/PP split are one line, exit 2. The runs are the `vlm` fixture's demo (conftest.py).
+PyTorch == MindSpore for LoRA training (losses, adapters) is tests/models/test_qwen2_vl_frameworks.py's lora case:
+the entry's MindSpore run costs ~100 s of PyNative on the CPU (measured), too much for one more e2e run here.
 """
 from __future__ import annotations
 
@@ -31,28 +33,25 @@ def base(vlm, tmp_path_factory):
     rng = np.random.default_rng(3)
     arrays = {n: (0.05 * rng.standard_normal(s)).astype(np.float32) for n, s in mm_layout.hf_shapes(config).items()}
     hf_checkpoint.save_hf_directory(root / "hf", config, arrays)
-    for framework in ("pytorch", "mindspore"):
-        vlm.add(f"lora-{framework}", framework, 1, [*LORA, "--load", str(root / "hf")])
+    vlm.add("lora-pytorch", "pytorch", 1, [*LORA, "--load", str(root / "hf")])
     return root, config, arrays
 
 
 @pytest.mark.slow
-def test_only_adapters_train_equally_on_both_frameworks(vlm, base):
+def test_only_adapters_train(vlm, base):
     from mmrun.training.checkpoint_store import find_checkpoint
 
     _, _, arrays = base
-    pt, ms = vlm("lora-pytorch"), vlm("lora-mindspore")
-    assert "LoRA r 4, alpha 8 on 24 layers" in pt.output, pt.output[-2000:]
-    assert sorted(pt.losses()) == sorted(ms.losses()) == [1, 2, 3]
-    assert max(abs(pt.losses()[i] - ms.losses()[i]) for i in (1, 2, 3)) <= TOLERANCE, (pt.losses(), ms.losses())
-    for framework in ("pytorch", "mindspore"):
-        saved = find_checkpoint(vlm.ckpt(f"lora-{framework}"), log=lambda m: None).model
-        weights, adapter = lora.split_adapter(saved)
-        assert sorted(weights) == sorted(arrays)
-        for name, value in arrays.items():  # the base: bit for bit the Hugging Face directory's
-            assert value.tobytes() == np.asarray(weights[name], np.float32).tobytes(), (framework, name)
-        b = [v for k, v in adapter.items() if k.endswith(".lora_B.weight")]
-        assert len(b) == 24 and all(np.abs(v).max() > 0 for v in b)  # B starts at zero: every adapter moved
+    run = vlm("lora-pytorch")
+    assert "LoRA r 4, alpha 8 on 24 layers" in run.output, run.output[-2000:]
+    losses = run.losses()
+    assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1], losses
+    weights, adapter = lora.split_adapter(find_checkpoint(vlm.ckpt("lora-pytorch"), log=lambda m: None).model)
+    assert sorted(weights) == sorted(arrays)
+    for name, value in arrays.items():  # the base: bit for bit the Hugging Face directory's
+        assert value.tobytes() == np.asarray(weights[name], np.float32).tobytes(), name
+    b = [v for k, v in adapter.items() if k.endswith(".lora_B.weight")]
+    assert len(b) == 24 and all(np.abs(v).max() > 0 for v in b)  # B starts at zero: every adapter moved
 
 
 @pytest.mark.slow
