@@ -5,7 +5,8 @@ directory that diffusers loads; bad inputs as the entry meets them, one line eac
 The features are tiny and random (two MindSpeed-MM .pt files written with torch.save, two mmrun .safetensors), the
 DiT has one layer, one micro-batch of 2 per step (MindSpore's PyNative step costs per operation: the run is the
 slow part). Each run trains once per module. Two data-parallel ranks (one sample each) on both frameworks and FSDP2
-on PyTorch train the losses of one rank with the same micro-batches (3 iterations). LoRA through the entry is shown with real output in
+on PyTorch train the losses of one rank with the same micro-batches (2 iterations). LoRA through the entry is shown
+with real output in
 docs/generation.md; the LoRA module itself is tests/models/test_lora.py.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "models" / "pretrain_sora.py"
 ITERS = 10
-DP_ITERS = 3
+DP_ITERS = 2
 TOLERANCE = 1e-5
 # examples/wan2.1/1.3b/t2v/pretrain.sh's GPT_ARGS (sizes and schedule made tiny), as the script passes them.
 PRETRAIN_SH = [
