@@ -104,7 +104,8 @@ def _model_source(argv: list[str]) -> ModelSource:
     lora = any(token.split("=")[0] in LORA_FLAGS for token in argv)
     if lora and split:
         raise UsageError("--lora-target-modules with --tensor-/--pipeline-model-parallel-size > 1: LoRA on "
-                         "Qwen2-VL trains unsplit (data parallel, any number of ranks); drop the split or the LoRA flags")
+                         "Qwen2-VL trains unsplit (data parallel, any number of ranks); drop the split or the LoRA "
+                         "flags")
     # `pip install -e ".[torch]"` (the README's quick start) has no megatron-core: an unsplit model trains on
     # the data-parallel engine there (the same network, as on MindSpore), said once; a split one still needs it.
     without_mcore = framework == "pytorch" and not split and not lora and not _megatron_core_installed()

@@ -61,7 +61,8 @@ def sora(tmp_path_factory, tk):
     runs = {"pytorch": ("pytorch", 1, []), "mindspore": ("mindspore", 1, []),
             # a global batch of 2 as two micro-batches of 1 (each draws its own timestep) on one rank, then as one
             # on each of two ranks
-            "pytorch-mb1": ("pytorch", 1, split), "pytorch-dp2": ("pytorch", 2, split), "mindspore-dp2": ("mindspore", 2, split),
+            "pytorch-mb1": ("pytorch", 1, split), "pytorch-dp2": ("pytorch", 2, split),
+            "mindspore-dp2": ("mindspore", 2, split),
             "pytorch-fsdp2": ("pytorch", 2, [*split, "--use-torch-fsdp2", "--fsdp2-config-path", str(fsdp2)])}
 
     class Runs:

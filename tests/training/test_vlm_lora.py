@@ -85,7 +85,8 @@ def test_the_adapter_loads_into_peft_with_mmruns_logits_and_merges(vlm, base, tm
     logits = tensors.to_numpy(ours(input_ids=tensors.from_numpy(ids), pixel_values=tensors.from_numpy(pixels),
                                    image_grid_thw=tensors.from_numpy(grid))["logits"])
     inputs = dict(input_ids=torch.from_numpy(ids), pixel_values=torch.from_numpy(pixels),
-                  image_grid_thw=torch.from_numpy(grid), mm_token_type_ids=torch.from_numpy((ids == 5).astype(np.int64)))
+                  image_grid_thw=torch.from_numpy(grid),
+                  mm_token_type_ids=torch.from_numpy((ids == 5).astype(np.int64)))
     peft = PeftModel.from_pretrained(HF.from_pretrained(str(root / "hf")), str(adapter)).eval()
     with torch.no_grad():
         theirs = peft(**inputs).logits.numpy()
