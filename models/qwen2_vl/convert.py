@@ -32,6 +32,7 @@ from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
+from mmrun.training.checkpoint_layout import CheckpointError
 
 CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl"}
 LOAD_HINT = "--no-load-optim --no-load-rng, or --finetune"
@@ -186,7 +187,14 @@ def _saved_dtype(hf_dir: str) -> str | None:
 def mm_to_hf(converter: str, cfg: dict[str, Any]) -> None:
     save_dir, mm_dir, hf_dir = _get(cfg, "save_hf_dir"), _get(cfg, "mm_dir"), _get(cfg, "hf_config.hf_dir")
     config = _config(converter, hf_dir)
-    source = _open(converter, mm_dir, "mm_dir", config)
+    try:
+        source = _open(converter, mm_dir, "mm_dir", config)
+    except (UsageError, CheckpointError) as err:
+        if ".lora_A.weight" not in str(err):
+            raise
+        raise UsageError(f"--cfg.mm_dir {mm_dir} is a LoRA run's checkpoint (the base and its adapters): write the "
+                         f"adapter with lora_to_peft --cfg.source_path {mm_dir} --cfg.target_path ADAPTER, then "
+                         "merge_lora_to_base it into the base's Hugging Face directory") from None
     _check_given_split(cfg, "parallel_config", source)
     dtype = _saved_dtype(hf_dir)
     print(f"converting {source.path} ({source.describe()}) to {save_dir} in "

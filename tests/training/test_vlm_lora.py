@@ -55,7 +55,7 @@ def test_only_adapters_train(vlm, base):
 
 
 @pytest.mark.slow
-def test_the_adapter_loads_into_peft_with_mmruns_logits_and_merges(vlm, base, tmp_path):
+def test_the_adapter_loads_into_peft_with_mmruns_logits_and_merges(vlm, base, tmp_path, capsys):
     import torch
     from peft import PeftModel
     from transformers import Qwen2VLForConditionalGeneration as HF
@@ -100,6 +100,11 @@ def test_the_adapter_loads_into_peft_with_mmruns_logits_and_merges(vlm, base, tm
     with torch.no_grad():
         folded = HF.from_pretrained(str(merged)).eval()(**inputs).logits.numpy()
     np.testing.assert_allclose(folded, theirs, atol=TOLERANCE, rtol=0)
+    capsys.readouterr()  # mm_to_hf of a LoRA checkpoint says which two commands to run, in one line
+    assert convert(["Qwen2VLConverter", "mm_to_hf", "--cfg.save_hf_dir", str(tmp_path / "out"), "--cfg.mm_dir",
+                    str(vlm.ckpt("lora-pytorch")), "--cfg.hf_config.hf_dir", str(root / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "is a LoRA run's checkpoint" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
