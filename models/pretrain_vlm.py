@@ -90,7 +90,11 @@ def _model_source(argv: list[str]) -> ModelSource:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
                          "scripts/finetune_qwen2vl.sh)")
     raw = read_mm_json(known.mm_model, "--mm-model")
-    if qwen3_model_json.is_qwen3_model_json(raw):  # Qwen3-VL: data parallelism only (no TP/PP split built)
+    lora = any(token.split("=")[0] in LORA_FLAGS for token in argv)
+    if qwen3_model_json.is_qwen3_model_json(raw):
+        if lora:
+            raise UsageError(f"--lora-target-modules: LoRA is built for Qwen2-VL / Qwen2.5-VL, not yet for "
+                             f"Qwen3-VL ({known.mm_model}); drop the LoRA flags")  # Qwen3-VL: data parallelism only (no TP/PP split built)
         _MODEL_JSON = qwen3_model_json.parse_model_json(raw, known.mm_model)
         qwen3_model_json.check_one_stage(_MODEL_JSON)
         for line in _MODEL_JSON.warnings:
@@ -101,7 +105,6 @@ def _model_source(argv: list[str]) -> ModelSource:
 
     framework = resolve(argv).framework
     split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
-    lora = any(token.split("=")[0] in LORA_FLAGS for token in argv)
     if lora and split:
         raise UsageError("--lora-target-modules with --tensor-/--pipeline-model-parallel-size > 1: LoRA on "
                          "Qwen2-VL trains unsplit (data parallel, any number of ranks); drop the split or the LoRA "
@@ -156,7 +159,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     if weights is not None:
         model.load_state_dict(tensors.state_dict_from_numpy({name: weights.read_float(name) for name in weights}))
         _loaded_hf(len(weights))
-    if args.lora_target_modules and config.model_type != "qwen3_vl":
+    if args.lora_target_modules:  # Qwen2-VL / Qwen2.5-VL (_model_source refused it for Qwen3-VL)
         # PEFT's rule, as MindSpeed-MM's get_peft_model: adapters on every matching Linear, everything else frozen
         from mmrun.models import lora
         from mmrun.models.qwen2_vl.peft_adapter import LORA_TARGETS
