@@ -16,6 +16,9 @@ Qwen3-VL (dense): MindSpeed-MM runs its Qwen3-VL inference through transformers 
 inference_demo.py) and has no inference json for it; here the Qwen2.5-VL json serves with Qwen3-VL's model
 sections (model.json's: text_decoder.model_id qwen3_lm or qwen3lm, a qwen3vit image encoder), the prompt in
 its qwen3_vl_nothink template and its weights from a Hugging Face directory.
+A LoRA adapter in PEFT's layout (peft's save_pretrained, or `mmrun convert Qwen2VLConverter lora_to_peft`) is
+folded into those weights before generation: the json's `lora_path` (mmrun's key: MindSpeed-MM merges adapters
+offline and has none) or --lora-load DIR (MindSpeed-LLM's flag; it wins over the json).
 
 The answer streams to stdout token by token; a summary line goes to stderr. The launch script's other Megatron
 flags (parallel sizes, --use-flash-attn, ...) are accepted and ignored in one notice: one process runs the
@@ -37,7 +40,7 @@ PIPELINES = ("Qwen2VlPipeline",)
 # The inference / evaluation json's own keys (not model.json's): read here, not passed to the model reader.
 INFERENCE_KEYS = ("pipeline_class", "tokenizer", "generation_config", "image_path", "video_path", "prompts",
                   "min_pixels", "max_pixels", "dtype", "device", "dataset_path", "evaluation_dataset",
-                  "evaluation_model", "result_output_path", "use_custom_prompt")
+                  "evaluation_model", "result_output_path", "use_custom_prompt", "lora_path")
 # text_decoder.model_id -> model.json's model_id (the inference json has no model-level one).
 TEXT_DECODERS = {"qwen2lm": "qwen2vl", "qwen2_5_lm": "qwen2_5vl", "qwen3_lm": "qwen3_vl", "qwen3lm": "qwen3_vl"}
 # model.json's model_id -> (the model's package: model_json, configuration, hf_checkpoint, modeling; its config
@@ -69,6 +72,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                              "generation_config, image_path, prompts, ...)")
     parser.add_argument("--load", help="a Hugging Face directory, or an mmrun / MindSpeed-MM checkpoint directory "
                                        "(any TP/PP split)")
+    parser.add_argument("--lora-load", "--lora_load", dest="lora_load", default=None,
+                        help="a LoRA adapter directory in PEFT's layout, folded into --load's weights (the json's "
+                             "lora_path)")
     parser.add_argument("--seed", type=int, default=1234, help="the sampling seed (numpy; the same draws on both "
                                                                "frameworks)")
     parser.add_argument("--ai-framework", "--ai_framework", dest="ai_framework", default=None,
@@ -149,9 +155,26 @@ def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[
         opened = checkpoint_vlm.open_checkpoint(source, config)
         weights = dict(opened.hf_tensors())
         log(f"weights: checkpoint {source} ({opened.describe()})")
+    if raw.get("lora_path"):
+        weights = _with_adapter(weights, str(raw["lora_path"]), log)
     model = getattr(modeling, model_class)(config)
     modeling.load_hf_weights(model, weights)
     return model
+
+
+def _with_adapter(weights: Any, adapter_dir: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """The weights with a PEFT adapter folded in (W + B A lora_alpha / r): generation then costs what the base's
+    does. The adapter's module names are transformers' (4.x or 5.x); models/qwen2_vl/peft_adapter.py maps them."""
+    from mmrun.models import lora
+    from mmrun.models.qwen2_vl.hf_checkpoint import to_float_arrays
+    from mmrun.models.qwen2_vl.peft_adapter import adapter_from_peft
+
+    config, adapter = lora.read_adapter(adapter_dir)
+    merged = lora.merged_weights(to_float_arrays({name: weights[name] for name in weights}), config,
+                                 adapter_from_peft(adapter))
+    log(f"LoRA adapter {adapter_dir}: {len(adapter) // 2} layers folded in (r {config['r']}, "
+        f"alpha {config['lora_alpha']:g})")
+    return merged
 
 
 class Qwen2VlPipeline:
@@ -220,6 +243,8 @@ def run(argv: list[str]) -> int:
     if rest:
         notice(f"ignored (one process runs the whole model): {' '.join(a for a in rest if a.startswith('--'))}")
     raw = read_inference_json(args.mm_model)
+    if args.lora_load:
+        raw["lora_path"] = args.lora_load
     from mmrun.data.multimodal.vlm_prompt import open_image
 
     images = raw.get("image_path")

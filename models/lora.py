@@ -30,6 +30,7 @@ from mmrun.common.atomic_write import atomic_write
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
+LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
 class LoRALinear(nn.Module):
     """A Linear with a low-rank update; `weight` and `bias` are the base layer's own parameters (frozen)."""
@@ -108,6 +109,21 @@ def apply_lora(model: Any, targets: Sequence[str], r: int, alpha: float, seed: i
     return [name for name, *_ in found]
 
 
+def apply_from_args(model: Any, args: Any, table: Mapping[str, Sequence[str]] | None, log: Any) -> list[str]:
+    """An entry's --lora-r / --lora-alpha / --lora-target-modules (names mapped through `table`) on `model`;
+    --lora-dropout other than 0 is refused (no dropout here). One line to `log`: what trains."""
+    r, alpha = int(args.lora_r or 8), float(args.lora_alpha or 16)
+    if float(getattr(args, "lora_dropout", None) or 0.0) != 0.0:
+        raise UsageError(f"--lora-dropout {args.lora_dropout}: mmrun's LoRA has no dropout; drop the flag "
+                         "(MindSpeed-MM's LoRA scripts run without it)")
+    targets = expand_targets(args.lora_target_modules, table)
+    adapted = apply_lora(model, targets, r, alpha, seed=args.seed)
+    trainable = sum(int(np.prod(p.shape)) for p in model.parameters() if p.requires_grad)
+    log(f" > LoRA r {r}, alpha {alpha:g} on {len(adapted)} layers ({', '.join(sorted(set(targets)))}); "
+        f"{trainable} trainable parameters, the rest frozen")
+    return adapted
+
+
 def lora_modules(model: Any) -> list[tuple[str, LoRALinear]]:
     return [(name, child) for name, child, _, _ in _named_modules(model) if isinstance(child, LoRALinear)]
 
@@ -167,6 +183,22 @@ def read_adapter(directory: str | Path) -> tuple[dict[str, Any], dict[str, np.nd
     weights = {key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key: value
                for key, value in load_file(str(directory / ADAPTER_WEIGHTS)).items()}
     return config, weights
+
+
+def split_adapter(model: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A trained checkpoint's tensors -> (base weights, adapter weights)."""
+    base = {k: v for k, v in model.items() if not k.endswith(LORA_SUFFIXES)}
+    adapter = {k: v for k, v in model.items() if k.endswith(LORA_SUFFIXES)}
+    return base, adapter
+
+
+def checkpoint_adapter_config(meta: Mapping[str, Any], adapter: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """r (from lora_A's shape), lora_alpha (the run's --lora-alpha, saved in the checkpoint's args) and the adapted
+    modules of a checkpoint's adapter."""
+    args = meta.get("args") or {}
+    modules = sorted({k[: -len(LORA_SUFFIXES[0])] for k in adapter if k.endswith(LORA_SUFFIXES[0])})
+    r = int(adapter[modules[0] + LORA_SUFFIXES[0]].shape[0])
+    return {"r": r, "lora_alpha": float(args.get("lora_alpha") or 16), "target_modules": modules}
 
 
 def merged_weights(base: Mapping[str, np.ndarray], config: Mapping[str, Any],

@@ -130,15 +130,7 @@ def _apply_lora(model: Any, args: argparse.Namespace) -> None:
     from mmrun.models import lora
     from mmrun.models.wan.mindspeed_names import LORA_TARGETS
 
-    r, alpha = int(args.lora_r or 8), float(args.lora_alpha or 16)
-    if float(args.lora_dropout or 0.0) != 0.0:
-        raise UsageError(f"--lora-dropout {args.lora_dropout}: mmrun's LoRA has no dropout; drop the flag "
-                         "(MindSpeed-MM's Wan2.1 LoRA script runs without it)")
-    targets = lora.expand_targets(args.lora_target_modules, LORA_TARGETS)
-    adapted = lora.apply_lora(model, targets, r, alpha, seed=args.seed)
-    trainable = sum(int(np.prod(p.shape)) for p in model.parameters() if p.requires_grad)
-    print_rank_0(f" > LoRA r {r}, alpha {alpha:g} on {len(adapted)} layers ({', '.join(sorted(set(targets)))}); "
-                 f"{trainable} trainable parameters, the rest frozen")
+    lora.apply_from_args(model, args, LORA_TARGETS, print_rank_0)
 
 
 # ------------------------------------------------------------------------------------------------ data

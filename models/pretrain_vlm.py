@@ -57,6 +57,9 @@ SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 # Models whose MindSpore step compiles on fixed-shape batches (Qwen2.5-VL's window layout is not padded yet).
 FIXED_SHAPE_MODELS = ("qwen2_vl",)
 FIRST_BUCKET_MAX = 4096
+LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
+# Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: models/qwen2_vl/peft_adapter.py).
+ENTRY_FEATURES = ("lora",)
 _MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -87,7 +90,11 @@ def _model_source(argv: list[str]) -> ModelSource:
         raise UsageError("--mm-model is required: pass MindSpeed-MM's model.json (the demo writes one: "
                          "scripts/finetune_qwen2vl.sh)")
     raw = read_mm_json(known.mm_model, "--mm-model")
+    lora = any(token.split("=")[0] in LORA_FLAGS for token in argv)
     if qwen3_model_json.is_qwen3_model_json(raw):
+        if lora:
+            raise UsageError(f"--lora-target-modules: LoRA is built for Qwen2-VL / Qwen2.5-VL, not yet for "
+                             f"Qwen3-VL ({known.mm_model}); drop the LoRA flags")
         # Qwen3-VL: unsplit on the data-parallel engine; split (TP/PP) on MindSpore's parallel engine
         _MODEL_JSON = qwen3_model_json.parse_model_json(raw, known.mm_model)
         split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
@@ -103,18 +110,22 @@ def _model_source(argv: list[str]) -> ModelSource:
 
     framework = resolve(argv).framework
     split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
+    if lora and split:
+        raise UsageError("--lora-target-modules with --tensor-/--pipeline-model-parallel-size > 1: LoRA on "
+                         "Qwen2-VL trains unsplit (data parallel, any number of ranks); drop the split or the LoRA "
+                         "flags")
     # `pip install -e ".[torch]"` (the README's quick start) has no megatron-core: an unsplit model trains on
     # the data-parallel engine there (the same network, as on MindSpore), said once; a split one still needs it.
-    without_mcore = framework == "pytorch" and not split and not _megatron_core_installed()
+    without_mcore = framework == "pytorch" and not split and not lora and not _megatron_core_installed()
     if without_mcore:
         say_rank0("warning", "megatron-core is not installed: this run trains the model on mmrun's data-parallel "
                   "engine (the same network and initial weights); pip install megatron-core (the [megatron] extra) "
                   "to train it on megatron-core as --use-mcore-models asks")
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
-                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore,
+                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore or lora,
                        ms_jit=framework == "mindspore" and not split and _MODEL_JSON.hf_config["model_type"]
-                       in FIXED_SHAPE_MODELS)
+                       in FIXED_SHAPE_MODELS, features=ENTRY_FEATURES)
 
 
 def _megatron_core_installed() -> bool:
@@ -153,6 +164,13 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     if weights is not None:
         model.load_state_dict(tensors.state_dict_from_numpy({name: weights.read_float(name) for name in weights}))
         _loaded_hf(len(weights))
+    if args.lora_target_modules:  # Qwen2-VL / Qwen2.5-VL (_model_source refused it for Qwen3-VL)
+        # PEFT's rule, as MindSpeed-MM's get_peft_model: adapters on every matching Linear, everything else frozen
+        from mmrun.models import lora
+        from mmrun.models.qwen2_vl.peft_adapter import LORA_TARGETS
+
+        lora.apply_from_args(model, args, LORA_TARGETS, print_rank_0)
+        return model
     freeze = _MODEL_JSON.freeze
     model.freeze(vision_encoder=freeze["vision_encoder"], vision_projector=freeze["vision_projector"],
                  text_decoder=freeze["text_decoder"])

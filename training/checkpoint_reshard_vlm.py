@@ -25,10 +25,30 @@ from mmrun.training.checkpoint_store import LoadedCheckpoint
 VLM_NAMES = (checkpoint_vlm.MM_NAMES, checkpoint_vlm.HF_NAMES)
 
 
+# Top-level sections of a VLM model.json (MindSpeed-MM's Qwen2-VL / Qwen2.5-VL / Qwen3-VL files); a Wan
+# pretrain_model.json (pretrain_sora.py's --mm-model) has `predictor` instead.
+VLM_SECTIONS = ("image_encoder", "text_decoder")
+
+
 def is_vlm(meta: Mapping[str, Any], args: argparse.Namespace) -> bool:
-    """A Qwen2-VL checkpoint, or a run of the VLM entry (whose data-parallel checkpoints carry the engine's
-    generic model_names)."""
-    return meta.get("model_names") in VLM_NAMES or bool(getattr(args, "mm_model", None))
+    """A Qwen2-VL checkpoint, or a run whose --mm-model is a VLM model.json (its data-parallel checkpoints carry
+    the engine's generic model_names); another entry's --mm-model (a Wan predictor) is not one."""
+    return meta.get("model_names") in VLM_NAMES or is_vlm_model_json(getattr(args, "mm_model", None))
+
+
+def is_vlm_model_json(path: str | None) -> bool:
+    """Whether the json at `path` describes a vision-language model (VLM_SECTIONS); False for none, a file that
+    does not read as a JSON object, or another model's json."""
+    import json
+    from pathlib import Path
+
+    if not path or not Path(path).is_file():
+        return False
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(raw, dict) and any(isinstance(raw.get(key), dict) for key in VLM_SECTIONS)
 
 
 def _model_json(args: argparse.Namespace) -> Any:

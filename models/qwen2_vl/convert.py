@@ -10,6 +10,10 @@
                `<hf_config.hf_dir>` (the original download), with its tokenizer and processor files copied
     resplit    the newest checkpoint of `<source_dir>` -> `<target_dir>/release` split as
                --cfg.target_parallel_config says (mm-convert's options)
+    lora_to_peft         the LoRA adapters of a pretrain_vlm.py --lora-target-modules run (--cfg.source_path: its
+                         --save) -> --cfg.target_path in PEFT's layout for transformers' model (peft loads it)
+    merge_lora_to_base   a Hugging Face directory (--cfg.source_path) + a PEFT adapter (--cfg.lora_path) -> the
+                         merged Hugging Face directory (--cfg.target_path; W + B A lora_alpha/r, the source's dtype)
 
 The source's split is read from its files; a --cfg.parallel_config (mm_to_hf) or --cfg.source_parallel_config
 (resplit) that the guides pass is checked against them. Every conversion streams tensor by tensor (memory: a few
@@ -28,6 +32,7 @@ from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
+from mmrun.training.checkpoint_layout import CheckpointError
 
 CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl",
                          "Qwen3VLMegatronConverter": "qwen3_vl"}
@@ -191,7 +196,14 @@ def _saved_dtype(hf_dir: str) -> str | None:
 def mm_to_hf(converter: str, cfg: dict[str, Any]) -> None:
     save_dir, mm_dir, hf_dir = _get(cfg, "save_hf_dir"), _get(cfg, "mm_dir"), _get(cfg, "hf_config.hf_dir")
     config = _config(converter, hf_dir)
-    source = _open(converter, mm_dir, "mm_dir", config)
+    try:
+        source = _open(converter, mm_dir, "mm_dir", config)
+    except (UsageError, CheckpointError) as err:
+        if ".lora_A.weight" not in str(err):
+            raise
+        raise UsageError(f"--cfg.mm_dir {mm_dir} is a LoRA run's checkpoint (the base and its adapters): write the "
+                         f"adapter with lora_to_peft --cfg.source_path {mm_dir} --cfg.target_path ADAPTER, then "
+                         "merge_lora_to_base it into the base's Hugging Face directory") from None
     _check_given_split(cfg, "parallel_config", source)
     dtype = _saved_dtype(hf_dir)
     print(f"converting {source.path} ({source.describe()}) to {save_dir} in "
@@ -225,6 +237,50 @@ def resplit(converter: str, cfg: dict[str, Any]) -> None:
           f"{LOAD_HINT})", flush=True)
 
 
+def lora_to_peft(converter: str, cfg: dict[str, Any]) -> None:
+    from mmrun.models import lora
+    from mmrun.models.qwen2_vl.peft_adapter import adapter_to_peft
+    from mmrun.training.checkpoint_store import find_checkpoint, recover_interrupted_saves
+
+    root, target = _get(cfg, "source_path"), _get(cfg, "target_path")
+    if not Path(root).is_dir():
+        raise UsageError(f"--cfg.source_path {root}: no such directory; pass the --save directory of the "
+                         "pretrain_vlm.py LoRA run")
+    recover_interrupted_saves(root)
+    ckpt = find_checkpoint(root, log=print)
+    if ckpt is None:
+        raise UsageError(f"--cfg.source_path {root} holds no checkpoint (no iter_* directory)")
+    _, adapter = lora.split_adapter(ckpt.model)
+    if not adapter:
+        raise UsageError(f"{ckpt.path} holds no LoRA adapters (no *.lora_A.weight); it is a full fine-tune: use "
+                         "mm_to_hf")
+    config = lora.checkpoint_adapter_config(ckpt.meta, adapter)
+    peft = adapter_to_peft(adapter)
+    config["target_modules"] = sorted({name[: -len(lora.LORA_SUFFIXES[0])] for name in peft
+                                       if name.endswith(lora.LORA_SUFFIXES[0])})
+    out = lora.write_adapter(target, config, peft, base_model=cfg.get("hf_dir"))
+    print(f"wrote {out} ({len(config['target_modules'])} adapted layers, r {config['r']}, "
+          f"alpha {config['lora_alpha']:g}) from {ckpt.path}")
+
+
+def merge_lora_to_base(converter: str, cfg: dict[str, Any]) -> None:
+    from mmrun.models import lora
+    from mmrun.models.qwen2_vl.peft_adapter import adapter_from_peft
+
+    source, target = _get(cfg, "source_path"), _get(cfg, "target_path")
+    config = _config(converter, source)
+    lora_config, adapter = lora.read_adapter(_get(cfg, "lora_path"))
+    _, base = hf_checkpoint.load_hf_directory(source)
+    merged = lora.merged_weights(hf_checkpoint.to_float_arrays(base), lora_config, adapter_from_peft(adapter))
+    try:
+        out = hf_checkpoint.save_hf_directory(target, config, merged, dtype=_saved_dtype(source),
+                                              copy_files_from=source)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    print(f"wrote {out}: {source} with the adapter of {cfg['lora_path']} merged")
+
+
 SUBCOMMANDS: dict[str, Callable[[str, dict[str, Any]], None]] = {
-    "hf_to_mm": hf_to_mm, "mm_to_hf": mm_to_hf, "resplit": resplit,
+    "hf_to_mm": hf_to_mm, "mm_to_hf": mm_to_hf, "resplit": resplit, "lora_to_peft": lora_to_peft,
+    "merge_lora_to_base": merge_lora_to_base,
 }

@@ -19,15 +19,10 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from mmrun.backend.errors import UsageError
 from mmrun.models import lora
 from mmrun.models.wan.configuration import WanTransformerConfig
 from mmrun.models.wan.transformer import CONFIG_FILE, read_diffusers_weights, save_diffusers_directory
-
-LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
-
 
 def _get(cfg: dict[str, Any], key: str) -> Any:
     if key not in cfg:
@@ -77,17 +72,7 @@ def _dtype_of(hf_dir: str) -> str | None:
     return None
 
 
-def _split(model: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    base = {k: v for k, v in model.items() if not k.endswith(LORA_SUFFIXES)}
-    adapter = {k: v for k, v in model.items() if k.endswith(LORA_SUFFIXES)}
-    return base, adapter
-
-
-def _lora_config(meta: dict[str, Any], adapter: dict[str, np.ndarray]) -> dict[str, Any]:
-    args = meta.get("args") or {}
-    modules = sorted({k[: -len(LORA_SUFFIXES[0])] for k in adapter if k.endswith(LORA_SUFFIXES[0])})
-    r = int(adapter[modules[0] + LORA_SUFFIXES[0]].shape[0])
-    return {"r": r, "lora_alpha": float(args.get("lora_alpha") or 16), "target_modules": modules}
+_split, _lora_config = lora.split_adapter, lora.checkpoint_adapter_config
 
 
 def mm_to_hf(converter: str, cfg: dict[str, Any]) -> None:

@@ -112,3 +112,53 @@ def test_a_split_checkpoint_prints_what_the_hf_directory_prints(job, capsys, tmp
     assert "tp_size 2, vit_pp_layers [2, 0], llm_pp_layers [1, 1]" in err and "> 3 new tokens after a prompt" in err
     answer = expected_answers(job, new_tokens=3)[0]
     assert answer and out == answer + "\n"
+
+
+def test_a_peft_adapter_generates_the_tokens_of_transformers_and_peft(job, capsys, tmp_path):
+    """An adapter written by peft itself (random B, so it changes the answer) on --load's HF directory: greedy
+    tokens equal transformers + peft's `generate` on the same prompt; the json's lora_path and --lora-load agree."""
+    import numpy as np
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from mmrun.data.multimodal.templates import QWEN2VL
+    from mmrun.data.multimodal.vlm_prompt import encode_prompt, open_image
+    from mmrun.models import inference_vlm
+
+    root, path, raw = job
+    torch.manual_seed(0)
+    targets = ["q_proj", "v_proj", "o_proj", "down_proj", "attn.qkv", "mlp.fc2"]
+    peft = get_peft_model(Qwen2VLForConditionalGeneration.from_pretrained(str(root / "hf")),
+                          LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)).eval()
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)  # strong enough to change greedy tokens
+    peft.save_pretrained(str(tmp_path / "adapter"))
+
+    greedy = {**raw["generation_config"], "do_sample": False, "repetition_penalty": 1.0}
+    pipe = inference_vlm.Qwen2VlPipeline({**raw, "generation_config": greedy, "lora_path": str(tmp_path / "adapter")},
+                                         str(path), str(root / "hf"), seed=1234, quiet=True)
+    base = inference_vlm.Qwen2VlPipeline({**raw, "generation_config": greedy}, str(path), str(root / "hf"), seed=1234,
+                                         quiet=True)
+    text, images = raw["prompts"][0], [open_image(raw["image_path"], "test")]
+    ours, _, _ = pipe.answer(text, images)
+    assert ours != base.answer(text, images)[0]  # the adapter is really applied
+
+    prompt = encode_prompt(pipe.tokenizer, QWEN2VL, text, images, pipe.image_config)
+    ids = prompt["input_ids"]
+    image_token = peft.base_model.model.config.image_token_id
+    with torch.no_grad():
+        out = peft.generate(input_ids=torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                            pixel_values=torch.from_numpy(prompt["pixel_values"]),
+                            image_grid_thw=torch.from_numpy(prompt["image_grid_thw"]),
+                            mm_token_type_ids=torch.from_numpy(np.where(ids == image_token, 1, 0)),
+                            max_new_tokens=greedy["max_new_tokens"], do_sample=False,
+                            eos_token_id=list(pipe.generation.eos_token_id))
+    assert ours == out[0, ids.shape[1]:].tolist()
+
+    code, printed, err = run_entry(capsys, "--mm-model", write_json(job, generation_config=greedy), "--load",
+                                   str(root / "hf"), "--lora-load", str(tmp_path / "adapter"))
+    assert code == 0 and "LoRA adapter" in err and "layers folded in" in err, err
+    assert printed.splitlines()[0] == pipe.tokenizer.detokenize([t for t in ours if t not in pipe.hidden])

@@ -4,8 +4,10 @@ directory that diffusers loads; bad inputs as the entry meets them, one line eac
 
 The features are tiny and random (two MindSpeed-MM .pt files written with torch.save, two mmrun .safetensors), the
 DiT has one layer, one micro-batch of 2 per step (MindSpore's PyNative step costs per operation: the run is the
-slow part). Each run trains once per module. LoRA through the entry, data parallelism and FSDP2 are shown with real
-output in docs/generation.md; the LoRA module itself is tests/models/test_lora.py.
+slow part). Each run trains once per module. Two data-parallel ranks (one sample each) on both frameworks and FSDP2
+on PyTorch train the losses of one rank with the same micro-batches (2 iterations). LoRA through the entry is shown
+with real output in
+docs/generation.md; the LoRA module itself is tests/models/test_lora.py.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = ROOT / "models" / "pretrain_sora.py"
 ITERS = 10
+DP_ITERS = 2
 TOLERANCE = 1e-5
 # examples/wan2.1/1.3b/t2v/pretrain.sh's GPT_ARGS (sizes and schedule made tiny), as the script passes them.
 PRETRAIN_SH = [
@@ -35,13 +38,13 @@ PRETRAIN_SH = [
 TINY_FEATURES = ROOT / "docs" / "examples" / "generation" / "tiny_features.py"  # docs/generation.md's try-out files
 
 
-def write_files(root: Path) -> dict[str, Path]:
+def write_files(root: Path, layers: int = 1) -> dict[str, Path]:
     """feature_data.json + data.jsonl + 4 feature files (2 MindSpeed-MM .pt, 2 mmrun .safetensors) and a
     pretrain_model.json in MindSpeed-MM's form, for a one-layer DiT."""
     spec = importlib.util.spec_from_file_location("mmrun_tests_tiny_features", TINY_FEATURES)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.write_files(root)
+    return module.write_files(root, layers)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,15 @@ def sora(tmp_path_factory, tk):
     args = [a for a in PRETRAIN_SH if a != "--bf16"] + ["--mm-data", str(files["data"]), "--mm-model",
                                                          str(files["model"])]
     done: dict[str, object] = {}
-    runs = {"pytorch": ("pytorch", 1, []), "mindspore": ("mindspore", 1, [])}
+    fsdp2 = base / "fsdp2.yaml"
+    fsdp2.write_text("sharding_size: auto\nsub_modules_to_wrap: ['blocks.{*}']\n")
+    split = ["--micro-batch-size", "1", "--train-iters", str(DP_ITERS), "--save-interval", str(DP_ITERS)]
+    runs = {"pytorch": ("pytorch", 1, []), "mindspore": ("mindspore", 1, []),
+            # a global batch of 2 as two micro-batches of 1 (each draws its own timestep) on one rank, then as one
+            # on each of two ranks
+            "pytorch-mb1": ("pytorch", 1, split), "pytorch-dp2": ("pytorch", 2, split),
+            "mindspore-dp2": ("mindspore", 2, split),
+            "pytorch-fsdp2": ("pytorch", 2, [*split, "--use-torch-fsdp2", "--fsdp2-config-path", str(fsdp2)])}
 
     class Runs:
         def __call__(self, name: str, framework: str = "pytorch", extra: tuple[str, ...] = ()):
@@ -104,6 +115,32 @@ def test_a_mindspore_checkpoint_resumes_on_pytorch_and_converts_for_diffusers(so
     assert sorted(loaded) == sorted(trained)
     for name, value in loaded.items():
         np.testing.assert_array_equal(value.numpy(), trained[name], err_msg=name)
+
+
+@pytest.mark.slow
+def test_data_parallel_on_both_frameworks_and_fsdp2_train_the_one_rank_losses(sora):
+    one = sora("pytorch-mb1").losses()
+    for name in ("pytorch-dp2", "mindspore-dp2", "pytorch-fsdp2"):
+        run = sora(name)
+        assert "world size 2 (data-parallel 2)" in run.output, run.output[-3000:]
+        assert sorted(run.losses()) == list(range(1, DP_ITERS + 1))
+        assert _gap(run.losses(), one, range(1, DP_ITERS + 1)) <= TOLERANCE, (name, run.losses(), one)
+    assert "engine torch-fsdp2" in sora("pytorch-fsdp2").output
+
+
+def test_pipeline_num_layers_with_a_pipeline_split_is_refused_in_one_line(tmp_path, capsys):
+    """pipeline_num_layers is read: with one stage it is ignored (MindSpeed-MM's rule), with more the DiT's
+    pipeline split is refused in one line, exit 2, before any training."""
+    from mmrun.models import pretrain_sora
+
+    files = write_files(tmp_path / "data", layers=2)
+    with pytest.raises(SystemExit) as info:
+        pretrain_sora.main([*PRETRAIN_SH, "--mm-data", str(files["data"]), "--mm-model", str(files["model"]),
+                            "--pipeline-model-parallel-size", "2"])
+    assert info.value.code == 2
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if "pipeline parallelism of the Wan DiT" in line]
+    assert len(lines) == 1, out
 
 
 def test_bad_inputs_are_one_line(tmp_path):

@@ -99,3 +99,23 @@ def test_a_data_parallel_checkpoint_resplits_like_its_hugging_face_weights(model
         theirs = read_checkpoint(root / "mm", "release", rank)
         assert list(ours.model) == list(theirs.model) and ours.iteration == 3
         assert all(np.array_equal(ours.model[n], theirs.model[n]) for n in theirs.model)
+
+
+def test_is_vlm_decides_from_the_model_json(tmp_path):
+    """A run's --mm-model makes it a VLM run only when the json is a VLM's (image_encoder / text_decoder): a Wan
+    predictor json (pretrain_sora.py's) is not, nor a missing or unreadable file; a VLM checkpoint always is."""
+    from mmrun.training.checkpoint_reshard_vlm import is_vlm
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiny_wan", ROOT / "docs" / "examples" / "generation" /
+                                                  "tiny_features.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    wan = tiny.write_files(tmp_path / "wan", pt=False)["model"]  # pretrain_sora.py's pretrain_model.json
+    (tmp_path / "broken.json").write_text("{not json")
+    for path, expected in ((MODEL_JSON, True), (ROOT / "scripts" / "qwen3vl" / "model_tiny.json", True),
+                           (wan, False), (tmp_path / "broken.json", False), (tmp_path / "absent.json", False),
+                           (None, False)):
+        assert is_vlm({}, argparse.Namespace(mm_model=None if path is None else str(path))) is expected, path
+    assert is_vlm({"model_names": "mindspeed-mm"}, argparse.Namespace(mm_model=str(wan)))

@@ -53,6 +53,30 @@ def freeze_and_step(model, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray
             "requires_grad": np.array([n for n, p in model.named_parameters() if p.requires_grad])}
 
 
+def lora_steps(model, batch: dict[str, np.ndarray], steps: int = 3) -> dict[str, np.ndarray]:
+    """MindSpeed-MM's Qwen2-VL LoRA targets (linear_qkv linear_proj linear_fc1 linear_fc2) on the model, AdamW
+    over what trains, `steps` steps on the batch: the losses, the adapters after, how far the base moved."""
+    from mmrun.backend import optim
+    from mmrun.models import lora
+    from mmrun.models.qwen2_vl.peft_adapter import LORA_TARGETS
+
+    targets = lora.expand_targets(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], LORA_TARGETS)
+    adapted = lora.apply_lora(model, targets, r=4, alpha=8, seed=5)
+    before = {n: tensors.to_numpy(p).copy() for n, p in model.named_parameters() if not p.requires_grad}
+    optimizer = optim.AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.0)
+    inputs = {k: tensors.from_numpy(v) for k, v in batch.items() if k in MODEL_KEYS}
+    losses = []
+    for _ in range(steps):
+        loss, grads = autograd.value_and_grad(lambda: model(**inputs)["loss_dict"]["loss"], optimizer.params)()
+        optimizer.step(grads)
+        losses.append(float(tensors.to_numpy(loss)))
+    base_moved = max(float(np.abs(tensors.to_numpy(p) - before[n]).max()) for n, p in model.named_parameters()
+                     if n in before)
+    return {"losses": np.array(losses), "adapted": np.array(adapted), "optimizer_names": np.array(optimizer.names),
+            "base_moved": np.float32(base_moved),
+            **{f"adapter/{k}": v for k, v in lora.adapter_state(model).items()}}
+
+
 def initialised(config_dir: str, seed: int) -> dict[str, np.ndarray]:
     """init_weights(seed) of a model built from the directory's config: every parameter, and their order."""
     from mmrun.models.qwen2_vl import Qwen2VLForConditionalGeneration, init_weights
@@ -79,7 +103,7 @@ def from_pretrained(path: str):
 
 
 def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each case `<c>`: `<c>/kind` forward (default) | freeze | init, `<c>/dir`, and the batch arrays."""
+    """Each case `<c>`: `<c>/kind` forward (default) | freeze | lora | init, `<c>/dir`, and the batch arrays."""
     out: dict[str, np.ndarray] = {}
     for case in sorted({k.split("/", 1)[0] for k in cases}):
         fields = {k.split("/", 1)[1]: v for k, v in cases.items() if k.startswith(case + "/")}
@@ -87,6 +111,8 @@ def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         per_token = bool(fields.pop("per_token", np.array(False)))
         if kind == "init":
             result = initialised(path, int(fields["seed"]))
+        elif kind == "lora":
+            result = lora_steps(from_pretrained(path), fields)
         elif kind == "freeze":
             result = freeze_and_step(from_pretrained(path), fields)
         else:
