@@ -57,9 +57,9 @@ def draw_clip(rng: np.random.Generator, frames: int, size: int,
     colour, shape, direction = combination or COMBINATIONS[int(rng.integers(len(COMBINATIONS)))]
     dy, dx = DIRECTIONS[direction]
     radius = size // 6
-    # The shape travels TRAVEL of the frame from a random place (the DiT sees positions only relative to each
-    # other, through its rotary embedding: it can learn "the same shape, a step further each frame", not where
-    # the frame's edge is; clips crossing the frame edge to edge it learnt as scattered blobs).
+    # The shape travels TRAVEL of the frame from a random place: the DiT sees positions only relative to each
+    # other (its rotary embedding), so "the same shape, a step further each frame" is what it has to learn, not
+    # where the frame's edges are (clips crossing the frame edge to edge were tried first).
     travel = int(size * TRAVEL)
     start = int(rng.integers(radius + 1, size - radius - 1 - travel + 1))
     cross = int(rng.integers(radius + 1, size - radius - 1))  # the coordinate across the motion
@@ -136,7 +136,8 @@ def _save(model, directory: Path, config: dict, weights_name: str) -> None:
     (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
 
 
-def write_models(out: Path, seed: int) -> Path:
+def write_models(out: Path, seed: int) -> tuple[Path, object]:
+    """The tiny Diffusers directory's root, and the VAE written there."""
     from mmrun import backend
     from mmrun.backend import tensors
     from mmrun.models import pretrained_dir
