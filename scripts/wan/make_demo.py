@@ -1,10 +1,11 @@
 """Offline inputs of the Wan2.1 demo (scripts/pretrain_wan.sh): a synthetic captioned video set, and a tiny
-Wan "Diffusers directory" (vae/, text_encoder/, tokenizer/) with random weights, all in MindSpeed-MM's layout.
+Wan "Diffusers directory" (vae/, text_encoder/, tokenizer/), all in MindSpeed-MM's layout.
 
-    python scripts/wan/make_demo.py OUT_DIR [--videos 32] [--frames 9] [--size 32]
+    python scripts/wan/make_demo.py OUT_DIR [--videos 64] [--frames 9] [--size 32]
 
 writes
-    OUT_DIR/videos/*.mp4            a coloured shape (square or disc) moving left/right/up/down on grey
+    OUT_DIR/videos/*.mp4            a coloured shape (square or disc) moving left/right/up/down on grey, every
+                                    (colour, shape, direction) in turn
     OUT_DIR/annotation.json         [{"path": "clip_000.mp4", "cap": "a red square moves right"}, ...]
     OUT_DIR/data.txt                `OUT_DIR/videos,OUT_DIR/annotation.json` (data_storage_mode combine)
     OUT_DIR/prompts.txt             a few captions to sample, one per line (inference_model.json's prompt)
@@ -14,9 +15,10 @@ writes
                                     pretrain_model.json (training), inference_model.json (sampling)
 
 The models are mmrun's own (models/wan/vae.py, text_encoder.py) built on the chosen framework and written in the
-layout diffusers and transformers read (no download, no diffusers needed). Their weights are random: the DiT
-learns the random VAE's latents of the clips, and the sampled latents decode through that VAE, so the demo's
-videos show the VAE's texture, not the shapes (a trained VAE is what turns latents back into pictures).
+layout diffusers and transformers read (no download, no diffusers needed). The text encoder's weights are random
+(its embeddings still tell the captions apart); the VAE's are set by hand (scripts/wan/shape_vae.py: a latent is a
+4x4 patch's mean colour, every frame its own latent frame), so it reconstructs these flat-coloured clips and the
+DiT's sampled latents decode to pictures of shapes. Its reconstruction error on the clips is printed.
 """
 from __future__ import annotations
 
@@ -27,15 +29,17 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import shape_vae  # noqa: E402  (scripts/wan/ is not a package)
+
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 230), "yellow": (230, 210, 40)}
 SHAPES = ("square", "disc")
 DIRECTIONS = {"right": (0, 1), "left": (0, -1), "down": (1, 0), "up": (-1, 0)}
 BACKGROUND = 128
+TRAVEL = 0.375  # of the frame's size, first frame to last
 SPECIALS = ("<pad>", "</s>", "<unk>")  # T5's ids 0, 1, 2: pad, end of sequence, unknown
 MAX_TEXT_LENGTH = 16
-VAE_CONFIG = {"_class_name": "AutoencoderKLWan", "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2],
-              "num_res_blocks": 1, "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
-              "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}
+VAE_CONFIG = shape_vae.CONFIG
 UMT5_CONFIG = {"model_type": "umt5", "architectures": ["UMT5EncoderModel"], "d_model": 32, "d_kv": 8, "d_ff": 64,
                "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
                "relative_attention_max_distance": 16, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "gated-gelu",
@@ -43,18 +47,26 @@ UMT5_CONFIG = {"model_type": "umt5", "architectures": ["UMT5EncoderModel"], "d_m
                "dropout_rate": 0.0, "tie_word_embeddings": False}
 
 
-def draw_clip(rng: np.random.Generator, frames: int, size: int) -> tuple[np.ndarray, str]:
-    """One clip (frames, size, size, 3) uint8 and its caption."""
-    colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
-    direction = rng.choice(list(DIRECTIONS))
+COMBINATIONS = [(c, s, d) for c in COLOURS for s in SHAPES for d in DIRECTIONS]
+
+
+def draw_clip(rng: np.random.Generator, frames: int, size: int,
+              combination: tuple[str, str, str] | None = None) -> tuple[np.ndarray, str]:
+    """One clip (frames, size, size, 3) uint8 and its caption: `combination` (colour, shape, direction), or a
+    random one, at a random place."""
+    colour, shape, direction = combination or COMBINATIONS[int(rng.integers(len(COMBINATIONS)))]
     dy, dx = DIRECTIONS[direction]
     radius = size // 6
-    travel = size - 2 * radius - 4
-    cross = int(rng.integers(radius + 2, size - radius - 2))  # the fixed coordinate
+    # The shape travels TRAVEL of the frame from a random place: the DiT sees positions only relative to each
+    # other (its rotary embedding), so "the same shape, a step further each frame" is what it has to learn, not
+    # where the frame's edges are (clips crossing the frame edge to edge were tried first).
+    travel = int(size * TRAVEL)
+    start = int(rng.integers(radius + 1, size - radius - 1 - travel + 1))
+    cross = int(rng.integers(radius + 1, size - radius - 1))  # the coordinate across the motion
     yy, xx = np.mgrid[:size, :size]
     clip = np.full((frames, size, size, 3), BACKGROUND, np.uint8)
     for t in range(frames):
-        along = radius + 2 + travel * t // max(frames - 1, 1)
+        along = start + travel * t // max(frames - 1, 1)
         if dy + dx < 0:
             along = size - 1 - along
         cy, cx = (along, cross) if dy else (cross, along)
@@ -71,8 +83,10 @@ def write_videos(out: Path, count: int, frames: int, size: int, seed: int) -> li
     videos = out / "videos"
     videos.mkdir(parents=True, exist_ok=True)
     entries = []
+    # every combination once per len(COMBINATIONS) clips (in a random order), so that each prompt has examples
+    order = np.concatenate([rng.permutation(len(COMBINATIONS)) for _ in range(-(-count // len(COMBINATIONS)))])
     for i in range(count):
-        clip, caption = draw_clip(rng, frames, size)
+        clip, caption = draw_clip(rng, frames, size, COMBINATIONS[order[i]])
         path = write_video(videos / f"clip_{i:03d}.mp4", clip, fps=8)
         entries.append({"path": path.name, "cap": caption, "fps": 8, "num_frames": frames,
                         "resolution": {"height": size, "width": size}})
@@ -122,8 +136,11 @@ def _save(model, directory: Path, config: dict, weights_name: str) -> None:
     (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
 
 
-def write_models(out: Path, seed: int) -> Path:
+def write_models(out: Path, seed: int) -> tuple[Path, object]:
+    """The tiny Diffusers directory's root, and the VAE written there."""
     from mmrun import backend
+    from mmrun.backend import tensors
+    from mmrun.models import pretrained_dir
     from mmrun.models.wan.text_encoder import UMT5EncoderModel, UMT5Config
     from mmrun.models.wan.vae import AutoencoderKLWan, WanVAEConfig
 
@@ -133,16 +150,31 @@ def write_models(out: Path, seed: int) -> Path:
     text = {**UMT5_CONFIG, "vocab_size": vocab_size}
     encoder = UMT5EncoderModel(UMT5Config.from_dict(text))
     _save(encoder, root / "text_encoder", text, "model.safetensors")
-    _save(AutoencoderKLWan(WanVAEConfig.from_dict(VAE_CONFIG)), root / "vae", VAE_CONFIG,
-          "diffusion_pytorch_model.safetensors")
-    return root
+    vae = AutoencoderKLWan(WanVAEConfig.from_dict(VAE_CONFIG))
+    shapes = {name: tuple(array.shape) for name, array in tensors.state_dict_to_numpy(vae.state_dict()).items()}
+    pretrained_dir.load_into(vae, shape_vae.weights(shapes), "the demo's VAE", "scripts/wan/shape_vae.py")
+    _save(vae, root / "vae", VAE_CONFIG, "diffusion_pytorch_model.safetensors")
+    return root, vae
+
+
+def reconstruction_error(vae, clips: list[np.ndarray]) -> tuple[float, float]:
+    """Mean squared error (pixels in [-1, 1]) and PSNR (dB, peak 255) of decode(encode(clip)) over `clips`."""
+    from mmrun.backend import tensors
+
+    errors = []
+    for clip in clips:
+        pixels = np.ascontiguousarray(clip.transpose(3, 0, 1, 2)[None], np.float32) / 127.5 - 1.0
+        video = tensors.to_numpy(vae.decode(vae.encode(tensors.from_numpy(pixels))))
+        errors.append(float(np.mean((video - pixels) ** 2)))
+    mse = float(np.mean(errors))
+    return mse, float(10 * np.log10(4.0 / mse))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--videos", type=int, default=32)
+    parser.add_argument("--videos", type=int, default=64)
     parser.add_argument("--frames", type=int, default=9, help="1 + 4k frames (the VAE's temporal stride)")
     parser.add_argument("--size", type=int, default=32, help="frame height and width (a multiple of 8)")
     parser.add_argument("--seed", type=int, default=1234)
@@ -154,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     entries = write_videos(out, args.videos, args.frames, args.size, args.seed)
     print(f"wrote {len(entries)} clips of {args.frames} frames {args.size}x{args.size} -> {out / 'videos'}")
-    root = write_models(out, args.seed)
+    root, vae = write_models(out, args.seed)
     print(f"wrote the tiny Wan Diffusers directory -> {root}")
+    rng = np.random.default_rng(args.seed + 1)
+    mse, psnr = reconstruction_error(vae, [draw_clip(rng, args.frames, args.size, c)[0] for c in COMBINATIONS[::8]])
+    print(f"the VAE's reconstruction of {len(COMBINATIONS[::8])} fresh clips: mean squared error {mse:.4f} "
+          f"(pixels in [-1, 1]), PSNR {psnr:.1f} dB")
     print(f"wrote MindSpeed-MM's jsons -> {out}: {', '.join(write_configs(out))}")
     return 0
 

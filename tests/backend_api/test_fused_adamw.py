@@ -37,6 +37,25 @@ def test_torch_default_is_the_reference_on_cpu_and_fused_on_accelerators(bt):
     assert opt.fused == (bt.device.default_device().type in ("cuda", "npu"))
 
 
+def test_torch_cpu_default_is_bitwise_torch_single_tensor_adamw(bt):
+    """The multi-tensor AdamW mmrun picks on CPU changes no bit against torch.optim.AdamW's own CPU default (the
+    single-tensor loop diffusers' training scripts get), decay and no-decay groups alike."""
+    import torch
+
+    if bt.device.default_device().type != "cpu":
+        pytest.skip("the CPU kernels")
+    ours, opt = _run(bt, None)
+    rng = np.random.default_rng(0)
+    params = [torch.nn.Parameter(torch.from_numpy(rng.standard_normal(s).astype(np.float32))) for s in ((8, 4), (4,))]
+    reference = torch.optim.AdamW([{"params": params[:1]}, {"params": params[1:], "weight_decay": 0.0}], lr=1e-2,
+                                  weight_decay=0.1, foreach=False)
+    for i in range(5):
+        for p in params:
+            p.grad = torch.from_numpy(np.random.default_rng(10 + i).standard_normal(tuple(p.shape)).astype(np.float32))
+        reference.step()
+    assert not opt.fused and all(np.array_equal(a, p.detach().numpy()) for a, p in zip(ours, params))
+
+
 def test_mindspore_default_is_the_fused_kernel(bm):
     _, opt = _run(bm, None, steps=1)
     assert opt.fused

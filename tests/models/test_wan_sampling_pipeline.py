@@ -116,7 +116,7 @@ def test_extraction_and_sampling_end_to_end_on_a_tiny_model(tmp_path, capsys):
     assert [r["file"] for r in dataset.records] == ["features/clip_000_mp4.safetensors",
                                                     "features/clip_001_mp4.safetensors"]
     sample = dataset[0]
-    assert sample["video"].shape == (4, 2, 4, 4) and sample["prompt_ids"].shape == (16, 32)
+    assert sample["video"].shape == (4, 5, 8, 8) and sample["prompt_ids"].shape == (16, 32)  # 4x4 pixels a latent
 
     # the same sample through diffusers' VAE and transformers' UMT5
     record = dataset.records[0]
