@@ -39,13 +39,26 @@ from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part
 DEFAULT_JIT = True
 
 
-def _all_reduce_mean(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """Tensors averaged over ranks, with one collective on a flat buffer."""
+def _flatten(tensors):
+    return mint.cat([mint.reshape(t, (-1,)) for t in tensors])
+
+
+def _unflatten(flat, like):
+    pieces = mint.split(flat, [int(t.size) for t in like])
+    return tuple([mint.reshape(p, t.shape) for p, t in zip(pieces, like)])
+
+
+# Compiled: eagerly, packing and unpacking a model's gradients is two small ops per parameter on the host each step.
+_flatten_graph, _unflatten_graph = ms.jit(_flatten), ms.jit(_unflatten)
+
+
+def _all_reduce_mean(tensors: Sequence[Tensor], compiled: bool = False) -> list[Tensor]:
+    """Tensors averaged over ranks, with one collective on a flat buffer (packed in a graph when `compiled`)."""
     from mmrun.backend.mindspore import distributed
-    flat = mint.cat([mint.reshape(t, (-1,)) for t in tensors])
+    tensors = ms.mutable(tuple(tensors)) if compiled else tuple(tensors)
+    flat = (_flatten_graph if compiled else _flatten)(tensors)
     flat = distributed.all_reduce(flat, op="mean")
-    pieces = mint.split(flat, [int(t.size) for t in tensors])
-    return [mint.reshape(p, t.shape) for p, t in zip(pieces, tensors)]
+    return list((_unflatten_graph if compiled else _unflatten)(flat, tensors))
 
 
 def _fp32(grads: Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -156,7 +169,7 @@ class TrainStep(ms.nn.Cell):
             loss = loss / num_micro
         if self.world_size > 1:
             with timers.phase("grads-all-reduce"):
-                *grads, loss = _all_reduce_mean(list(grads) + [loss])
+                *grads, loss = _all_reduce_mean(list(grads) + [loss], compiled=self.jit)
         factor = Tensor(1.0 / scale, ms.float32)
         if self.grad_scaler is None:
             with timers.phase("optimizer"):
