@@ -169,11 +169,17 @@ class TrainStep(ms.nn.Cell):
             loss = loss / num_micro
         if self.world_size > 1:
             with timers.phase("grads-all-reduce"):
-                *grads, loss = _all_reduce_mean(list(grads) + [loss], compiled=self.jit)
+                everything = list(grads) + [loss]
+                if self.jit:
+                    *grads, loss = self._announce_once("all-reduce", "the gradients packed for one collective",
+                                                       lambda: _all_reduce_mean(everything, compiled=True),
+                                                       wait=lambda out: out[-1])
+                else:
+                    *grads, loss = _all_reduce_mean(everything)
         factor = Tensor(1.0 / scale, ms.float32)
         if self.grad_scaler is None:
             with timers.phase("optimizer"):
-                norm = self._announce_once("update", lambda: self._compiled["update"](
+                norm = self._announce_once("update", "clipping and AdamW", lambda: self._compiled["update"](
                     ms.mutable(tuple(grads)), factor, self.optimizer._next_scalars()))
             return self._finish(loss, float(norm), lr)
         with timers.phase("optimizer"):
@@ -213,17 +219,17 @@ class TrainStep(ms.nn.Cell):
                           f"{time.perf_counter() - start:.1f} s (once per shape; this iteration's time includes it)")
         return out
 
-    def _announce_once(self, name, run):
-        """`run()` of the shape-independent graph `name` (the update: clip + AdamW); its first call compiles, and
-        that time is printed once too, so the first iteration's time is all accounted for."""
+    def _announce_once(self, name, what, run, wait=lambda out: out):
+        """`run()` of graphs whose shapes never change (the update, the all-reduce's packing); their first call
+        compiles, and that time is printed once too, so the first iteration's time is all accounted for."""
         if name in self._compiled_shapes:
             return run()
         start = time.perf_counter()
         out = run()
-        out.asnumpy()  # wait for the run, as _announce_compile does
+        wait(out).asnumpy()  # wait for the run, as _announce_compile does
         self._compiled_shapes.add(name)
         if self.announce:
-            self.announce(f"> MindSpore compiled the train step ({name} graph: clipping and AdamW) in "
+            self.announce(f"> MindSpore compiled the train step ({name} graph: {what}) in "
                           f"{time.perf_counter() - start:.1f} s (once; this iteration's time includes it)")
         return out
 
