@@ -475,8 +475,8 @@ printed digit (6 iterations: 6.164750 ... 5.397556). Speed against PyTorch, same
 2.13.0+cpu, mindspore 2.10.0, 2026-11-27 (`python benchmarks/ms_speed.py --rounds 1`): before MindSpore's host
 thread stopped spinning on CPU (MS_DEV_HOST_BLOCKING_RUN=1, set by the backend; perf showed it at 30 % of the
 GPT step's CPU samples), the demo 8.32x (load average 2.7), the small VLM 6.45x, the GPT 15.46x; after it, on
-the shared machine, the GPT GPTRATIO, the demo DEMORATIO, the small VLM 3.89x (load 10), the demo on 2
-data-parallel processes DP2RATIO, with TP=2 7.95x (load 6; MindSpore's parallel engine runs eagerly). Not
+the shared machine, the GPT 1.52x (load 5.5), the demo 2.46x (load 6), the small VLM 1.36x (load 4.5), the demo on 2
+data-parallel processes 6.55x (load 3 to 4), with TP=2 7.95x (load 6; MindSpore's parallel engine runs eagerly). Not
 measured on a quiet machine; table, profile and limits in docs/multimodal.md.
 """
 
