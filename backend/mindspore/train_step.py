@@ -39,26 +39,16 @@ from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part
 DEFAULT_JIT = True
 
 
-def _flatten(tensors):
-    return mint.cat([mint.reshape(t, (-1,)) for t in tensors])
+def _all_reduce_mean(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Tensors averaged over ranks, with one collective on a flat buffer.
 
-
-def _unflatten(flat, like):
-    pieces = mint.split(flat, [int(t.size) for t in like])
-    return tuple([mint.reshape(p, t.shape) for p, t in zip(pieces, like)])
-
-
-# Compiled: eagerly, packing and unpacking a model's gradients is two small ops per parameter on the host each step.
-_flatten_graph, _unflatten_graph = ms.jit(_flatten), ms.jit(_unflatten)
-
-
-def _all_reduce_mean(tensors: Sequence[Tensor], compiled: bool = False) -> list[Tensor]:
-    """Tensors averaged over ranks, with one collective on a flat buffer (packed in a graph when `compiled`)."""
+    Packed eagerly: packing in compiled graphs (tried) added 27 to 60 s of compile to the first iteration and
+    was no faster per step (2 ranks, the demo VLM: 171 ms against 159 ms per iteration, load 9)."""
     from mmrun.backend.mindspore import distributed
-    tensors = ms.mutable(tuple(tensors)) if compiled else tuple(tensors)
-    flat = (_flatten_graph if compiled else _flatten)(tensors)
+    flat = mint.cat([mint.reshape(t, (-1,)) for t in tensors])
     flat = distributed.all_reduce(flat, op="mean")
-    return list((_unflatten_graph if compiled else _unflatten)(flat, tensors))
+    pieces = mint.split(flat, [int(t.size) for t in tensors])
+    return [mint.reshape(p, t.shape) for p, t in zip(pieces, tensors)]
 
 
 def _fp32(grads: Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -169,13 +159,7 @@ class TrainStep(ms.nn.Cell):
             loss = loss / num_micro
         if self.world_size > 1:
             with timers.phase("grads-all-reduce"):
-                everything = list(grads) + [loss]
-                if self.jit:
-                    *grads, loss = self._announce_once("all-reduce", "the gradients packed for one collective",
-                                                       lambda: _all_reduce_mean(everything, compiled=True),
-                                                       wait=lambda out: out[-1])
-                else:
-                    *grads, loss = _all_reduce_mean(everything)
+                *grads, loss = _all_reduce_mean(list(grads) + [loss])
         factor = Tensor(1.0 / scale, ms.float32)
         if self.grad_scaler is None:
             with timers.phase("optimizer"):
@@ -219,14 +203,14 @@ class TrainStep(ms.nn.Cell):
                           f"{time.perf_counter() - start:.1f} s (once per shape; this iteration's time includes it)")
         return out
 
-    def _announce_once(self, name, what, run, wait=lambda out: out):
-        """`run()` of graphs whose shapes never change (the update, the all-reduce's packing); their first call
+    def _announce_once(self, name, what, run):
+        """`run()` of a graph whose shapes never change (the update: clipping and AdamW); its first call
         compiles, and that time is printed once too, so the first iteration's time is all accounted for."""
         if name in self._compiled_shapes:
             return run()
         start = time.perf_counter()
         out = run()
-        wait(out).asnumpy()  # wait for the run, as _announce_compile does
+        out.asnumpy()  # wait for the run, as _announce_compile does
         self._compiled_shapes.add(name)
         if self.announce:
             self.announce(f"> MindSpore compiled the train step ({name} graph: {what}) in "
