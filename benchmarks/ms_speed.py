@@ -7,6 +7,9 @@ Workloads (one process each, fp32, CPU threads as --threads says):
   vlm-small  the same entry with benchmarks/vlm_step.py's `small` model.json (LLM 4 x 256, ViT 4 x 128), one
              micro-batch of 4
   gpt        models/pretrain_gpt.py --mock-data at benchmarks/train_throughput.py's `small` size
+  vlm-demo-dp2  the demo's job on 2 data-parallel processes (`mmrun --nproc-per-node 2`, same global batch)
+  vlm-demo-tp2  the demo's job with --tensor-model-parallel-size 2 (megatron-core on PyTorch, the
+             mindspore-parallel engine on MindSpore)
 
 Each round runs every workload on PyTorch, then on MindSpore, so a change in the machine's load hits both
 sides of a ratio. Reported per side: the median iteration time after --warmup, the first iteration, the compile
@@ -16,6 +19,7 @@ it ran; per workload the MindSpore / PyTorch ratio of each round and their media
     python benchmarks/ms_speed.py                          # 3 rounds, every workload
     python benchmarks/ms_speed.py --only vlm-demo --rounds 2 --markdown out.md
     python benchmarks/ms_speed.py --ms-args=--no-ms-jit     # MindSpore's PyNative step, for the before/after
+    python benchmarks/ms_speed.py --only vlm-demo-dp2 vlm-demo-tp2 --rounds 1   # 2 processes each
 """
 from __future__ import annotations
 
@@ -40,15 +44,19 @@ VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
 GPT_ENTRY = ROOT / "models" / "pretrain_gpt.py"
 TINY_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
 VLM_COMMON = ["--seq-length", "128", "--lr", "2e-3", "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0"]
-# name -> (entry, arguments without the model file, model.json size or None)
+DEMO_BATCH = ["--micro-batch-size", "2", "--global-batch-size", "4", *VLM_COMMON]
+# name -> (entry, arguments without the model file, model.json size or None, processes)
 WORKLOADS = {
-    "vlm-demo": (VLM_ENTRY, ["--micro-batch-size", "2", "--global-batch-size", "4", *VLM_COMMON], "tiny"),
-    "vlm-small": (VLM_ENTRY, ["--micro-batch-size", "4", "--global-batch-size", "4", *VLM_COMMON], "small"),
+    "vlm-demo": (VLM_ENTRY, DEMO_BATCH, "tiny", 1),
+    "vlm-small": (VLM_ENTRY, ["--micro-batch-size", "4", "--global-batch-size", "4", *VLM_COMMON], "small", 1),
     "gpt": (GPT_ENTRY, ["--mock-data", "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
                         "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "4",
                         "--global-batch-size", "4", "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout",
-                        "0", "--eval-iters", "0"], None),
+                        "0", "--eval-iters", "0"], None, 1),
+    "vlm-demo-dp2": (VLM_ENTRY, DEMO_BATCH, "tiny", 2),
+    "vlm-demo-tp2": (VLM_ENTRY, [*DEMO_BATCH, "--tensor-model-parallel-size", "2"], "tiny", 2),
 }
+SINGLE = [name for name, row in WORKLOADS.items() if row[3] == 1]  # the default: one process each
 COMPILED = re.compile(r"> MindSpore compiled the train step .* in ([0-9.]+) s")
 
 
@@ -61,10 +69,14 @@ def _env(threads: int) -> dict[str, str]:
 
 def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_json: str, threads: int,
         extra: list[str]) -> dict:
-    entry, args, size = WORKLOADS[workload]
+    entry, args, size, nproc = WORKLOADS[workload]
     metrics = out / f"{workload}_{framework}_{time.time_ns()}.jsonl"
-    cmd = [sys.executable, str(entry), "--ai-framework", framework, *args, "--train-iters", str(iters),
-           "--log-interval", "1", "--metrics-file", str(metrics), *extra]
+    # Several processes through mmrun's launcher (rank 0 writes the metrics), one as a plain `python entry`.
+    launch = [sys.executable, str(entry), "--ai-framework", framework]
+    if nproc > 1:
+        launch = [sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", framework, "--nproc-per-node",
+                  str(nproc), "--master-port", "0", str(entry)]
+    cmd = [*launch, *args, "--train-iters", str(iters), "--log-interval", "1", "--metrics-file", str(metrics), *extra]
     if size is not None:
         model = TINY_JSON if size == "tiny" else model_json(size, out)
         cmd += ["--mm-model", str(model), "--mm-data", data_json]
@@ -83,7 +95,8 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=SINGLE,
+                        help=f"workloads (default: {' '.join(SINGLE)}; the 2-process rows only when named)")
     parser.add_argument("--rounds", type=int, default=3, help="PyTorch-then-MindSpore rounds (3)")
     parser.add_argument("--iters", type=int, default=12, help="iterations per job (12, as the issue's demo run)")
     parser.add_argument("--warmup", type=int, default=3, help="iterations left out of the median (3)")

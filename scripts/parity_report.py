@@ -471,11 +471,13 @@ VLM's MindSpore step is compiled with `mindspore.jit` on fixed shapes (text padd
 padded to buckets, attention kept inside each frame by segment ids; docs/multimodal.md, Speed). Its losses equal
 PyTorch's (variable shapes, not padded) within 1e-5 at every one of 10 iterations of the demo, its checkpoint
 resumes on PyTorch within 1e-5, and two MindSpore data-parallel processes print the one-process losses to every
-printed digit (6 iterations: 6.164750 ... 5.397556). Speed against PyTorch, same entry, one process, 2-core
-x86_64 CPU, torch 2.13.0+cpu, mindspore 2.10.0, 2026-11-27 (`python benchmarks/ms_speed.py --rounds 1`): the
-demo 8.32x (load average 2.7; 5.95x at load 12; at load 4, 13.01x compiled against 98.95x in PyNative before),
-the small VLM 6.45x (2.43x at load 11 to 13), the GPT 15.46x (8.31x at load 9): the goals of 3x and 2x are not
-met on a quiet machine; table and limits in docs/multimodal.md.
+printed digit (6 iterations: 6.164750 ... 5.397556). Speed against PyTorch, same entry, 2-core x86_64 CPU, torch
+2.13.0+cpu, mindspore 2.10.0, 2026-11-27 (`python benchmarks/ms_speed.py --rounds 1`): before MindSpore's host
+thread stopped spinning on CPU (MS_DEV_HOST_BLOCKING_RUN=1, set by the backend; perf showed it at 30 % of the
+GPT step's CPU samples), the demo 8.32x (load average 2.7), the small VLM 6.45x, the GPT 15.46x; after it, on
+the shared machine, the GPT 1.52x (load 5.5), the demo 2.46x (load 6), the small VLM 1.36x (load 4.5), the demo on 2
+data-parallel processes 6.55x (load 3 to 4), with TP=2 7.95x (load 6; MindSpore's parallel engine runs eagerly). Not
+measured on a quiet machine; table, profile and limits in docs/multimodal.md.
 """
 
 
