@@ -13,7 +13,8 @@ to the Hugging Face hub checkpoint keys on both frameworks:
 
 How it differs in form (not in result) from transformers:
 - The patch embedding is a Linear over the processor's pre-flattened patches (N, 1176): a Conv3d whose
-  kernel equals its stride is exactly that matmul, and MindSpore's CPU has no usable Conv3d.
+  kernel equals its stride is exactly that matmul (one GEMM, cheaper than a convolution on any device; MindSpore
+  2.10's `mint` Conv3d does not run on the CPU, though `ops.conv3d` does).
 - ViT attention never crosses images or frames: `ops.varlen_attention` over the segment boundaries
   (no N x N mask); Qwen2.5-VL's windows are segments too.
 - Vision features replace the <|image_pad|>/<|video_pad|> embeddings in place by one gather from
