@@ -9,7 +9,8 @@ ViT on stage 0 (measured: dropping the carried feature moves iteration 1's loss 
 by 2e-3). The run starts from the one-process run's initial weights converted by `mmrun convert
 Qwen3VLMegatronConverter` (MindSpeed-MM's names, the format the MindSpore engine's test loads), reads the same
 micro-batches and computes the same loss, so each iteration's loss equals the unsplit run's within 1e-5; its saved
-shards hold exactly the layout's names and shapes per stage."""
+shards hold exactly the layout's names and shapes per stage. A TP=2 run with sequence parallelism (QK-norm on each
+rank's heads) meets the same bar; both runs are 2 processes."""
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def _model_jsons(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_a_converted_pp2_checkpoint_trains_on_megatron_core_with_the_one_process_losses(tk, tmp_path):
+def test_pp2_from_a_converted_checkpoint_and_tp2_train_on_megatron_core_with_the_one_process_losses(tk, tmp_path):
     from mmrun.models.qwen2_vl.mm_layout import VLMLayout
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
     from mmrun.models.qwen3_vl.model_json import parse_model_json
@@ -70,3 +71,13 @@ def test_a_converted_pp2_checkpoint_trains_on_megatron_core_with_the_one_process
         shard = load_file(tmp_path / "ckpt" / "iter_0000002" / f"mp_rank_00_{pp_rank:03d}" / "model.safetensors")
         assert {n: t.shape for n, t in shard.items()} == layout.rank_shapes(0, pp_rank)
     assert "text_decoder.decoder.layers.1.self_attention.q_layernorm.weight" in shard  # stage 1's own numbering
+    # TP=2 with sequence parallelism, from the seed's weights: QK-norm on each rank's heads (its gradient summed over
+    # TP), the DeepStack rows split over the sequence like the hidden states
+    tp = tk.run_training(tmp_path / "tp", [*common, "--mm-model", str(one_json), "--tensor-model-parallel-size", "2",
+                                           "--sequence-parallel"], framework="pytorch", nproc=2, timeout=600,
+                         entry=entry)
+    assert tp.returncode == 0, tp.output[-3000:]
+    assert "engine megatron-core" in tp.output and "tensor-parallel 2" in tp.output, tp.output[-3000:]
+    losses = tp.losses()
+    assert sorted(losses) == [1, 2] and max(abs(losses[i] - expected[i]) for i in losses) <= TOLERANCE, (losses,
+                                                                                                        expected)
