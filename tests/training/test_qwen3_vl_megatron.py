@@ -81,3 +81,27 @@ def test_pp2_from_a_converted_checkpoint_and_tp2_train_on_megatron_core_with_the
     losses = tp.losses()
     assert sorted(losses) == [1, 2] and max(abs(losses[i] - expected[i]) for i in losses) <= TOLERANCE, (losses,
                                                                                                         expected)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vpp": True}, r"--virtual-pipeline-model-parallel-size 2 is not built .*set it to 1"),
+    ({"text_decoder": {"add_qkv_bias": True}}, r"text_decoder.add_qkv_bias true is not built .*set it to false"),
+])
+def test_what_megatron_core_does_not_build_for_qwen3_vl_is_one_line(change, message):
+    import argparse
+
+    from mmrun.backend.errors import UsageError
+    from mmrun.engines.torch.megatron_core.qwen3_vlm import check_qwen3
+    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+    from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
+    from mmrun.models.qwen3_vl.model_json import parse_model_json
+
+    raw = json.loads(MODEL_JSON.read_text())
+    raw["text_decoder"].update(change.get("text_decoder", {}))
+    vpp = change.get("vpp", False)
+    raw["text_decoder"]["num_layers"] = 4 if vpp else 2  # one layer per virtual stage
+    config = Qwen3VLConfig.from_hf_config(parse_model_json(raw, "model.json").hf_config)
+    layout = VLMLayout.build(config, pp=2, vit_pp_layers=[[2, 0], [0, 0]] if vpp else [2, 0],
+                             llm_pp_layers=[[1, 1], [1, 1]] if vpp else [1, 1], vpp=2 if vpp else 1)
+    with pytest.raises(UsageError, match=message):
+        check_qwen3(argparse.Namespace(), layout)
