@@ -15,7 +15,7 @@ it is joined into one model. Without --load, tokenizer.from_pretrained is loaded
 Qwen3-VL (dense): MindSpeed-MM runs its Qwen3-VL inference through transformers (examples/qwen3vl/
 inference_demo.py) and has no inference json for it; here the Qwen2.5-VL json serves with Qwen3-VL's model
 sections (model.json's: text_decoder.model_id qwen3_lm or qwen3lm, a qwen3vit image encoder), the prompt in
-its qwen3_vl_nothink template and its weights from a Hugging Face directory.
+its qwen3_vl_nothink template and its weights from a Hugging Face directory or an mmrun checkpoint, as above.
 A LoRA adapter in PEFT's layout (peft's save_pretrained, or `mmrun convert Qwen2VLConverter lora_to_peft`) is
 folded into those weights before generation: the json's `lora_path` (mmrun's key: MindSpeed-MM merges adapters
 offline and has none) or --lora-load DIR (MindSpeed-LLM's flag; it wins over the json).
@@ -146,10 +146,7 @@ def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[
         weights = hf_checkpoint.open_for_model(source, config, described_by=path)
         config = weights.config
         log(f"weights: Hugging Face directory {source}")
-    elif package != "mmrun.models.qwen2_vl":
-        raise UsageError(f"--load {source}: not a Hugging Face directory; {model_id} loads from one here (its "
-                         "config.json and *.safetensors)")
-    else:
+    else:  # an mmrun checkpoint of any split, in either names (Qwen3-VL's through models/qwen3_vl/mm_layout.py)
         from mmrun.training import checkpoint_vlm
 
         opened = checkpoint_vlm.open_checkpoint(source, config)

@@ -95,7 +95,7 @@ def _model_source(argv: list[str]) -> ModelSource:
         if lora:
             raise UsageError(f"--lora-target-modules: LoRA is built for Qwen2-VL / Qwen2.5-VL, not yet for "
                              f"Qwen3-VL ({known.mm_model}); drop the LoRA flags")
-        # Qwen3-VL: unsplit on the data-parallel engine; split (TP/PP) on MindSpore's parallel engine
+        # Qwen3-VL: unsplit on the data-parallel engine; split (TP/PP) on megatron-core or MindSpore's parallel engine
         _MODEL_JSON = qwen3_model_json.parse_model_json(raw, known.mm_model)
         split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
         from mmrun.backend.selection import resolve
@@ -142,12 +142,14 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
 
     args = get_args()
-    if _MODEL_JSON.hf_config["model_type"] == "qwen3_vl":  # unsplit only: _model_source checked its stage lists
+    if _MODEL_JSON.hf_config["model_type"] == "qwen3_vl":  # unsplit: _model_source checked its stage lists
         from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
         from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration
 
         config = Qwen3VLConfig.from_hf_config(_MODEL_JSON.hf_config)
         model_class = Qwen3VLForConditionalGeneration
+        if args.use_mcore_models:  # a split run on PyTorch: megatron-core (engines/torch/megatron_core/qwen3_vlm.py)
+            return _core_model(config, pre_process, post_process, vp_stage)
     else:
         config = Qwen2VLConfig.from_hf_config(_MODEL_JSON.hf_config)
         model_class = Qwen2VLForConditionalGeneration

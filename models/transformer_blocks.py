@@ -95,15 +95,22 @@ def interleaved_multimodal_rotary(position_ids: Any, inv_freq: np.ndarray, mrope
     selected by 0/1 masks on the frequencies, and a sum with zeros is exact."""
     rows, batch, seq = position_ids.shape
     half = inv_freq.shape[0]
-    index = np.arange(half)
-    row = np.zeros(half, np.int64)
-    for r in (1, 2):
-        row[(index % 3 == r) & (index < 3 * mrope_section[r])] = r
-    table = np.stack([np.where(row == r, inv_freq, 0).astype(np.float32) for r in range(3)])  # (3, half)
+    table = interleaved_mrope_table(inv_freq, mrope_section)
     freqs = ops.sum(ops.reshape(tensors.cast(position_ids, "float32"), (rows, batch, seq, 1))
                     * ops.reshape(tensors.from_numpy(table), (3, 1, 1, half)), dim=0)  # (B, S, half)
     full = ops.cat([freqs, freqs], dim=-1)
     return tensors.cast(ops.cos(full), dtype), tensors.cast(ops.sin(full), dtype)
+
+
+def interleaved_mrope_table(inv_freq: np.ndarray, mrope_section: tuple[int, ...]) -> np.ndarray:
+    """(3, head_dim / 2) float32: inv_freq on the row (t, h, w) each frequency takes its angle from in Qwen3-VL's
+    interleaved M-RoPE, zero on the other two (`interleaved_multimodal_rotary`'s rule)."""
+    half = inv_freq.shape[0]
+    index = np.arange(half)
+    row = np.zeros(half, np.int64)
+    for r in (1, 2):
+        row[(index % 3 == r) & (index < 3 * mrope_section[r])] = r
+    return np.stack([np.where(row == r, inv_freq, 0).astype(np.float32) for r in range(3)])
 
 
 # ------------------------------------------------------------------------------------------ layers

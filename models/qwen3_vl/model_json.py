@@ -129,18 +129,17 @@ def read_vlm_model_json(path: str) -> ModelJson:
     return parse_model_json(raw, str(path)) if is_qwen3_model_json(raw) else read_model_json(path)
 
 
-# Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks.
-SPLIT_FRAMEWORKS = ("mindspore",)
+# Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks (PyTorch: megatron-core's).
+SPLIT_FRAMEWORKS = ("mindspore", "pytorch")
 
 
 def check_split(spec: ModelJson, framework: str, split: bool) -> None:
     """An unsplit run needs model.json's pipeline_num_layers to say one stage (one line otherwise); a split run needs
-    a framework whose parallel engine builds Qwen3-VL (MindSpore's; megatron-core's is not built)."""
+    a framework whose parallel engine builds Qwen3-VL."""
     if split and framework not in SPLIT_FRAMEWORKS:
-        raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework mindspore only (its "
-                         f"parallel engine); megatron-core's Qwen3-VL is not built. Received: --ai-framework "
-                         f"{framework} with a split; train it with --ai-framework mindspore, or unsplit "
-                         "(data parallelism) on pytorch")
+        raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework "
+                         f"{' or '.join(SPLIT_FRAMEWORKS)} only. Received: --ai-framework {framework} with a split; "
+                         "train it on one of those, or unsplit (data parallelism)")
     if split:
         return
     for part, where in (("vit", "image_encoder.vision_encoder"), ("llm", "text_decoder")):

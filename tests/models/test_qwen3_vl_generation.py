@@ -128,14 +128,31 @@ def test_evaluate_vlm_scores_qwen3_vl(q3_job, capsys, tmp_path):
     assert scores["rows"] == 2 and 0 <= scores["scores"]["Overall"] <= 100
 
 
-def test_a_qwen3_vl_load_that_is_not_an_hf_directory_is_one_line(q3_job, capsys, tmp_path):
+def test_a_split_qwen3_vl_checkpoint_answers_as_its_hf_directory(q3_job, capsys, tmp_path):
+    """--load of the HF directory converted to TP=2 x PP=2 (MindSpeed-MM's names, as a split training run saves
+    them) prints the HF directory's answer; a --load holding neither is one line, exit 2."""
     from mmrun.models import inference_vlm
+    from mmrun.models.convert_cli import main as convert
 
+    path, raw = q3_job[1], q3_job[2]
+    hf_dir = raw["tokenizer"]["from_pretrained"]
+    layers = json.loads(TINY_MODEL_JSON.read_text())["text_decoder"]["num_layers"]
+    assert convert(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm"),
+                    "--cfg.hf_config.hf_dir", str(hf_dir), "--cfg.parallel_config.tp_size", "2",
+                    "--cfg.parallel_config.vit_pp_layers", "[[2,0]]",
+                    "--cfg.parallel_config.llm_pp_layers", json.dumps([[1, layers - 1]])]) == 0
+    capsys.readouterr()
+    assert inference_vlm.main(["--mm-model", str(path), "--load", str(hf_dir)]) == 0
+    expected = capsys.readouterr().out
+    assert inference_vlm.main(["--mm-model", str(path), "--load", str(tmp_path / "mm")]) == 0
+    out, err = capsys.readouterr()
+    assert out == expected and expected.strip()
+    assert f"weights: checkpoint {tmp_path / 'mm'}" in err and "tp_size 2" in err, err
+    (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit) as exit_:
-        inference_vlm.main(["--mm-model", str(q3_job[1]), "--load", str(tmp_path)])
-    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: --load {tmp_path}: not a Hugging Face directory; qwen3_vl loads from one here (its config.json "
-        "and *.safetensors)")
+        inference_vlm.main(["--mm-model", str(path), "--load", str(tmp_path / "empty")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err[-1].startswith("error: ") and str(tmp_path / "empty") in err[-1], err
 
 
 @pytest.mark.slow

@@ -29,23 +29,24 @@ ARGS = ["--micro-batch-size", "1", "--global-batch-size", "2", "--seq-length", "
 TOLERANCE = 1e-5
 
 
-def _converted_initial_weights(tmp_path: Path, demo: dict) -> Path:
+def _converted_initial_weights(tmp_path: Path, demo: dict, tp: int = 2, model_json: Path = MODEL_JSON,
+                               llm_pp_layers: str = "[[1,1]]") -> Path:
     """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a Hugging Face
-    directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to the TP=2 x PP=2 split."""
+    directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to the TP=tp x PP=2 split."""
     from mmrun.models.convert_cli import main
     from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
     from mmrun.models.qwen3_vl.model_json import parse_model_json
 
-    spec = parse_model_json(json.loads(MODEL_JSON.read_text()), str(MODEL_JSON))
+    spec = parse_model_json(json.loads(model_json.read_text()), str(model_json))
     config = Qwen3VLConfig.from_hf_config(spec.hf_config)
     arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02)
               for name, shape in mm_layout.hf_shapes(config).items()}
     hf_dir = hf_checkpoint.save_hf_directory(tmp_path / "hf-init", config, arrays, dtype="float32")
     assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm-init"),
-                 "--cfg.hf_config.hf_dir", str(hf_dir), "--cfg.parallel_config.tp_size", "2",
+                 "--cfg.hf_config.hf_dir", str(hf_dir), "--cfg.parallel_config.tp_size", str(tp),
                  "--cfg.parallel_config.vit_pp_layers", "[[2,0]]",
-                 "--cfg.parallel_config.llm_pp_layers", "[[1,1]]"]) == 0
+                 "--cfg.parallel_config.llm_pp_layers", llm_pp_layers]) == 0
     return tmp_path / "mm-init"
 
 

@@ -109,15 +109,16 @@ def _transformer_config(**fields: Any) -> Any:
         return TransformerConfig(**fields)
 
 
-def text_config(args: Any, layout: Any) -> Any:
+def text_config(args: Any, layout: Any, **changes: Any) -> Any:
     """The text decoder's TransformerConfig: GPTModel's, with the per-stage layer counts as megatron-core's
-    pipeline_model_parallel_layout (embedding on the first stage, loss on the last)."""
+    pipeline_model_parallel_layout (embedding on the first stage, loss on the last); `changes` replace fields
+    (Qwen3-VL: no QKV bias, QK-norm)."""
     text = layout.config.text
     pp = layout.pp
     stages = [["decoder"] * n for n in layout.llm_pp_layers]
     stages[0].insert(0, "embedding")
     stages[-1].append("loss")
-    return _transformer_config(
+    fields = dict(
         **_common(args), num_layers=text.num_hidden_layers, hidden_size=text.hidden_size,
         num_attention_heads=text.num_attention_heads, num_query_groups=text.num_key_value_heads,
         kv_channels=text.head_dim, ffn_hidden_size=text.intermediate_size, layernorm_epsilon=text.rms_norm_eps,
@@ -130,12 +131,13 @@ def text_config(args: Any, layout: Any) -> Any:
         # 0.16 refuses variable sequence lengths with its default MoE dispatcher even without experts
         moe_token_dispatcher_type="alltoall",
         calculate_per_token_loss=bool(args.calculate_per_token_loss))
+    return _transformer_config(**{**fields, **changes})
 
 
 def vision_config(args: Any, layout: Any) -> Any:
     """The ViT's TransformerConfig: multi-head (no grouping), biases everywhere, one pipeline stage."""
     vision = layout.config.vision
-    qwen2_5 = layout.config.is_qwen2_5
+    qwen2_5 = getattr(layout.config, "is_qwen2_5", False)  # Qwen3-VL's ViT: Qwen2-VL's LayerNorm block
     return _transformer_config(
         **_common(args), num_layers=vision.depth, hidden_size=vision.hidden_size,
         num_attention_heads=vision.num_heads, kv_channels=vision.head_dim, ffn_hidden_size=vision.intermediate_size,
@@ -151,12 +153,13 @@ def projector_config(args: Any, layout: Any) -> Any:
     return _transformer_config(
         **_common(args), num_layers=1, hidden_size=text.hidden_size, num_attention_heads=text.num_attention_heads,
         ffn_hidden_size=merged,
-        layernorm_epsilon=1e-6, normalization="RMSNorm" if layout.config.is_qwen2_5 else "LayerNorm",
+        layernorm_epsilon=1e-6, normalization="RMSNorm" if getattr(layout.config, "is_qwen2_5", False) else "LayerNorm",
         gated_linear_unit=False, activation_func=F.gelu, add_bias_linear=True, sequence_parallel=False)
 
 
-def _layer_spec(causal: bool) -> Any:
-    """megatron-core's local GPT layer spec with TorchNorm; the ViT's attention takes an arbitrary mask."""
+def _layer_spec(causal: bool, qk_norm: bool = False) -> Any:
+    """megatron-core's local GPT layer spec with TorchNorm; the ViT's attention takes an arbitrary mask; qk_norm:
+    TorchNorm on each head of q and k (Qwen3's q_layernorm / k_layernorm, config.qk_layernorm set)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
 
@@ -165,6 +168,9 @@ def _layer_spec(causal: bool) -> Any:
     attention = sub.self_attention
     if not causal:
         attention = dataclasses.replace(attention, params={**attention.params, "attn_mask_type": AttnMaskType.arbitrary})
+    if qk_norm:
+        attention = dataclasses.replace(attention, submodules=dataclasses.replace(
+            attention.submodules, q_layernorm=TorchNorm, k_layernorm=TorchNorm))
     return dataclasses.replace(spec, submodules=dataclasses.replace(
         sub, input_layernorm=TorchNorm, pre_mlp_layernorm=TorchNorm, self_attention=attention))
 
@@ -286,14 +292,16 @@ class Qwen2VLStage(torch.nn.Module):
 
         super().__init__()
         self.layout, self.pre_process, self.post_process = layout, pre_process, post_process
-        config = text_config(args, layout)
+        config = self.text_config(args, layout)
         self.config = config  # what megatron-core's DDP, schedules and finalize_model_grads read
         self.model_type = ModelType.encoder_or_decoder  # the schedules ask (one decoder; the ViT feeds stage 0)
         model = layout.config
         pp_rank, chunk = ps.get_pipeline_model_parallel_rank(), vp_stage or 0
-        self.image_encoder = ImageEncoder(args, layout) if len(layout.stage_layers("vit", pp_rank, chunk)) else None
+        self.image_encoder = (self.image_encoder_class(args, layout) if len(layout.stage_layers("vit", pp_rank, chunk))
+                              else None)
         layers = len(layout.stage_layers("llm", pp_rank, chunk))
-        spec = TransformerBlockSubmodules(layer_specs=[_layer_spec(causal=True)] * layers, layer_norm=TorchNorm)
+        spec = TransformerBlockSubmodules(layer_specs=[_layer_spec(causal=True, qk_norm=config.qk_layernorm)] * layers,
+                                          layer_norm=TorchNorm)
         self.text_decoder = GPTModel(
             config=config, transformer_layer_spec=spec, vocab_size=model.text.vocab_size,
             max_sequence_length=model.text.max_position_embeddings, pre_process=pre_process,
@@ -303,6 +311,12 @@ class Qwen2VLStage(torch.nn.Module):
         self.share_embeddings_and_output_weights = self.text_decoder.share_embeddings_and_output_weights
         # the interleaved schedule sends [--seq-length, b, h] whatever the batch holds (module docstring)
         self.fixed_length = args.seq_length if layout.vpp > 1 else None
+
+    image_encoder_class: Callable[..., torch.nn.Module] = ImageEncoder
+
+    @staticmethod
+    def text_config(args: Any, layout: Any) -> Any:
+        return text_config(args, layout)
 
     # megatron-core's hooks: the schedule's received activations, the tied embedding the finalizer reduces
     def set_input_tensor(self, input_tensor: Any) -> None:
@@ -343,9 +357,8 @@ class Qwen2VLStage(torch.nn.Module):
         put where the image / video pad tokens are (index assignment, length unchanged)."""
         from megatron.core import tensor_parallel
         from mmrun.models.qwen2_vl import vision_layout
-        from mmrun.models.qwen2_vl.modeling import merge_vision
 
-        config, model = self.config, self.layout.config
+        config = self.config
         seq = input_ids.shape[1]
         if config.sequence_parallel and seq % config.tensor_model_parallel_size:
             raise UsageError(f"--sequence-parallel splits the sequence over {config.tensor_model_parallel_size} "
@@ -355,14 +368,22 @@ class Qwen2VLStage(torch.nn.Module):
         if config.sequence_parallel:
             # the whole sequence for the index assignment; backward takes this rank's rows of the gradient
             embeds = tensor_parallel.gather_from_sequence_parallel_region(embeds, tensor_parallel_output_grad=False)
-        # The ViT's features on the image / video pad tokens: the portable model's merge (its checks, one gather;
-        # a training micro-batch without images runs the ViT on a blank image that counts zero times).
-        embeds = merge_vision(model, self.image_encoder, self.training, input_ids, embeds.transpose(0, 1),
-                              pixel_values, vision_layout.grid_array(image_grid_thw), pixel_values_videos,
-                              vision_layout.grid_array(video_grid_thw)).transpose(0, 1).contiguous()
+        embeds = self._merge(input_ids, embeds.transpose(0, 1), pixel_values, vision_layout.grid_array(image_grid_thw),
+                             pixel_values_videos, vision_layout.grid_array(video_grid_thw)).transpose(0, 1).contiguous()
         if config.sequence_parallel:
             embeds = tensor_parallel.scatter_to_sequence_parallel_region(embeds)
         return embeds
+
+
+    def _merge(self, input_ids: torch.Tensor, embeds: torch.Tensor, pixel_values: Any, image_grid: Any,
+               pixel_values_videos: Any, video_grid: Any) -> torch.Tensor:
+        """[B, S, H] embeddings with the ViT's features on the image / video pad tokens: the portable model's merge
+        (its checks, one gather; a training micro-batch without images runs the ViT on a blank image that counts
+        zero times)."""
+        from mmrun.models.qwen2_vl.modeling import merge_vision
+
+        return merge_vision(self.layout.config, self.image_encoder, self.training, input_ids, embeds, pixel_values,
+                            image_grid, pixel_values_videos, video_grid)
 
 
 def _shift_labels(labels: torch.Tensor) -> torch.Tensor:
@@ -400,7 +421,13 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
         if size > 1:
             raise UsageError(f"{flag} {size} is not built for the vision-language model ({why}). Received: "
                              f"{flag} {size}; use tensor, pipeline and data parallelism (set it to 1)")
-    model = Qwen2VLStage(args, layout, pre_process, post_process, vp_stage)
+    stage = Qwen2VLStage
+    if layout.config.model_type == "qwen3_vl":  # DeepStack, QK-norm, interleaved M-RoPE
+        from mmrun.engines.torch.megatron_core.qwen3_vlm import Qwen3VLStage, check_qwen3
+
+        check_qwen3(args, layout)
+        stage = Qwen3VLStage
+    model = stage(args, layout, pre_process, post_process, vp_stage)
     tp_rank, pp_rank, chunk = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), vp_stage or 0
     if read_hf is not None:
         state = mm_layout.rank_state_from_hf(layout, read_hf, tp_rank, pp_rank, vp_stage=chunk)
@@ -418,6 +445,7 @@ PARTS = {"vision_encoder": "image_encoder.encoder.", "vision_projector": "image_
 def freeze(model: torch.nn.Module, **frozen: bool) -> None:
     """requires_grad False for the parts switched on (no gradient, no optimizer state), True for the others;
     call before the engine wraps the model (megatron-core's DDP and optimizer take only trainable ones)."""
+    never = getattr(model, "never_frozen", ())  # Qwen3-VL: the ViT's learned positions and DeepStack mergers
     for name, param in model.named_parameters():
         part = next(p for p, prefix in PARTS.items() if name.startswith(prefix))
-        param.requires_grad_(not frozen.get(part, False))
+        param.requires_grad_(not frozen.get(part, False) or any(key in name for key in never))
