@@ -158,10 +158,14 @@ def test_i2v_extraction_training_and_sampling_end_to_end(wan_tiny, tmp_path, cap
                        "--mm-tool", str(tmp_path / "tools.json")]
     code = get_wan_feature.main(extract)
     assert code == 0, capsys.readouterr().err
+    root = tmp_path / "Wan-tiny-Diffusers"
+    z_dim, stride = tiny_i2v().vae_channels(root)
     dataset = FeatureDataset(tmp_path / "sora_features" / "data.jsonl", tmp_path / "sora_features", task="i2v",
-                             text_dim=32, img_dim=32, in_channels=12)
+                             text_dim=32, img_dim=32, in_channels=2 * z_dim + stride)
     sample = dataset[0]
-    assert sample["i2v_clip_feature"].shape == (17, 32) and sample["i2v_vae_feature"].shape == (8, 2, 4, 4)
+    latent = sample["video"].shape[1:]  # (latent frames, h, w) of the demo's VAE
+    assert sample["i2v_clip_feature"].shape == (17, 32)
+    assert sample["i2v_vae_feature"].shape == (stride + z_dim, *latent)
 
     # the same first frame through transformers' CLIP and diffusers' VAE, the mask by MindSpeed-MM's recipe
     params = preprocess.PreprocessParameters.from_dict(
@@ -173,7 +177,6 @@ def test_i2v_extraction_training_and_sampling_end_to_end(wan_tiny, tmp_path, cap
     vae_in = preprocess.run_pipeline(picked["first_frame"][None], steps["first_frame_vae"],
                                      params.transform_size(False))
     assert np.array_equal(vae_in[0], picked["video"][:, 0])  # the VAE's first frame is the video's
-    root = tmp_path / "Wan-tiny-Diffusers"
     with torch.no_grad():
         tokens = CLIPVisionModel.from_pretrained(root / "image_encoder")(
             torch.from_numpy(clip_in), output_hidden_states=True).hidden_states[-2][0].numpy()
@@ -182,8 +185,8 @@ def test_i2v_extraction_training_and_sampling_end_to_end(wan_tiny, tmp_path, cap
         mode = vae.encode(pixels).latent_dist.mode()[0].numpy()
     mean, std = (np.asarray(vae.config[k], np.float32).reshape(-1, 1, 1, 1) for k in ("latents_mean", "latents_std"))
     np.testing.assert_allclose(sample["i2v_clip_feature"], tokens, rtol=0, atol=1e-5)
-    np.testing.assert_array_equal(sample["i2v_vae_feature"][:4], mindspeed_mask(1, 5, 4, 4, 4)[0])
-    np.testing.assert_allclose(sample["i2v_vae_feature"][4:], (mode - mean) / std, rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(sample["i2v_vae_feature"][:stride], mindspeed_mask(1, 5, *latent[1:], stride)[0])
+    np.testing.assert_allclose(sample["i2v_vae_feature"][stride:], (mode - mean) / std, rtol=0, atol=1e-4)
 
     # pretrain_sora.py (task i2v) trains on these files (the demo's feature_data.json): 2 iterations, PyTorch
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MMRUN_AI_FRAMEWORK")}

@@ -21,22 +21,8 @@ from safetensors.numpy import load_file
 
 from mmrun.data.multimodal.demo import make_demo
 
-from tests.training.test_qwen3_vl_parallel import ARGS, MODEL_JSON, REPO, TOLERANCE, _converted_initial_weights
-
-STAGES = [1, 3]  # decoder layers per pipeline stage (Megatron's arguments ask for a multiple of the stages)
-
-
-def _model_jsons(tmp_path: Path) -> tuple[Path, Path]:
-    """The tiny model.json with four decoder layers: one stage, and the two-stage split (ViT on stage 0)."""
-    raw = json.loads(MODEL_JSON.read_text())
-    raw["text_decoder"]["num_layers"] = sum(STAGES)
-    paths = []
-    for name, vit, llm in (("one", [2], [sum(STAGES)]), ("pp2", [2, 0], STAGES)):
-        raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"] = vit
-        raw["text_decoder"]["pipeline_num_layers"] = llm
-        paths.append(tmp_path / f"model_4layers_{name}.json")
-        paths[-1].write_text(json.dumps(raw))
-    return paths[0], paths[1]
+from tests.training.test_qwen3_vl_parallel import (ARGS, REPO, STAGES, TOLERANCE, _converted_initial_weights,
+                                                   _model_jsons)
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ adds
     OUT/first.png                           the picture to animate: the first frame of the demo's first clip
     OUT/data_i2v.json, model_i2v.json       extraction (MindSpeed-MM's model_i2v.json: ae.i2v_processor; the data
                                             json's train_pipeline.first_frame_clip / first_frame_vae lists)
-    OUT/pretrain_i2v.json                   training (task i2v, a one-layer i2v DiT: in_dim 2 * 4 + 4, img_dim 32)
+    OUT/pretrain_i2v.json                   training (task i2v, a one-layer i2v DiT: in_dim 2 z_dim + the VAE's
+                                            temporal stride, img_dim 32)
     OUT/inference_i2v.json                  sampling (model_type i2v, image, image_encoder; 2 steps)
 
 Real Wan2.1 I2V files come from Wan2.1-I2V-14B-480P-Diffusers (image_encoder/, image_processor/).
@@ -30,7 +31,13 @@ PROCESSOR = {"image_processor_type": "CLIPImageProcessor", "do_resize": True, "s
              "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
              "image_std": [0.26862954, 0.26130258, 0.27577711], "do_convert_rgb": True}
 CLIP_NORM = {"trans_type": "norm_fun", "param": {"mean": PROCESSOR["image_mean"], "std": PROCESSOR["image_std"]}}
-Z_DIM = 4  # the demo VAE's latent channels
+
+
+def vae_channels(root: Path) -> tuple[int, int]:
+    """(z_dim, temporal stride) of the demo's VAE: the i2v DiT takes the noise, the frame mask (one channel per
+    frame of a latent frame: the temporal stride) and the first frame's latents."""
+    config = json.loads((root / "vae" / "config.json").read_text())
+    return int(config["z_dim"]), 2 ** sum(bool(d) for d in config["temperal_downsample"])
 
 
 def write_clip(directory: Path, seed: int) -> None:
@@ -76,7 +83,8 @@ def write_files(out: Path, seed: int = 1234) -> dict[str, Path]:
     model["task"] = "i2v"
     model["ae"]["i2v_processor"] = {"processor_id": "wan_i2v_processor", "image_encoder": str(root / "image_encoder"),
                                     "i2v_vae_encode_tiling": "auto"}
-    predictor = {"model_type": "i2v", "in_dim": 2 * Z_DIM + 4, "img_dim": CLIP_CONFIG["hidden_size"],
+    z_dim, stride = vae_channels(root)
+    predictor = {"model_type": "i2v", "in_dim": 2 * z_dim + stride, "img_dim": CLIP_CONFIG["hidden_size"],
                  "num_layers": 1}
     pretrain = json.loads((out / "pretrain_model.json").read_text())
     pretrain["task"] = "i2v"
