@@ -1,19 +1,23 @@
-"""Qwen3-VL split over pipeline stages on MindSpore's parallel engine (models/pretrain_vlm.py,
-engines/mindspore/parallel/qwen3_vlm.py): a real msrun job through `mmrun`, against the one-process PyTorch run.
+"""Qwen3-VL split over pipeline and tensor ranks (models/pretrain_vlm.py): on MindSpore's parallel engine
+(engines/mindspore/parallel/qwen3_vlm.py, msrun) and on megatron-core (engines/torch/megatron_core/qwen3_vlm.py,
+torchrun), real jobs through `mmrun`, against one one-process PyTorch run.
 
 The tiny model with four decoder layers: stage 0 holds the ViT and decoder layer 0, stage 1 layers 1 to 3. Its
 DeepStack indexes [0, 1] feed decoder layers 0 and 1, so the second DeepStack feature crosses the stage boundary
-with the hidden states, reaches the text tokens' loss through the later layers, and its gradient comes back to the
-ViT on stage 0. The split run starts from the one-process run's initial weights written as a Hugging Face directory
-and converted by `mmrun convert Qwen3VLMegatronConverter` (--load ... --finetune), reads the same micro-batches and
-computes the same loss, so each iteration's loss equals the unsplit run's within 1e-5. Two processes, not TP=2 x
-PP=2's four: on a 2-core machine four MindSpore ranks sometimes gave up in the gradient norm's all-reduce under load
-(docs/qwen3-vl.md); TP's QK-norm is the attention the Qwen2-VL TP tests run (tests/training/
-test_vlm_parallel_mindspore.py), and megatron-core's TP=2 run checks it for Qwen3-VL (test_qwen3_vl_megatron.py)."""
+with the hidden states, is added after layer 1 and reaches the text tokens' loss through the later layers' attention
+(after the last layer it would touch only vision rows, whose labels are ignored), and its gradient comes back to the
+ViT on stage 0 (measured on megatron-core: dropping the carried feature moves iteration 1's loss by 4e-4, detaching
+it iteration 2's by 2e-3). Each PP=2 run starts from the one-process run's initial weights converted by `mmrun
+convert Qwen3VLMegatronConverter` (MindSpeed-MM's names: one checkpoint for both engines), reads the same
+micro-batches and computes the same loss, so each iteration's loss equals the unsplit run's within 1e-5; its saved
+shards hold exactly the layout's names and shapes per stage. A megatron-core TP=2 run with sequence parallelism
+(QK-norm on each rank's heads) meets the same bar. Every run is 2 processes: on this 2-core machine four MindSpore
+ranks (TP=2 x PP=2) sometimes gave up in the gradient norm's all-reduce under load (docs/qwen3-vl.md)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from safetensors.numpy import load_file
@@ -22,6 +26,7 @@ from mmrun.data.multimodal.demo import make_demo
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_JSON = REPO / "scripts" / "qwen3vl" / "model_tiny.json"
+ENTRY = REPO / "models" / "pretrain_vlm.py"
 # one sample per micro-batch: stage 0's last backward (the ViT) stays short, so stage 1 does not wait long in the
 # gradient norm's all-reduce (MindSpore's CPU collectives give up on a peer after some 30 s: seen on this loaded
 # 2-core machine with two samples per micro-batch)
@@ -70,36 +75,88 @@ def _model_jsons(tmp_path: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-@pytest.mark.slow
-def test_a_converted_pp2_checkpoint_trains_on_mindspore_with_the_one_process_losses(tk, tmp_path):
+@pytest.fixture(scope="module")
+def pp2_job(tk, tmp_path_factory) -> SimpleNamespace:
+    """The one-process PyTorch run of the 4-layer model, and its initial weights converted for PP=2."""
+    root = tmp_path_factory.mktemp("qwen3_vl_pp2")
+    demo = make_demo(str(root / "demo"), num_samples=8, seed=7, model="qwen3_vl")
+    one_json, pp2_json = _model_jsons(root)
+    common = [*ARGS, "--mm-data", demo["data_json"]]
+    one = tk.run_training(root / "one", [*common, "--mm-model", str(one_json)], framework="pytorch", nproc=None,
+                          entry=ENTRY)
+    assert one.returncode == 0, one.output[-3000:]
+    converted = _converted_initial_weights(root, demo, tp=1, model_json=one_json, llm_pp_layers=json.dumps([STAGES]))
+    return SimpleNamespace(common=common, one=one, one_json=one_json, pp2_json=pp2_json, converted=converted)
+
+
+def _assert_one_process_losses(run, job: SimpleNamespace) -> None:
+    assert run.returncode == 0, run.output[-3000:]
+    expected, losses = job.one.losses(), run.losses()
+    assert sorted(losses) == [1, 2] and max(abs(losses[i] - expected[i]) for i in losses) <= TOLERANCE, (losses,
+                                                                                                        expected)
+
+
+def _pp2_run(tk, job: SimpleNamespace, tmp_path: Path, framework: str):
+    """The converted checkpoint trained on two pipeline stages: the one-process losses, the layout's shards."""
     from mmrun.models.qwen2_vl.mm_layout import VLMLayout
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
     from mmrun.models.qwen3_vl.model_json import parse_model_json
 
-    demo = make_demo(str(tmp_path / "demo"), num_samples=8, seed=7, model="qwen3_vl")
-    one_json, pp2_json = _model_jsons(tmp_path)
-    common = [*ARGS, "--mm-data", demo["data_json"]]
-    entry = REPO / "models" / "pretrain_vlm.py"
-    one = tk.run_training(tmp_path / "one", [*common, "--mm-model", str(one_json)], framework="pytorch", nproc=None,
-                          entry=entry)
-    assert one.returncode == 0, one.output[-3000:]
-    converted = _converted_initial_weights(tmp_path, demo, tp=1, model_json=one_json,
-                                           llm_pp_layers=json.dumps([STAGES]))
-    split = tk.run_training(tmp_path / "split", [*common, "--mm-model", str(pp2_json), "--load", str(converted),
-                                                 "--finetune", "--pipeline-model-parallel-size", "2",
-                                                 "--save", str(tmp_path / "ckpt"), "--save-interval", "2"],
-                            framework="mindspore", nproc=2, timeout=600, entry=entry)
-    assert split.returncode == 0, split.output[-3000:]
+    split = tk.run_training(tmp_path / "split", [*job.common, "--mm-model", str(job.pp2_json), "--load",
+                                                 str(job.converted), "--finetune", "--pipeline-model-parallel-size",
+                                                 "2", "--save", str(tmp_path / "ckpt"), "--save-interval", "2"],
+                            framework=framework, nproc=2, timeout=600, entry=ENTRY)
+    _assert_one_process_losses(split, job)
     assert "pipeline-parallel 2" in split.output, split.output[-3000:]
-    assert f"successfully loaded weights from {converted}" in split.output, split.output[-3000:]
-    expected, losses = one.losses(), split.losses()
-    assert sorted(losses) == [1, 2] and max(abs(losses[i] - expected[i]) for i in losses) <= TOLERANCE, (losses,
-                                                                                                        expected)
-    # every pipeline rank's directory holds exactly the layout's tensors for it: MindSpeed-MM's Qwen3-VL names
-    spec = parse_model_json(json.loads(pp2_json.read_text()), str(pp2_json))
+    assert f"successfully loaded weights from {job.converted}" in split.output, split.output[-3000:]
+    spec = parse_model_json(json.loads(job.pp2_json.read_text()), str(job.pp2_json))
     layout = VLMLayout.build(Qwen3VLConfig.from_hf_config(spec.hf_config), tp=1, pp=2,
                              vit_pp_layers=spec.pipeline_layers["vit"], llm_pp_layers=spec.pipeline_layers["llm"])
     for pp_rank in range(2):
         shard = load_file(tmp_path / "ckpt" / "iter_0000002" / f"mp_rank_00_{pp_rank:03d}" / "model.safetensors")
         assert {n: t.shape for n, t in shard.items()} == layout.rank_shapes(0, pp_rank)
-    assert "text_decoder.decoder.layers.1.self_attention.q_layernorm.weight" in shard
+    assert "text_decoder.decoder.layers.1.self_attention.q_layernorm.weight" in shard  # stage 1's own numbering
+    return split
+
+
+@pytest.mark.slow
+def test_a_converted_pp2_checkpoint_trains_on_mindspore_with_the_one_process_losses(tk, pp2_job, tmp_path):
+    _pp2_run(tk, pp2_job, tmp_path, "mindspore")
+
+
+@pytest.mark.slow
+def test_pp2_from_a_converted_checkpoint_and_tp2_train_on_megatron_core_with_the_one_process_losses(tk, pp2_job,
+                                                                                                   tmp_path):
+    split = _pp2_run(tk, pp2_job, tmp_path, "pytorch")
+    assert "engine megatron-core" in split.output, split.output[-3000:]
+    # TP=2 with sequence parallelism, from the seed's weights: QK-norm on each rank's heads (its gradient summed over
+    # TP), the DeepStack rows split over the sequence like the hidden states
+    tp = tk.run_training(tmp_path / "tp", [*pp2_job.common, "--mm-model", str(pp2_job.one_json),
+                                           "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                         framework="pytorch", nproc=2, timeout=600, entry=ENTRY)
+    _assert_one_process_losses(tp, pp2_job)
+    assert "engine megatron-core" in tp.output and "tensor-parallel 2" in tp.output, tp.output[-3000:]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vpp": True}, r"--virtual-pipeline-model-parallel-size 2 is not built .*set it to 1"),
+    ({"text_decoder": {"add_qkv_bias": True}}, r"text_decoder.add_qkv_bias true is not built .*set it to false"),
+])
+def test_what_megatron_core_does_not_build_for_qwen3_vl_is_one_line(change, message):
+    import argparse
+
+    from mmrun.backend.errors import UsageError
+    from mmrun.engines.torch.megatron_core.qwen3_vlm import check_qwen3
+    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+    from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
+    from mmrun.models.qwen3_vl.model_json import parse_model_json
+
+    raw = json.loads(MODEL_JSON.read_text())
+    raw["text_decoder"].update(change.get("text_decoder", {}))
+    vpp = change.get("vpp", False)
+    raw["text_decoder"]["num_layers"] = 4 if vpp else 2  # one layer per virtual stage
+    config = Qwen3VLConfig.from_hf_config(parse_model_json(raw, "model.json").hf_config)
+    layout = VLMLayout.build(config, pp=2, vit_pp_layers=[[2, 0], [0, 0]] if vpp else [2, 0],
+                             llm_pp_layers=[[1, 1], [1, 1]] if vpp else [1, 1], vpp=2 if vpp else 1)
+    with pytest.raises(UsageError, match=message):
+        check_qwen3(argparse.Namespace(), layout)
