@@ -477,3 +477,18 @@ def check_save_dir(save: str | os.PathLike | None) -> None:
     if problem:
         raise CheckpointError(f"--save {save}: {problem}, so no save could be recorded; remove it "
                               "(the iter_* checkpoints beside it are not touched)")
+
+
+def open_save_directory(root: str, entry: str) -> Any:
+    """The newest complete checkpoint of a training run's --save directory, for the converters: an interrupted
+    save recovered first; a missing directory or one with no checkpoint is a UsageError naming `entry` (the
+    script whose --save it should be)."""
+    from mmrun.backend.errors import UsageError
+
+    if not Path(root).is_dir():
+        raise UsageError(f"--cfg.source_path {root}: no such directory; pass the --save directory of the {entry} run")
+    recover_interrupted_saves(root)
+    ckpt = find_checkpoint(root, log=print)
+    if ckpt is None:
+        raise UsageError(f"--cfg.source_path {root} holds no checkpoint (no iter_* directory)")
+    return ckpt

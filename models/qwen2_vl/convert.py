@@ -240,16 +240,10 @@ def resplit(converter: str, cfg: dict[str, Any]) -> None:
 def lora_to_peft(converter: str, cfg: dict[str, Any]) -> None:
     from mmrun.models import lora
     from mmrun.models.qwen2_vl.peft_adapter import adapter_to_peft
-    from mmrun.training.checkpoint_store import find_checkpoint, recover_interrupted_saves
+    from mmrun.training.checkpoint_store import open_save_directory
 
-    root, target = _get(cfg, "source_path"), _get(cfg, "target_path")
-    if not Path(root).is_dir():
-        raise UsageError(f"--cfg.source_path {root}: no such directory; pass the --save directory of the "
-                         "pretrain_vlm.py LoRA run")
-    recover_interrupted_saves(root)
-    ckpt = find_checkpoint(root, log=print)
-    if ckpt is None:
-        raise UsageError(f"--cfg.source_path {root} holds no checkpoint (no iter_* directory)")
+    target = _get(cfg, "target_path")
+    ckpt = open_save_directory(_get(cfg, "source_path"), "pretrain_vlm.py LoRA")
     _, adapter = lora.split_adapter(ckpt.model)
     if not adapter:
         raise UsageError(f"{ckpt.path} holds no LoRA adapters (no *.lora_A.weight); it is a full fine-tune: use "

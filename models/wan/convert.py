@@ -32,16 +32,9 @@ def _get(cfg: dict[str, Any], key: str) -> Any:
 
 
 def _checkpoint(root: str) -> Any:
-    from mmrun.training.checkpoint_store import find_checkpoint, recover_interrupted_saves
+    from mmrun.training.checkpoint_store import open_save_directory
 
-    if not Path(root).is_dir():
-        raise UsageError(f"--cfg.source_path {root}: no such directory; pass the --save directory of the "
-                         "pretrain_sora.py run")
-    recover_interrupted_saves(root)
-    ckpt = find_checkpoint(root, log=print)
-    if ckpt is None:
-        raise UsageError(f"--cfg.source_path {root} holds no checkpoint (no iter_* directory)")
-    return ckpt
+    return open_save_directory(root, "pretrain_sora.py")
 
 
 def _config(cfg: dict[str, Any], meta: dict[str, Any]) -> tuple[WanTransformerConfig, str | None]:
