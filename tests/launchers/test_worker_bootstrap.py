@@ -176,3 +176,37 @@ def test_progress_of_a_dead_writer_and_a_foreign_file(tmp_path):
 def test_heartbeat_outside_mmrun_does_nothing():
     code = "from mmrun.launchers.heartbeat import heartbeat; heartbeat(); print('ok')"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout == "ok\n"
+
+
+def test_the_scheduler_ends_cleanly_once_every_rank_has_written_its_end(tmp_path):
+    """MindSpore's scheduler notices departed workers on a 5-second tick and msrun waits for it: the scheduler's
+    bootstrap ends it (exit 0) as soon as every rank's status file is newer than the scheduler. A file older
+    than it (a restarted job's) does not count. The stand-in scheduler would otherwise serve for two minutes."""
+    status = tmp_path / "status"
+    status.mkdir()
+    stale = status / "rank_1.json"
+    stale.write_text("{}")
+    os.utime(stale, (1, 1))
+    driver = textwrap.dedent(f"""
+        import os, sys, threading, time
+        from pathlib import Path
+        from mmrun.launchers import worker_bootstrap
+        status = Path({str(status)!r})
+        child = worker_bootstrap._Child()
+        if child.fork() == 0:
+            time.sleep(120)
+            os._exit(3)
+        start = time.monotonic()
+        threading.Timer(0.5, (status / "rank_0.json").write_text, ["{{}}"]).start()
+        threading.Timer(1.5, (status / "rank_1.json").write_text, ["{{}}"]).start()
+        wait_status = child.wait_scheduler(str(status), 2)
+        try:
+            os.kill(child.pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        print(wait_status, alive, time.monotonic() - start >= 1.5)
+    """)
+    run = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["0", "False", "True"]  # a clean end, the scheduler gone, not before rank 1's end
