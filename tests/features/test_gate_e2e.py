@@ -49,6 +49,10 @@ PARALLEL = {
     "torch-fsdp2": (2, ["--global-batch-size", "4"]),
     "ckpt-format-torch-dcp": (1, ["--use-torch-fsdp2"]),
 }
+# A parallel trigger that another parallel run already passes joins that run where the framework supports
+# both: sequence parallelism trains with --tensor-model-parallel-size 2, virtual pipelines with
+# --pipeline-model-parallel-size 2 (a MindSpore run costs tens of seconds).
+CARRIED_BY = {"tensor-parallel": "sequence-parallel", "pipeline-parallel": "virtual-pipeline"}
 
 
 def needs_entry() -> None:
@@ -125,16 +129,20 @@ def supported_runs(framework: str) -> list[list[tuple[ft.Feature, ft.Trigger]]]:
     A MindSpore run costs tens of seconds, so compatible flags share a run; two triggers of one flag
     (--ckpt-format torch_dcp vs safetensors) cannot, nor can exclusive entries (--fp16 and --bf16).
     """
+    trainer = ft.load_tables().layer("trainer")
+    supported = [e for e in ft.load_tables().features
+                 if trainer.lists(e.name) and trainer.cell(e.name, framework, "cpu").status == "supported"]
+    carried = {name for name, host in CARRIED_BY.items() if host in {e.name for e in supported}}
+
     def fits(run: list[tuple[ft.Feature, ft.Trigger]], entry: ft.Feature, trig: ft.Trigger) -> bool:
+        if entry.name in carried:
+            return any(e.name == CARRIED_BY[entry.name] for e, _ in run)
         if entry.name in PARALLEL or any(e.name in PARALLEL for e, _ in run):
             return False
         return all(t.flag != trig.flag and {e.name, entry.name} not in EXCLUSIVE for e, t in run)
 
-    trainer = ft.load_tables().layer("trainer")
     runs: list[list[tuple[ft.Feature, ft.Trigger]]] = []
-    for entry in ft.load_tables().features:
-        if not trainer.lists(entry.name) or trainer.cell(entry.name, framework, "cpu").status != "supported":
-            continue
+    for entry in sorted(supported, key=lambda e: e.name in carried):  # the host runs exist first
         for trig in entry.triggers:
             run = next((r for r in runs if fits(r, entry, trig)), None)
             if run is None:
@@ -164,7 +172,7 @@ def test_every_supported_cpu_entry_trains(framework, run, tmp_path):
     args = [tok for entry, trig in run for tok in trig.example_tokens()]
     for name in names:
         args += EXTRA_SCRIPT_ARGS.get(name, lambda tmp: [])(tmp_path)
-    parallel = [PARALLEL[name] for name in names if name in PARALLEL]
+    parallel = [PARALLEL[name] for name in names if name in PARALLEL and CARRIED_BY.get(name) not in names]
     if parallel:
         nproc, extra = parallel[0]
         code, out, _ = mmrun(framework, args + extra, tmp_path, nproc=nproc, timeout=300)
