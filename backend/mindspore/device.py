@@ -91,6 +91,26 @@ def _host_blocking_run() -> None:
     os.environ.setdefault(HOST_BLOCKING_VAR, "1")
 
 
+# MindSpore's compile cache (graphs saved after their first compile, loaded by the next run) reuses the saved graphs
+# by the order they compiled in, without comparing what was baked into them (measured, mindspore 2.10, the demo VLM):
+# a run with another --clip-grad loaded the old clip's graph and printed the old run's losses, and one with another
+# --seq-length failed in a Reshape. So mmrun turns it on only in a directory of the job's own (compile_cache's
+# `directory`, named by a digest of everything the graphs depend on: engines/compile_cache.py). A value the user set
+# for either variable wins.
+COMPILE_CACHE_VARS = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
+
+
+def compile_cache(directory: str) -> str | None:
+    """Save compiled graphs in `directory` and load them from there in a later run (read by MindSpore at each
+    compile, so call it before the first one). Returns the directory in use, None when the user's own
+    MS_COMPILER_CACHE_* settings are kept."""
+    if any(var in os.environ for var in COMPILE_CACHE_VARS):
+        return None
+    os.makedirs(directory, exist_ok=True)
+    os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=directory)
+    return directory
+
+
 def detect() -> DeviceInfo:
     """The device kind ("npu" | "cuda" | "cpu" for MindSpore's Ascend, GPU, CPU), its local index and its
     communication backend.
