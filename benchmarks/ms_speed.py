@@ -20,6 +20,11 @@ it ran; per workload the MindSpore / PyTorch ratio of each round and their media
     python benchmarks/ms_speed.py --only vlm-demo --rounds 2 --markdown out.md
     python benchmarks/ms_speed.py --ms-args=--no-ms-jit     # MindSpore's PyNative step, for the before/after
     python benchmarks/ms_speed.py --only vlm-demo-dp2 vlm-demo-tp2 --rounds 1   # 2 processes each
+    python benchmarks/ms_speed.py --ms-compile-cache   # each MindSpore job twice: the second loads the graphs
+
+With --ms-compile-cache every MindSpore job runs twice with --ms-compile-cache (a fresh folder per invocation):
+the first compiles and saves the graphs (its compile is reported as `cold compile`), the second, measured,
+loads them (engines/compile_cache.py).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +63,7 @@ WORKLOADS = {
     "vlm-demo-tp2": (VLM_ENTRY, [*DEMO_BATCH, "--tensor-model-parallel-size", "2"], "tiny", 2),
 }
 SINGLE = [name for name, row in WORKLOADS.items() if row[3] == 1]  # the default: one process each
+CACHED_NOTE = ", MindSpore with --ms-compile-cache, its second run (the first run's compile in brackets)"
 COMPILED = re.compile(r"> MindSpore compiled the train step .* in ([0-9.]+) s")
 
 
@@ -65,6 +72,15 @@ def _env(threads: int) -> dict[str, str]:
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK")}
     env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+def run_cached(workload: str, iters: int, warmup: int, out: Path, data_json: str, threads: int,
+               extra: list[str]) -> dict:
+    """MindSpore twice with --ms-compile-cache: the first run fills the cache, the second is the one reported."""
+    cache = ["--ms-compile-cache", str(out / "ms_compile_cache")]
+    cold = run(workload, "mindspore", iters, warmup, out, data_json, threads, [*extra, *cache])
+    warm = run(workload, "mindspore", iters, warmup, out, data_json, threads, [*extra, *cache])
+    return {**warm, "cold_compile_s": cold["compile_s"]}
 
 
 def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_json: str, threads: int,
@@ -103,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each job (1)")
     parser.add_argument("--ms-args", "--ms_args", dest="ms_args", default="",
                         help="extra arguments of the MindSpore jobs, one string (e.g. --no-ms-jit)")
+    parser.add_argument("--ms-compile-cache", "--ms_compile_cache", dest="ms_compile_cache", action="store_true",
+                        help="run each MindSpore job twice with --ms-compile-cache and report the second")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     args = parser.parse_args(argv)
     if args.iters <= args.warmup:
@@ -118,19 +136,22 @@ def main(argv: list[str] | None = None) -> int:
         data_json = make_demo(str(out / "demo"), num_samples=64, seed=3)["data_json"]
         for round_ in range(args.rounds):
             for workload in args.only:
-                pair = tuple(run(workload, fw, args.iters, args.warmup, out, data_json, args.threads,
-                                 args.ms_args.split() if fw == "mindspore" else [])
-                             for fw in ("pytorch", "mindspore"))
+                pt = run(workload, "pytorch", args.iters, args.warmup, out, data_json, args.threads, [])
+                ms_job = run_cached if args.ms_compile_cache else partial(run, framework="mindspore")
+                ms = ms_job(workload=workload, iters=args.iters, warmup=args.warmup, out=out, data_json=data_json,
+                            threads=args.threads, extra=args.ms_args.split())
+                pair = (pt, ms)
                 results[workload].append(pair)
-                pt, ms = pair
+                cold = f" (cold compile {ms['cold_compile_s']:.1f} s)" if "cold_compile_s" in ms else ""
                 print(f"round {round_ + 1} {workload}: pytorch {pt['steady_ms']:.1f} ms, mindspore "
                       f"{ms['steady_ms']:.1f} ms ({ms['steady_ms'] / pt['steady_ms']:.2f}x), mindspore first "
-                      f"{ms['first_ms']:.0f} ms, compile {ms['compile_s']:.1f} s, "
+                      f"{ms['first_ms']:.0f} ms, compile {ms['compile_s']:.1f} s{cold}, "
                       f"load {pt['load']:.1f}/{ms['load']:.1f}",
                       flush=True)
     lines = [f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, mindspore "
              f"{mindspore.__version__}, OMP_NUM_THREADS={args.threads}, {args.iters} iterations, median after "
-             f"{args.warmup}{', MindSpore ' + args.ms_args if args.ms_args else ''}",
+             f"{args.warmup}{', MindSpore ' + args.ms_args if args.ms_args else ''}"
+             f"{CACHED_NOTE if args.ms_compile_cache else ''}",
              "",
              "| workload | PyTorch (ms/it) | MindSpore (ms/it) | MindSpore / PyTorch | MindSpore first iteration (ms) "
              "| compile (s) | first / steady | load average |",
@@ -141,9 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         ms_ms = statistics.median(ms["steady_ms"] for _, ms in pairs)
         first = statistics.median(ms["first_ms"] for _, ms in pairs)
         compile_s = statistics.median(ms["compile_s"] for _, ms in pairs)
+        colds = [ms["cold_compile_s"] for _, ms in pairs if "cold_compile_s" in ms]
+        cold = f" ({statistics.median(colds):.1f} cold)" if colds else ""
         loads = [x["load"] for pair in pairs for x in pair]
         lines.append(f"| {workload} | {pt_ms:.1f} | {ms_ms:.1f} | **{statistics.median(ratios):.2f}x** "
-                     f"({', '.join(f'{r:.2f}' for r in ratios)}) | {first:.0f} | {compile_s:.1f} | "
+                     f"({', '.join(f'{r:.2f}' for r in ratios)}) | {first:.0f} | {compile_s:.1f}{cold} | "
                      f"{first / ms_ms:.0f}x | {min(loads):.1f} to {max(loads):.1f} |")
     table = "\n".join(lines)
     print(table)

@@ -338,6 +338,10 @@ def build_parser(extra_args_provider: Callable[[argparse.ArgumentParser], argpar
              "CPU, native on GPU/NPU (docs/training.md)")
     add(g, "--no-ms-jit", action="store_true",
         help="MindSpore: run the train step in PyNative instead of compiling it with mindspore.jit (the default)")
+    add(g, "--ms-compile-cache", default=None, metavar="DIR",
+        help="MindSpore: keep the compiled train step's graphs under DIR, one folder per job (a digest of its "
+             "arguments, files, code and batch shapes), so a rerun of the same job loads them instead of "
+             "compiling (seconds instead of a minute on CPU; docs/multimodal.md)")
 
     from mmrun.precision.arguments import add_arguments as add_precision_arguments
     from mmrun.precision.arguments import add_monitoring_arguments

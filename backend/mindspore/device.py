@@ -91,6 +91,68 @@ def _host_blocking_run() -> None:
     os.environ.setdefault(HOST_BLOCKING_VAR, "1")
 
 
+# Two or more MindSpore ranks on one CPU host: each rank's actor and kernel threads hand every kernel to each other
+# and spin on sched_yield meanwhile (perf: 28 % of the samples of 2 ranks of the demo VLM); with every rank free to
+# run on every core, one rank's spinning takes the core the other rank computes on. Each rank on its own share of
+# the cores, the spin yields to its own partner thread: the demo on 2 ranks, 2 cores, 110 and 113 ms per iteration
+# against 151 and 228 unpinned, alternating, load 3 to 5 (docs/multimodal.md). Left alone: a process whose cores
+# the user narrowed (taskset, numactl), more ranks than cores, and MMRUN_MS_BIND_CORES=0.
+BIND_VAR = "MMRUN_MS_BIND_CORES"
+BIND_VALUES: dict[str, bool] = {"1": True, "0": False}
+
+
+def _cores_of_rank(allowed: list[int], local_rank: int, local_world_size: int) -> list[int] | None:
+    """This rank's equal share of `allowed` (the node's cores split in rank order), None when there is nothing to
+    split: one rank, or more ranks than cores."""
+    if local_world_size < 2 or len(allowed) < local_world_size or not 0 <= local_rank < local_world_size:
+        return None
+    per = len(allowed) // local_world_size
+    return sorted(allowed)[local_rank * per:(local_rank + 1) * per]
+
+
+def _bind_cores() -> list[int] | None:
+    value = os.environ.get(BIND_VAR, "1").strip()
+    if value not in BIND_VALUES:
+        raise UsageError(f"{BIND_VAR} must be 1 (each MindSpore rank on its own CPU cores, the default) or 0. "
+                         f"Received: {BIND_VAR}={value!r}")
+    info = rank_env.read_rank_info()
+    if not BIND_VALUES[value] or info.is_scheduler or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < (os.cpu_count() or 0):
+        return None  # the user chose this process's cores
+    share = _cores_of_rank(allowed, info.local_rank, info.local_world_size)
+    if share is None:
+        return None
+    # Every thread the process has now (MindSpore's, once imported); those started later inherit it.
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), share)
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return share
+
+
+# MindSpore's compile cache (graphs saved after their first compile, loaded by the next run) reuses the saved graphs
+# by the order they compiled in, without comparing what was baked into them (measured, mindspore 2.10, the demo VLM):
+# a run with another --clip-grad loaded the old clip's graph and printed the old run's losses, and one with another
+# --seq-length failed in a Reshape. So mmrun turns it on only in a directory of the job's own (compile_cache's
+# `directory`, named by a digest of everything the graphs depend on: engines/compile_cache.py). A value the user set
+# for either variable wins.
+COMPILE_CACHE_VARS = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
+
+
+def compile_cache(directory: str) -> str | None:
+    """Save compiled graphs in `directory` and load them from there in a later run (read by MindSpore at each
+    compile, so call it before the first one). Returns the directory in use, None when the user's own
+    MS_COMPILER_CACHE_* settings are kept."""
+    if any(var in os.environ for var in COMPILE_CACHE_VARS):
+        return None
+    os.makedirs(directory, exist_ok=True)
+    os.environ.update(MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=directory)
+    return directory
+
+
 def detect() -> DeviceInfo:
     """The device kind ("npu" | "cuda" | "cpu" for MindSpore's Ascend, GPU, CPU), its local index and its
     communication backend.
@@ -110,6 +172,7 @@ def detect() -> DeviceInfo:
                 target = mindspore.get_current_device().device_target
             if target == "CPU":
                 _host_blocking_run()
+                _bind_cores()
             index = 0 if target == "CPU" else rank_env.read_rank_info().local_rank
             kind = KIND_OF_TARGET[target]
             _detected = DeviceInfo(kind, index, checks.dist_backend("mindspore", kind))

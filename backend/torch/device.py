@@ -130,3 +130,8 @@ def peak_memory_mb() -> float | None:
     if kind == "npu":
         return torch.npu.max_memory_allocated() / 2**20
     return None
+
+
+def compile_cache(directory: str) -> str | None:
+    """None: the PyTorch step runs eagerly, there is no compiled graph to keep (MindSpore's twin saves its graphs)."""
+    return None

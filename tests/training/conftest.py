@@ -192,7 +192,8 @@ def vlm(tmp_path_factory, tk):
     runs = {
         # name: (framework, processes, extra arguments)
         "pytorch": ("pytorch", 1, ["--save-interval", "5"]),
-        "mindspore": ("mindspore", 1, ["--save-interval", "5"]),
+        # its compiled graphs saved for test_pretrain_vlm's rerun, which loads them (--ms-compile-cache)
+        "mindspore": ("mindspore", 1, ["--save-interval", "5", "--ms-compile-cache", str(base / "ms_compile_cache")]),
         "pytorch-dp2": ("pytorch", 2, ["--exit-interval", "4", "--num-workers", "1"]),  # same LR schedule; decoded in workers
         # torch's FSDP2 over mmrun's own Qwen2-VL, full shard of the ViT blocks and the decoder layers; one sample
         # per micro-batch, so rank 1's second micro-batch of iteration 2 is the demo's text-only sample 7
@@ -236,6 +237,11 @@ def vlm(tmp_path_factory, tk):
         @staticmethod
         def ckpt(name: str) -> Path:
             return base / name / "ckpt"
+
+        @staticmethod
+        def extra(name: str) -> list[str]:
+            """The extra arguments a registered run trains with."""
+            return list(runs[name][2])
 
         base_dir = base
     return Runs()

@@ -37,6 +37,22 @@ def test_pytorch_and_mindspore_train_the_same_losses(vlm):
 
 
 @pytest.mark.slow
+def test_a_mindspore_rerun_loads_the_compiled_graphs_and_trains_the_same_losses(vlm):
+    # The same job again, stopped after 3 iterations (--save and --exit-interval change no graph): --ms-compile-cache's
+    # folder of this job has the first run's graphs, MindSpore loads them instead of compiling, the numbers stay.
+    first = vlm("mindspore")
+    vlm.add("mindspore-rerun", "mindspore", 1, [*vlm.extra("mindspore"), "--exit-interval", "3"])
+    rerun = vlm("mindspore-rerun")
+    assert "empty: saving the graphs" in first.output and "graphs of an earlier run of this job" in rerun.output
+    assert rerun.losses() == {i: first.losses()[i] for i in (1, 2, 3)}
+
+    def compile_seconds(run) -> float:
+        return sum(float(line.split(" in ")[-1].split(" s ")[0]) for line in run.output.splitlines()
+                   if line.startswith("> MindSpore compiled the train step"))
+    assert compile_seconds(rerun) < compile_seconds(first) / 3, (compile_seconds(rerun), compile_seconds(first))
+
+
+@pytest.mark.slow
 def test_a_mindspore_checkpoint_resumes_on_pytorch(vlm, tk):
     copy = tk.resume_copy(vlm.ckpt("mindspore"), vlm.base_dir / "ms-ckpt-at-5", 5)
     resumed = tk.run_training(vlm.base_dir / "resume", [*vlm.args, "--mm-data", vlm.data_json, "--load", str(copy)],
