@@ -19,8 +19,9 @@ writes
 The models are mmrun's own (models/wan/vae.py, text_encoder.py) built on the chosen framework and written in the
 layout diffusers and transformers read (no download, no diffusers needed). The text encoder's weights are random
 (its embeddings still tell the captions apart); the VAE's are set by hand (scripts/wan/shape_vae.py: a latent is a
-4x4 patch's mean colour, every frame its own latent frame), so it reconstructs these flat-coloured clips and the
-DiT's sampled latents decode to pictures of shapes. Its reconstruction error on the clips is printed.
+4x4 patch's mean colour, every frame its own latent frame, the first one marked), so it reconstructs these
+flat-coloured clips and the DiT's sampled latents decode to pictures of shapes. Its reconstruction error on the
+clips is printed.
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def draw_clip(rng: np.random.Generator, frames: int, size: int,
     # Every clip of a direction takes the same path: through the middle of the frame, TRAVEL of it, starting on
     # the side it leaves. With a random start place (3/8 of the frame) a 2-layer DiT trained 2,000 iterations
     # drew the colours but no motion (0/4 prompts); on one path per direction (with 5 frames, 4 layers, squares
-    # only and guidance) it moves the square along the prompted axis (docs/generation.md, "The offline demo").
+    # only and guidance) it moves the square along the prompted axis, and the prompted way once the VAE marks the
+    # first frame (docs/generation.md, "The offline demo").
     travel = int(size * TRAVEL)
     start = (size - travel) // 2
     cross = size // 2  # the coordinate across the motion

@@ -15,7 +15,14 @@ layers: with `temperal_downsample` all False (every frame its own latent frame) 
     |rgb|^2 / K^2 (3e-6 at K = 1000), so it passes x on; the SiLU after it is undone exactly by the next
     convolution taking silu(v) - silu(-v) = v from the v and -v channels.
 
-Latent channels 0-2 are the patch's mean r, g, b in [-1, 1] (the grey background ~0), channel 3 is zero.
+Latent channels 0-2 are the patch's mean r, g, b in [-1, 1] (the grey background ~0). Channel 3 marks the first
+frame: 1 there, 0 on the others, from encoder.conv_out reading the constant channel at the current frame minus the
+frame before (zero padding before the first frame, as every causal convolution of the Wan VAE has; the decoder
+does not read it). Why: the DiT's only sense of time is its rotary positions, which are relative; without the
+mark, a tiny DiT trained from scratch predicted the same square for the first frame as for the last (measured:
+its mean x0 at sigma 0.95 was identical for frames 0 and 4), so it learnt colour and axis but drew "right" and
+"left" either way round. The real Wan VAE's first latent frame is special too (it encodes one frame, the others
+four).
 """
 from __future__ import annotations
 
@@ -85,6 +92,10 @@ def weights(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
                 array[c, c, :2, :2] = 0.25
         elif name.endswith("resample.1.weight"):
             _identity(array, BLUR)
+    if "encoder.conv_out.weight" in out:  # the first-frame mark: K (this frame) - K (the frame before) over K
+        mark, centre = out["encoder.conv_out.weight"], _centre(out["encoder.conv_out.weight"].shape)
+        mark[(CONFIG["z_dim"] - 1, 0) + centre] = 1.0 / K
+        mark[(CONFIG["z_dim"] - 1, 0, centre[0] - 1) + centre[1:]] = -1.0 / K
     if "encoder.conv_out.bias" in out:  # logvar: as small as diffusers clamps it (a sample is the mean)
         out["encoder.conv_out.bias"][CONFIG["z_dim"]:] = -30.0
     return out
