@@ -47,7 +47,10 @@ def test_torch_fused_attention_equals_the_explicit_path(bt, causal):
                           arrays)
     diff = _max_diff(fused, explicit)
     print(f"torch fused vs explicit attention (causal={causal}), forward and grads: {diff:.2e}")
-    assert diff <= 1e-6
+    # On the CPU torch's SDPA sums in the explicit path's order; a GPU's fused float32 kernels tile the
+    # reductions (an H200, torch 2.11: 1.58e-06 causal, 7.9e-07 not).
+    from mmrun import backend
+    assert diff <= (1e-6 if backend.current().device_kind == "cpu" else 5e-6)
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -9,6 +9,7 @@ A failure names the page, the example and the command that regenerates it (scrip
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 
@@ -53,8 +54,10 @@ FAST = [e for e in EXAMPLES if not e.slow]
 SLOW = [e for e in EXAMPLES if e.slow]
 # The slow examples mostly wait (MindSpore's start-up, a watchdog, a rank's death), so two at a time nearly
 # halve the drift test on a 2-core machine (4 minutes at a load average of 6 to 10); their outputs do not
-# depend on it.
+# depend on it. Under pytest-xdist (the README's `-n 2`) each slow example is a test of its own that any worker
+# takes (its own xdist group), one at a time per worker: the workers are the parallelism.
 SLOW_JOBS = 2
+XDIST = "PYTEST_XDIST_WORKER" in os.environ
 
 
 def _check(example: docs_examples.Example, produced: str | docs_examples.ExampleError) -> None:
@@ -80,17 +83,22 @@ def test_example_output_is_what_its_commands_print_now(example: docs_examples.Ex
 
 
 @pytest.fixture(scope="module")
-def slow_outputs(request) -> dict:
-    """The selected slow examples, run SLOW_JOBS at a time, once for all their tests."""
+def slow_outputs(request) -> dict | None:
+    """The selected slow examples, run SLOW_JOBS at a time, once for all their tests (None under xdist, whose
+    workers each hold every collected item, not only theirs: each test then runs its own example)."""
+    if XDIST:
+        return None
     wanted = [item.callspec.params["example"] for item in request.session.items
               if getattr(item, "originalname", None) == "test_slow_example_output_is_what_its_commands_print_now"]
     return docs_examples.produce_all(wanted, jobs=SLOW_JOBS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("example", [pytest.param(e, id=e.key) for e in SLOW])
-def test_slow_example_output_is_what_its_commands_print_now(example: docs_examples.Example, slow_outputs: dict):
-    produced = slow_outputs[example.key]
+@pytest.mark.parametrize("example", [pytest.param(e, id=e.key, marks=pytest.mark.xdist_group(f"docs:{e.key}"))
+                                     for e in SLOW])
+def test_slow_example_output_is_what_its_commands_print_now(example: docs_examples.Example,
+                                                            slow_outputs: dict | None):
+    produced = _produce(example) if slow_outputs is None else slow_outputs[example.key]
     shown = docs_pages.example_blocks((REPO / example.page).read_text(encoding="utf-8")).get(example.name)
     if produced != shown:
         # Ranks of one job write at the same moment; on a loaded machine a launcher's log relay can

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,7 @@ def test_two_data_parallel_ranks_give_the_one_process_result(evaluation, capsys,
     path = tmp_path / "dp.json"
     path.write_text(json.dumps(raw))
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE")}
-    done = subprocess.run(["mmrun", "--ai-framework", "pytorch", "--nproc-per-node", "2", "--master-port", "0",
+    done = subprocess.run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "pytorch", "--nproc-per-node", "2", "--master-port", "0",
                            str(ENTRY), "--mm-model", str(path), "--load", hf], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
