@@ -110,6 +110,7 @@ class MindSporeParallelEngine:
         self.step = build_engine(args, jit=not args.no_ms_jit)
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
+        self.step.announce = self.log
         self.log(f"> MindSpore parallel train step: {'mindspore.jit (graph)' if self.step.jit else 'PyNative'}")
 
     def parameter_count(self) -> int:
