@@ -38,9 +38,11 @@ def runs(vlm, tmp_path_factory):
     # one sample per micro-batch, as conftest's "text-rank-dp1": iteration 4's second micro-batch is the demo's
     # text-only sample 7, for which every TP rank runs the ViT on a blank image that counts zero times. It starts
     # from a Hugging Face directory holding the one-process run's initial weights (--load, sharded per rank).
+    cache = tmp_path_factory.mktemp("vlm_ms_parallel_cache")
     vlm.add("ms-tp2-text-only", "mindspore", 2, ["--tensor-model-parallel-size", "2", "--train-iters", "4",
                                                  "--micro-batch-size", "1", "--global-batch-size", "2",
-                                                 "--load", str(hf_init)])
+                                                 "--load", str(hf_init), "--ms-compile-cache", str(cache)])
+    vlm.compile_cache = cache
     vlm.hf_init = hf_init
     # with Megatron's per-token loss, against the one-process run of conftest's "per-token" (3 iterations)
     # ... in PyNative (--no-ms-jit: the grids read on the host), the others compiled on fixed-shape batches
@@ -102,6 +104,10 @@ def test_the_split_step_compiles_once_and_says_so(runs):
         "> MindSpore compiled the train step (parallel gradient norm graph",
         "> MindSpore compiled the train step (parallel clipping and AdamW graph"], compiled
     assert "for batch shapes [1x128, 3x1x128, " in compiled[0]
+    # --ms-compile-cache: the job's own folder, each rank's graphs saved for a rerun (engines/compile_cache.py)
+    assert "> MindSpore compile cache: " in output and "(empty: saving the graphs)" in output
+    (job,) = runs.compile_cache.iterdir()
+    assert {p.parent.parent.name for p in job.glob("rank_*/graph_cache/*.mindir")} == {"rank_0", "rank_1"}
     assert "> MindSpore parallel train step: PyNative" in runs("ms-pp2-per-token").output
 
 
