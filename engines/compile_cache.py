@@ -19,7 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 # Argument destinations that change no graph (where to write, how long to run): a rerun that only changes them
 # finds the graphs of the run before.
@@ -87,3 +87,20 @@ def job_directory(args: argparse.Namespace, shapes: Any, root: str, framework_ve
 def has_graphs(directory: str) -> bool:
     """Whether an earlier run left compiled graphs there (MindSpore writes rank_N/graph_cache/*.mindir)."""
     return any(Path(directory).glob("rank_*/graph_cache/*.mindir"))
+
+
+def open_for_job(args: argparse.Namespace, micro_batches: Sequence[Sequence[Any]], log: Callable[[str], None]) -> None:
+    """--ms-compile-cache ROOT: MindSpore saves this job's graphs in job_directory and a rerun of the same job
+    loads them instead of compiling; said once. Call it after the first step's batches are read and before
+    that step (the first compile), on every rank (each keeps its graphs in rank_N/)."""
+    from mmrun import backend
+
+    info = backend.current()
+    shapes = [[list(t.shape) if hasattr(t, "shape") else None for t in batch] for batch in micro_batches]
+    directory = job_directory(args, shapes, args.ms_compile_cache, info.version, info.world_size)
+    found = has_graphs(directory)
+    if backend.device.compile_cache(directory) is None:
+        log("> MindSpore compile cache: MS_COMPILER_CACHE_* set by the user, --ms-compile-cache left out")
+        return
+    log(f"> MindSpore compile cache: {directory} ("
+        f"{'graphs of an earlier run of this job: loading them' if found else 'empty: saving the graphs'})")

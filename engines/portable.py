@@ -113,7 +113,9 @@ class PortableEngine:
         with self.timers.phase("batch-generator"):
             micro_batches = [self._plan.capture(data_iterators[0]) for _ in range(args.num_micro_batches)]
         if self._step is None and self._plan.jit and getattr(args, "ms_compile_cache", None):
-            self._open_compile_cache(micro_batches)
+            from mmrun.engines import compile_cache
+
+            compile_cache.open_for_job(args, micro_batches, self.log)
         if self._step is None:  # after the first capture: the plan then knows whether the loss compiles
             self._step = backend.train_step.TrainStep(
                 self.model, self.optimizer, loss_fn=self._plan.loss, lr_scheduler=self.scheduler,
@@ -125,23 +127,6 @@ class PortableEngine:
             if self.framework == "mindspore":
                 self.log(f"> MindSpore train step: {'mindspore.jit (graph)' if self._plan.jit else 'PyNative'}")
         return self._step(micro_batches)
-
-    def _open_compile_cache(self, micro_batches: Sequence[Sequence[Any]]) -> None:
-        """--ms-compile-cache: MindSpore saves this job's graphs in a directory of its own (engines/compile_cache.py)
-        and a rerun of the same job loads them instead of compiling; said once, before the first compile."""
-        from mmrun import backend
-        from mmrun.engines import compile_cache
-
-        info = backend.current()
-        shapes = [[list(t.shape) if hasattr(t, "shape") else None for t in batch] for batch in micro_batches]
-        directory = compile_cache.job_directory(self.args, shapes, self.args.ms_compile_cache, info.version,
-                                                info.world_size)
-        found = compile_cache.has_graphs(directory)
-        if backend.device.compile_cache(directory) is None:
-            self.log("> MindSpore compile cache: MS_COMPILER_CACHE_* set by the user, --ms-compile-cache left out")
-            return
-        self.log(f"> MindSpore compile cache: {directory} ("
-                 f"{'graphs of an earlier run of this job: loading them' if found else 'empty: saving the graphs'})")
 
     def evaluate(self, forward_step_func: Callable, data_iterators: Sequence[Iterator],
                  eval_iters: int) -> dict[str, float]:

@@ -98,20 +98,36 @@ def _passes_framework_arg(request: launch_args.LaunchRequest, script_path: Path 
     return script_path is not None and script_target.takes_framework_arg(script_target.read_source(script_path))
 
 
-def _cluster_time_out_from_training_args(request: launch_args.LaunchRequest, translation: Translation) -> Note | None:
+# MindSpore's CPU collectives give up after MS_CPU_COMM_OP_TIMEOUT seconds, 30 by default: a rank waiting in an
+# all-reduce while another compiles a graph for longer (a pipeline stage's first backward, on a loaded machine)
+# fails with "AllReduce failed". Megatron's --distributed-timeout-minutes (default 10) bounds torch's collectives;
+# msrun's workers get the same bound unless the environment sets the variable.
+CPU_COMM_TIMEOUT_VAR = "MS_CPU_COMM_OP_TIMEOUT"
+DEFAULT_DISTRIBUTED_TIMEOUT_S = 600
+
+
+def _distributed_timeout(request: launch_args.LaunchRequest) -> tuple[str, int] | None:
+    """Megatron's --distributed-timeout-minutes in the script's arguments: (as given, seconds), or None."""
+    minutes = argv_option(request.script_args, DISTRIBUTED_TIMEOUT_FLAGS)
+    if minutes is None:
+        return None
+    try:
+        return minutes, int(float(minutes) * 60)
+    except ValueError:
+        raise UsageError(f"--distributed-timeout-minutes {minutes} in the script's arguments is not a number of "
+                         "minutes; pass a whole number") from None
+
+
+def _cluster_time_out_from_training_args(request: launch_args.LaunchRequest, translation: Translation,
+                                         timeout: tuple[str, int] | None) -> Note | None:
     """msrun's --cluster_time_out from Megatron's --distributed-timeout-minutes, unless the user set it.
 
     Both bound how long ranks wait for each other to form the job (torch's process-group timeout
     covers the rendezvous; msrun's scheduler waits --cluster_time_out, default 600 s for both).
     """
-    minutes = argv_option(request.script_args, DISTRIBUTED_TIMEOUT_FLAGS)
-    if minutes is None or "cluster_time_out" in request.given or "join_timeout=" in str(request.given.get("rdzv_conf", "")):
+    if timeout is None or "cluster_time_out" in request.given or "join_timeout=" in str(request.given.get("rdzv_conf", "")):
         return None
-    try:
-        seconds = int(float(minutes) * 60)
-    except ValueError:
-        raise UsageError(f"--distributed-timeout-minutes {minutes} in the script's arguments is not a number of "
-                         "minutes; pass a whole number") from None
+    minutes, seconds = timeout
     translation.set("cluster_time_out", str(seconds))
     return Note("--distributed-timeout-minutes", minutes, f"msrun waits --cluster_time_out {seconds} s for the ranks to join")
 
@@ -133,8 +149,11 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
     plan = Plan(launcher=launcher, command=[], notes=list(translation.notes), refusals=list(translation.refusals),
                 framework=framework, framework_source=framework_source, watchdog_seconds=request.watchdog_seconds)
     if launcher == MSRUN:
-        note = _cluster_time_out_from_training_args(request, translation)
+        timeout = _distributed_timeout(request)
+        note = _cluster_time_out_from_training_args(request, translation, timeout)
         plan.notes.extend([note] if note else [])
+        if CPU_COMM_TIMEOUT_VAR not in env:
+            plan.env_set[CPU_COMM_TIMEOUT_VAR] = str(timeout[1] if timeout else DEFAULT_DISTRIBUTED_TIMEOUT_S)
     plan.temp_dir = Path(tempfile.gettempdir()) / f"mmrun-{uuid.uuid4().hex[:12]}"
     plan.env_set[STATUS_DIR_VAR] = str(plan.temp_dir / "status")
     plan.env_set["MMRUN_AI_FRAMEWORK"] = framework

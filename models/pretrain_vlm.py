@@ -26,7 +26,8 @@ This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run 
 Data parallelism alone trains the portable model with mmrun's data-parallel engine on both frameworks (the
 same weights, batches and losses); on MindSpore the step is compiled (mindspore.jit) on fixed shapes: the text
 padded to --seq-length, the ViT's patches to a few buckets with per-frame segment ids (fixed_shape_collate), one
-graph per bucket (Qwen2-VL, images; Qwen2.5-VL, videos and --no-ms-jit run in PyNative).
+graph per bucket (Qwen2-VL, images, on the data-parallel and the tensor/pipeline-parallel engine alike;
+Qwen2.5-VL, videos and --no-ms-jit run in PyNative).
 --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer), or
 --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
@@ -124,8 +125,8 @@ def _model_source(argv: list[str]) -> ModelSource:
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
                        or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore or lora,
-                       ms_jit=framework == "mindspore" and not split and _MODEL_JSON.hf_config["model_type"]
-                       in FIXED_SHAPE_MODELS, features=ENTRY_FEATURES)
+                       ms_jit=framework == "mindspore" and _MODEL_JSON.hf_config["model_type"] in FIXED_SHAPE_MODELS,
+                       features=ENTRY_FEATURES)
 
 
 def _megatron_core_installed() -> bool:

@@ -384,13 +384,26 @@ def merge_fixed_vision(config: Qwen2VLConfig, visual: Any, input_ids, embeds, pi
     bucket, their per-frame segment ids and rotary positions as device tensors (vision_layout.fixed_layout), so
     nothing depends on the images' sizes and the step compiles once per bucket. The data path checked tokens
     against features. The padding attends only to itself and no token takes its features: no loss, no gradient."""
+    vision = fixed_vision_features(visual.patch_embed, visual.blocks, visual.merger, visual.inv_freq, pixel_values,
+                                   segment_ids, positions)
+    return place_fixed_features(config, input_ids, embeds, vision)
+
+
+def fixed_vision_features(patch_embed: Any, blocks: Any, merger: Any, inv_freq: np.ndarray, pixel_values,
+                          segment_ids, positions):
+    """The ViT on a fixed-shape batch, from its pieces (this model's, or the tensor-parallel stage's in
+    engines/mindspore/parallel/vlm.py): merged features (patches / merge^2, text width)."""
+    x = patch_embed(pixel_values)
+    cos, sin = rotary_of_positions(positions, inv_freq)
+    for block in blocks:
+        x = block(x, cos, sin, segment_ids)
+    return merger(x)
+
+
+def place_fixed_features(config: Qwen2VLConfig, input_ids, embeds, vision):
+    """embeds with the image tokens' rows replaced by `vision` (merge_fixed_vision's features), in order."""
     batch, seq, _ = embeds.shape
     ids = ops.reshape(input_ids, (batch * seq,))
-    x = visual.patch_embed(pixel_values)
-    cos, sin = rotary_of_positions(positions, visual.inv_freq)
-    for block in visual.blocks:
-        x = block(x, cos, sin, segment_ids)
-    vision = visual.merger(x)
     if vision.dtype != embeds.dtype:
         vision = tensors.cast(vision, embeds.dtype)
     return _place_features(ids, embeds, vision, [(tensors.cast(ids == config.image_token_id, "int64"), 0)])

@@ -28,6 +28,19 @@ def test_an_explicit_cluster_time_out_wins(given):
     assert plan.translation.value("cluster_time_out") == "90"
 
 
+@pytest.mark.parametrize("args, environ, expected", [
+    ([], {}, "600"),  # Megatron's default 10 minutes, not MindSpore's 30 s
+    (["--distributed-timeout-minutes", "20"], {}, "1200"),
+    (["--distributed-timeout-minutes", "20"], {"MS_CPU_COMM_OP_TIMEOUT": "45"}, None),  # the user's own stays
+])
+def test_msruns_workers_wait_in_collectives_as_long_as_megatron_says(args, environ, expected):
+    """MindSpore's CPU collectives fail after MS_CPU_COMM_OP_TIMEOUT s (30 by default, measured: an all-reduce
+    whose peer came 40 s late failed after 30.0 s, and passed with the variable at 120)."""
+    plan = _plan(["--ai-framework", "mindspore", "t.py", *args], {"PATH": "/usr/bin", **environ})
+    assert plan.env_set.get("MS_CPU_COMM_OP_TIMEOUT") == expected
+    assert "MS_CPU_COMM_OP_TIMEOUT" not in _plan(["t.py", *args]).env_set  # torchrun: the script's own timeout
+
+
 def test_torchrun_leaves_the_timeout_to_the_script():
     plan = _plan(["t.py", "--distributed-timeout-minutes", "20"])
     assert "--distributed-timeout-minutes 20" in " ".join(plan.command) and "join_timeout" not in " ".join(plan.command)

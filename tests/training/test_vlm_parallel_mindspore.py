@@ -5,9 +5,10 @@ conftest.py's `vlm` fixture.
 The parallel runs start from the one-process run's weights (mm_layout.initial_state, sharded per rank), read the
 same micro-batches and compute the same loss (the mean over each micro-batch's label tokens), so every
 iteration's loss equals the one-process PyTorch run's within 1e-5 (and so MindSpore's own one-process run's, which
-test_pretrain_vlm.py compares). MindSpore's PyNative is slow on this 2-core CPU: TP=2 x PP=2 with sequence
-parallelism trains the 10 iterations; TP=2 alone trains 4 iterations of one sample per micro-batch (its last step holds a micro-batch
-without images) and PP=2 the first 2 of Megatron's --calculate-per-token-loss (the same schedule: --exit-interval).
+test_pretrain_vlm.py compares). TP=2 x PP=2 with sequence parallelism trains the 10 iterations; TP=2 alone trains 4
+iterations of one sample per micro-batch (its last step holds a micro-batch without images), both compiled on
+fixed-shape batches; PP=2 the first 2 of Megatron's --calculate-per-token-loss (the same schedule: --exit-interval)
+in PyNative (--no-ms-jit), the shapes following the images.
 """
 from __future__ import annotations
 
@@ -37,13 +38,16 @@ def runs(vlm, tmp_path_factory):
     # one sample per micro-batch, as conftest's "text-rank-dp1": iteration 4's second micro-batch is the demo's
     # text-only sample 7, for which every TP rank runs the ViT on a blank image that counts zero times. It starts
     # from a Hugging Face directory holding the one-process run's initial weights (--load, sharded per rank).
+    cache = tmp_path_factory.mktemp("vlm_ms_parallel_cache")
     vlm.add("ms-tp2-text-only", "mindspore", 2, ["--tensor-model-parallel-size", "2", "--train-iters", "4",
                                                  "--micro-batch-size", "1", "--global-batch-size", "2",
-                                                 "--load", str(hf_init)])
+                                                 "--load", str(hf_init), "--ms-compile-cache", str(cache)])
+    vlm.compile_cache = cache
     vlm.hf_init = hf_init
     # with Megatron's per-token loss, against the one-process run of conftest's "per-token" (3 iterations)
+    # ... in PyNative (--no-ms-jit: the grids read on the host), the others compiled on fixed-shape batches
     vlm.add("ms-pp2-per-token", "mindspore", 2, [*pp2, "--train-iters", "3", "--calculate-per-token-loss",
-                                                 "--exit-interval", str(SHORT)])
+                                                 "--exit-interval", str(SHORT), "--no-ms-jit"])
     return vlm
 
 
@@ -86,6 +90,25 @@ def test_tp2_and_pp2_alone_train_the_one_process_losses(runs, name, reference, i
                                                                                       runs(reference).losses())
     if name == "ms-tp2-text-only":
         assert f"loaded Hugging Face weights from {runs.hf_init}, this rank's shard" in runs(name).output
+
+
+@pytest.mark.slow
+def test_the_split_step_compiles_once_and_says_so(runs):
+    """TP=2 trains compiled on batches padded to fixed shapes (one bucket here, a text-only micro-batch
+    included): each graph's first call is printed once as compilation; --no-ms-jit stays PyNative."""
+    output = runs("ms-tp2-text-only").output
+    assert "> MindSpore parallel train step: mindspore.jit (graph), on batches padded to fixed shapes" in output
+    compiled = [line for line in output.splitlines() if line.startswith("> MindSpore compiled the train step (parallel")]
+    assert [line.split(")")[0] for line in compiled] == [
+        "> MindSpore compiled the train step (parallel forward-backward graph",
+        "> MindSpore compiled the train step (parallel gradient norm graph",
+        "> MindSpore compiled the train step (parallel clipping and AdamW graph"], compiled
+    assert "for batch shapes [1x128, 3x1x128, " in compiled[0]
+    # --ms-compile-cache: the job's own folder, each rank's graphs saved for a rerun (engines/compile_cache.py)
+    assert "> MindSpore compile cache: " in output and "(empty: saving the graphs)" in output
+    (job,) = runs.compile_cache.iterdir()
+    assert {p.parent.parent.name for p in job.glob("rank_*/graph_cache/*.mindir")} == {"rank_0", "rank_1"}
+    assert "> MindSpore parallel train step: PyNative" in runs("ms-pp2-per-token").output
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ a single process.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -55,6 +56,9 @@ from mmrun.backend.mindspore.train_step import DEFAULT_JIT
 from mmrun.backend.train_step_shared import StepResult, advance_schedule, check_micro_batches, set_step_lr
 
 MICRO_BATCH_FIELDS = ("tokens", "position_ids", "labels", "loss_mask")
+# What each compiled piece of the step is, for the line printed when it compiles.
+_GRAPHS = {"backward": "forward-backward", "forward": "forward", "squares": "gradient norm",
+           "apply": "clipping and AdamW"}
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class ParallelTrainStep(ms.nn.Cell):
                           "evaluate": wrap(self._evaluate), "squares": ms.jit(self._squares),
                           "apply": ms.jit(self._apply)}
         self._p2p: PipelineP2P | None = None
+        self.announce: Callable[[str], None] | None = None  # prints each graph's first (compiling) call once
+        self._compiled_shapes: set = set()
         draws = getattr(model, "dropout_draws", None)
         self._draws = draws() if draws is not None else (0, 0)
         self._dropout_start: dict[str, int] = {}
@@ -258,7 +264,7 @@ class ParallelTrainStep(ms.nn.Cell):
             loss_sum = 0.0
             for i, batch in enumerate(batches):
                 self._dropout_at(i)
-                loss, _, acc = backward(acc, batch, None, None, scale)
+                loss, _, acc = self._timed("backward", batch, backward, acc, batch, None, None, scale)
                 acc = ms.mutable(acc)
                 loss_sum += float(loss)
         else:
@@ -274,6 +280,28 @@ class ParallelTrainStep(ms.nn.Cell):
         offset = start["offset"] + micro_batch * self._draws[1] + (self._draws[0] if before is None else before)
         seeding.set_rng_state({"dropout": {"seed": start["seed"], "offset": offset}})
 
+    def _timed(self, name: str, batch: Any, graph: Callable, *args: Any) -> Any:
+        """graph(*args); its first call for each set of batch shapes (batch None: shapes that never change)
+        compiles under mindspore.jit, and that call's time is printed once, so a reader does not take it for a
+        step (as the one-process TrainStep does; squares and apply are compiled in PyNative too)."""
+        shapes = () if batch is None else tuple(tuple(t.shape) for t in batch[0] if t is not None)
+        key = (name, shapes)
+        compiled = self.jit or name in ("squares", "apply")
+        if key in self._compiled_shapes or not compiled or self.announce is None:
+            return graph(*args)
+        start = time.perf_counter()
+        out = graph(*args)
+        for value in out if isinstance(out, tuple) else (out,):  # wait for the run (no CPU synchronize)
+            if isinstance(value, ms.Tensor):
+                value.asnumpy()
+                break
+        self._compiled_shapes.add(key)
+        what = _GRAPHS.get(name, name)
+        where = f" for batch shapes [{', '.join('x'.join(map(str, s)) for s in shapes)}]" if shapes else ""
+        self.announce(f"> MindSpore compiled the train step (parallel {what} graph){where} in "
+                      f"{time.perf_counter() - start:.1f} s (once; this iteration's time includes it)")
+        return out
+
     def _one_f_one_b(self, batches: list, acc, scale) -> tuple[float, Any]:
         """Megatron's forward_backward_pipelining_without_interleaving."""
         p2p = self._pipeline(batches[0])
@@ -285,7 +313,7 @@ class ParallelTrainStep(ms.nn.Cell):
 
         def run_forward(i: int, hidden_in):
             self._dropout_at(i)
-            output = forward(batches[i], hidden_in)
+            output = self._timed("forward", batches[i], forward, batches[i], hidden_in)
             pending.append((i, hidden_in))
             return output
 
@@ -296,7 +324,8 @@ class ParallelTrainStep(ms.nn.Cell):
             nonlocal acc, loss_sum
             i, hidden_in = pending.popleft()
             self._dropout_at(i)  # the recomputed forward draws the same masks as the forward did
-            loss, input_grad, acc = backward(acc, batches[i], hidden_in, output_grad, scale)
+            loss, input_grad, acc = self._timed("backward", batches[i], backward, acc, batches[i], hidden_in, output_grad,
+                                                scale)
             acc = ms.mutable(acc)
             loss_sum += float(loss)
             return None if self.first else input_grad
@@ -349,14 +378,16 @@ class ParallelTrainStep(ms.nn.Cell):
     def grad_norm(self, grads: Sequence[ms.Tensor], loss: float = 0.0) -> tuple[float, float]:
         """(global L2 norm of the finalized gradients over the model-parallel group, the last stage's `loss`
         on every rank)."""
-        return self._over_model_parallel(self._compiled["squares"](ms.mutable(tuple(grads))), loss)
+        return self._over_model_parallel(self._timed("squares", None, self._compiled["squares"],
+                                                     ms.mutable(tuple(grads))), loss)
 
     def apply_gradients(self, grads: Sequence[ms.Tensor], loss: float) -> StepResult:
         """The second half of a step: the norm over model-parallel ranks, clipping and the AdamW update of
         `grads` from compute_gradients; `loss` is what compute_gradients returned (shared with every stage)."""
         lr = set_step_lr(self.lr_scheduler, self.optimizer)
         norm, loss = self.grad_norm(grads, loss)
-        self._compiled["apply"](ms.mutable(tuple(grads)), ms.Tensor(norm, ms.float32), self.optimizer._next_scalars())
+        self._timed("apply", None, self._compiled["apply"], ms.mutable(tuple(grads)), ms.Tensor(norm, ms.float32),
+                    self.optimizer._next_scalars())
         advance_schedule(self.lr_scheduler, self.increment, False)
         return StepResult(loss, norm, float(lr))
 

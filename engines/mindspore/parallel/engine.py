@@ -83,6 +83,7 @@ class MindSporeParallelEngine:
         self.state: Any = None
         self.step: Any = None
         self.scheduler: Any = None
+        self._cache_opened = False  # --ms-compile-cache: set up once, at the first step
 
     # ----------------------------------------------------------------------------------- set-up
     def initialize(self, args: Any) -> ParallelLayout:
@@ -110,6 +111,7 @@ class MindSporeParallelEngine:
         self.step = build_engine(args, jit=not args.no_ms_jit)
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
+        self.step.announce = self.log
         self.log(f"> MindSpore parallel train step: {'mindspore.jit (graph)' if self.step.jit else 'PyNative'}")
 
     def parameter_count(self) -> int:
@@ -130,7 +132,13 @@ class MindSporeParallelEngine:
         return batches
 
     def train_step(self, forward_step_func: Callable, data_iterators: Sequence[Iterator]) -> StepResult:
-        return self.step(self._micro_batches(data_iterators[0]))
+        micro_batches = self._micro_batches(data_iterators[0])
+        if not self._cache_opened and self.step.jit and getattr(self.args, "ms_compile_cache", None):
+            from mmrun.engines import compile_cache
+
+            compile_cache.open_for_job(self.args, micro_batches, self.log)  # before the first compile
+        self._cache_opened = True
+        return self.step(micro_batches)
 
     def evaluate(self, forward_step_func: Callable, data_iterators: Sequence[Iterator],
                  eval_iters: int) -> dict[str, float]:

@@ -22,7 +22,10 @@ without images runs the ViT on a blank 2x2 image whose features count zero times
 collectives and the ViT's gradients reduce as with images (as MindSpeed-MM's fake image).
 
 Training is backend/mindspore/parallel/engine.py's ParallelTrainStep (1F1B, gradient finalization, norm,
-AdamW) in PyNative: the inputs change shape with the images. `VLMEngine` is the trainer's engine for it.
+AdamW). Qwen2-VL trains it compiled (mindspore.jit) on batches the entry pads to fixed shapes
+(Qwen2VLFixedShapeStage: the ViT's patches in buckets with segment ids and rotary positions as tensors, nothing
+read on the host); Qwen2.5-VL, Qwen3-VL and --no-ms-jit in PyNative, the shapes changing with the images.
+`MindSporeVLMEngine` is the trainer's engine for it.
 """
 from __future__ import annotations
 
@@ -44,12 +47,16 @@ from mmrun.engines.mindspore.parallel.rank_state import RankState
 from mmrun.models.qwen2_vl import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
 from mmrun.models.qwen2_vl.mm_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, LayoutError, VLMLayout, virtual_chunks
-from mmrun.models.qwen2_vl.modeling import IGNORE_INDEX, merge_vision, vision_forward
+from mmrun.models.qwen2_vl.modeling import (IGNORE_INDEX, fixed_vision_features, merge_vision, place_fixed_features,
+                                            vision_forward)
 from mmrun.models.transformer_blocks import activation, apply_rotary, multimodal_rotary, rotary_inv_freq
 
 # A micro-batch as ParallelTrainStep takes it: the model's inputs, then the (shifted) labels and their mask.
 VLM_FIELDS = ("input_ids", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
               "labels", "loss_mask")
+# ... and a batch padded to fixed shapes (Qwen2VLFixedShapeStage, the compiled step).
+VLM_FIXED_FIELDS = ("input_ids", "position_ids", "pixel_values", "pixel_segment_ids", "pixel_position_ids", "labels",
+                    "loss_mask")
 # model.json's freeze switches -> the MindSpeed-MM name prefix of the part they freeze.
 FREEZE_PREFIXES = {"vision_projector": "image_encoder.projector.", "vision_encoder": "image_encoder.encoder.",
                    "text_decoder": "text_decoder."}
@@ -99,7 +106,10 @@ class VisionAttention(nn.Module):
         dtype = q.dtype
         q = tensors.cast(apply_rotary(tensors.cast(q, "float32"), cos, sin), dtype)
         k = tensors.cast(apply_rotary(tensors.cast(k, "float32"), cos, sin), dtype)
-        y = ops.varlen_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5)
+        # Host boundaries, or (a fixed-shape batch, the compiled step) a device tensor of segment ids.
+        y = (ops.varlen_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5)
+             if isinstance(cu_seqlens, np.ndarray) else
+             ops.segment_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5))
         out, _ = self.linear_proj(ops.reshape(y, (n, self.heads * self.head_dim)))
         return out
 
@@ -326,15 +336,16 @@ class Qwen2VLStage(RankState, nn.Module):
         if self.post_process:
             self.cross_entropy = VocabParallelCrossEntropy(config.text.vocab_size, state)
         self.inv_freq = rotary_inv_freq(config.text.head_dim, config.text.rope_theta)
+        # plain values for mindspore.jit, which reads no attribute of the state or config dataclasses
+        self.sequence_parallel = bool(state.sequence_parallel)
+        self.mrope_section = tuple(config.text.mrope_section)
 
     def forward(self, input_ids, position_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
                 hidden_in=None, labels=None):
         """First stage: the batch; later ones: hidden_in [s, b, h] (with SP [s / tp, b, h]) and position_ids
         (3, b, s). Last stage: per-token loss [b, s] with labels (shifted, [b, s]), else logits [s, b, v / tp];
         other stages: the hidden states for the next."""
-        batch, seq = input_ids.shape
-        cos, sin = multimodal_rotary(position_ids, self.inv_freq, self.config.text.mrope_section, "float32")
-        cos, sin = ops.reshape(cos, (batch, 1, seq, -1)), ops.reshape(sin, (batch, 1, seq, -1))
+        x = hidden_in
         if self.pre_process:
             x = self.text_decoder.embedding.word_embeddings(input_ids)  # [b, s, h], summed over TP
             # The ViT's features on the image / video pad tokens (the portable model's merge: one gather; a
@@ -342,11 +353,18 @@ class Qwen2VLStage(RankState, nn.Module):
             x = merge_vision(self.config, self.image_encoder, self.training, input_ids, x, pixel_values,
                              vision_layout.grid_array(image_grid_thw), pixel_values_videos,
                              vision_layout.grid_array(video_grid_thw))
+        return self._decode(x, input_ids, position_ids, labels)
+
+    def _decode(self, x, input_ids, position_ids, labels):
+        """The text decoder of this stage: x is the first stage's embeddings [b, s, h] (the vision features
+        placed), a later stage's hidden_in."""
+        batch, seq = input_ids.shape
+        cos, sin = multimodal_rotary(position_ids, self.inv_freq, self.mrope_section, "float32")
+        cos, sin = ops.reshape(cos, (batch, 1, seq, -1)), ops.reshape(sin, (batch, 1, seq, -1))
+        if self.pre_process:
             x = ops.transpose(x, 0, 1)  # [s, b, h]
-            if self.state.sequence_parallel:
+            if self.sequence_parallel:
                 x = self.scatter(x)
-        else:
-            x = hidden_in
         x = self.text_decoder.decoder(x, cos, sin)
         if not self.post_process:
             return x
@@ -384,19 +402,39 @@ class Qwen2VLStage(RankState, nn.Module):
         return [part for part, on in switches.items() if on]
 
 
+class Qwen2VLFixedShapeStage(Qwen2VLStage):
+    """The stage on batches padded to fixed shapes (models/pretrain_vlm.py fixed_shape_collate: the text to
+    --seq-length, the ViT's patches to a bucket with per-frame segment ids and rotary positions), so nothing is
+    read on the host and ParallelTrainStep compiles it with mindspore.jit, one graph per bucket. Qwen2-VL with
+    images, as the one-process compiled step (models/qwen2_vl/modeling.py merge_fixed_vision); the padding
+    attends only to itself and no token takes its features."""
+
+    def forward(self, input_ids, position_ids, pixel_values, pixel_segment_ids, pixel_position_ids,
+                hidden_in=None, labels=None):
+        x = hidden_in
+        if self.pre_process:
+            encoder = self.image_encoder.encoder
+            x = self.text_decoder.embedding.word_embeddings(input_ids)
+            vision = fixed_vision_features(encoder.patch_embed, encoder.blocks.layers, self.image_encoder.projector,
+                                           encoder.inv_freq, pixel_values, pixel_segment_ids, pixel_position_ids)
+            x = place_fixed_features(self.config, input_ids, x, vision)
+        return self._decode(x, input_ids, position_ids, labels)
+
+
 # ------------------------------------------------------------------------------------------ the step
 
 def micro_batch(batch: dict[str, np.ndarray]) -> tuple[Any, ...]:
-    """A collated batch (data/multimodal/collate.py) as VLM_FIELDS: the labels shifted as the portable loss
+    """A collated batch (data/multimodal/collate.py) as VLM_FIELDS (VLM_FIXED_FIELDS when padded to fixed
+    shapes): the labels shifted as the portable loss
     shifts them (token s predicts labels[s + 1]), -100 -> 0 with loss_mask 0, so Megatron's
     sum(loss * mask) / sum(mask) is the portable model's mean over label tokens."""
     labels = np.asarray(batch["labels"])
     shifted = np.full_like(labels, IGNORE_INDEX)
     shifted[:, :-1] = labels[:, 1:]
     mask = shifted != IGNORE_INDEX
-    return (batch["input_ids"], batch["position_ids"], batch.get("pixel_values"), batch.get("image_grid_thw"),
-            batch.get("pixel_values_videos"), batch.get("video_grid_thw"),
-            np.where(mask, shifted, 0).astype(np.int64), mask.astype(np.float32))
+    fields = VLM_FIXED_FIELDS if "pixel_segment_ids" in batch else VLM_FIELDS
+    return (*(batch.get(name) for name in fields[:-2]), np.where(mask, shifted, 0).astype(np.int64),
+            mask.astype(np.float32))
 
 
 def refuse_virtual_stages(spec: Any) -> None:
@@ -415,7 +453,7 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     """This rank's stage of model.json's model (`spec`: models/qwen2_vl/model_json.ModelJson), starting from the
     one-process run's initial weights (mm_layout.initial_state for --seed, --init-method-std) or from --load's
     Hugging Face directory, frozen as model.json says, with its AdamW (Megatron's no-decay rule) and its
-    ParallelTrainStep (PyNative)."""
+    ParallelTrainStep: compiled on fixed-shape batches where `compiles`, else PyNative."""
     from mmrun.backend.mindspore import optim
     from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
 
@@ -431,7 +469,8 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     layout = VLMLayout.build(config, tp=state.tensor_model_parallel_size,
                              pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.pipeline_layers.get("vit"),
                              llm_pp_layers=spec.pipeline_layers.get("llm"))
-    model = (Qwen3VLStage if qwen3 else Qwen2VLStage)(config, layout, state)
+    fixed = compiles(args, spec)
+    model = (Qwen3VLStage if qwen3 else Qwen2VLFixedShapeStage if fixed else Qwen2VLStage)(config, layout, state)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
         weights = hf_checkpoint.open_for_model(args.load, config, str(spec.path))
         model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, weights.read_float, state.tp_rank,
@@ -446,9 +485,17 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     optimizer = optim.AdamW(model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                             eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
     per_token = bool(getattr(args, "calculate_per_token_loss", False))
-    return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=False, fields=VLM_FIELDS,
+    return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=fixed,
+                             fields=VLM_FIXED_FIELDS if fixed else VLM_FIELDS,
                              hidden_size=getattr(model, "message_size", config.text.hidden_size),
                              loss_func=token_sum if per_token else None)
+
+
+def compiles(args: Any, spec: Any) -> bool:
+    """Whether the stage trains compiled (mindspore.jit) on fixed-shape batches: Qwen2-VL unless --no-ms-jit,
+    as the entry pads its batches (models/pretrain_vlm.py FIXED_SHAPE_MODELS). Qwen2.5-VL's window layout and
+    Qwen3-VL are not padded yet: PyNative, their shapes changing with the images."""
+    return not getattr(args, "no_ms_jit", False) and spec.hf_config["model_type"] == "qwen2_vl"
 
 
 def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState,
@@ -501,7 +548,10 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
         self.step = build_step(args, self.state, spec, self.log)
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
-        self.log("> MindSpore parallel train step: PyNative (the inputs change shape with the images)")
+        self.step.announce = self.log
+        self.log("> MindSpore parallel train step: " + (
+            "mindspore.jit (graph), on batches padded to fixed shapes" if self.step.jit
+            else "PyNative (the inputs change shape with the images)"))
 
     def _micro_batches(self, data_iterator: Iterator) -> list[tuple[Any, ...]]:
         return read_micro_batches(data_iterator, self.args.num_micro_batches, self.state,
