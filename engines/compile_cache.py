@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 NOT_IN_GRAPHS = frozenset({
     "metrics_file", "save", "load", "train_iters", "log_interval", "save_interval", "eval_interval",
     "exit_interval", "exit_duration_in_mins", "tensorboard_dir", "ms_compile_cache",
+    # each rank's own: the job keeps one directory, MindSpore puts each rank's graphs in its rank_N/
+    "rank", "local_rank",
 })
 # mmrun's folders whose code can end up in a compiled graph (the rest is launchers, analysis, docs).
 GRAPH_SOURCES = ("backend", "common", "data", "engines", "features", "models", "precision", "training")

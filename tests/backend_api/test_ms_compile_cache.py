@@ -30,6 +30,8 @@ def test_the_directory_follows_what_the_graphs_depend_on(tmp_path):
     assert os.path.dirname(base) == str(tmp_path / "cache")
     # where to write and how long to run: the same graphs, the same directory
     assert _directory(_args(tmp_path, metrics_file="b.jsonl", train_iters=50, save="ckpt")) == base
+    # every rank of a job: one directory (MindSpore keeps each rank's graphs in its rank_N/)
+    assert _directory(_args(tmp_path, rank=1, local_rank=1)) == _directory(_args(tmp_path, rank=0, local_rank=0))
     # baked constants, shapes, world size, a named file's content: another directory
     others = [_directory(_args(tmp_path, clip_grad=0.5)), _directory(_args(tmp_path, seq_length=96)),
               _directory(_args(tmp_path), shapes=((2, 96),)), _directory(_args(tmp_path), world_size=2)]
