@@ -41,6 +41,7 @@ from functools import partial
 from typing import Any, Iterator
 
 from mmrun.backend.errors import UsageError
+from mmrun.models.qwen2_vl import vision_layout
 from mmrun.training.entry_io import read_mm_json, say_rank0
 from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 
@@ -55,8 +56,8 @@ PARALLEL_FRAMEWORKS = ("pytorch", "mindspore")
 # the mindspore-parallel engine would refuse the distributed optimizer.
 SPLIT_ONLY_FRAMEWORKS = ("mindspore",)
 SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
-# Models whose MindSpore step compiles on fixed-shape batches (Qwen2.5-VL's window layout is not padded yet).
-FIXED_SHAPE_MODELS = ("qwen2_vl",)
+# Models whose MindSpore step compiles on fixed-shape batches (vision_layout.FIXED_SHAPE_MODELS).
+FIXED_SHAPE_MODELS = vision_layout.FIXED_SHAPE_MODELS
 FIRST_BUCKET_MAX = 4096
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
 # Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: models/qwen2_vl/peft_adapter.py).

@@ -80,6 +80,11 @@ def window_index(grid: np.ndarray, merge: int, window_size: int, patch_size: int
     return order_array, np.asarray(bounds, dtype=np.int64)
 
 
+# Models whose batches the entry pads to fixed shapes for MindSpore's compiled step (fixed_layout below), on the
+# data-parallel and the tensor/pipeline-parallel engine alike; Qwen2.5-VL's window layout is not padded yet.
+FIXED_SHAPE_MODELS = ("qwen2_vl",)
+
+
 def patch_bucket(total: int, smallest: int = 64) -> int:
     """The padded patch count of a fixed-shape batch: `smallest` doubled until it holds total, so a run
     meets a few ViT shapes (each one compiled graph on MindSpore) instead of one per batch."""

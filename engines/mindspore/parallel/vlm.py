@@ -493,9 +493,9 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
 
 def compiles(args: Any, spec: Any) -> bool:
     """Whether the stage trains compiled (mindspore.jit) on fixed-shape batches: Qwen2-VL unless --no-ms-jit,
-    as the entry pads its batches (models/pretrain_vlm.py FIXED_SHAPE_MODELS). Qwen2.5-VL's window layout and
-    Qwen3-VL are not padded yet: PyNative, their shapes changing with the images."""
-    return not getattr(args, "no_ms_jit", False) and spec.hf_config["model_type"] == "qwen2_vl"
+    as the entry pads its batches (vision_layout.FIXED_SHAPE_MODELS). Qwen2.5-VL's window layout and Qwen3-VL
+    are not padded yet: PyNative, their shapes changing with the images."""
+    return not getattr(args, "no_ms_jit", False) and spec.hf_config["model_type"] in vision_layout.FIXED_SHAPE_MODELS
 
 
 def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState,
