@@ -39,6 +39,24 @@ from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part
 DEFAULT_JIT = True
 
 
+def _announce_first_call(seen: set, key: Any, run: Callable[[], Any], announce: Callable[[str], None] | None,
+                        line: Callable[[float], str]) -> Any:
+    """run(); the first call for `key` (not yet in `seen`) compiles a mindspore.jit graph: it is waited for and
+    `line(seconds)` goes to `announce`, once, so the first iteration's time is read as compilation. Shared by
+    TrainStep and the parallel engine's ParallelTrainStep."""
+    if key in seen or announce is None:
+        return run()
+    start = time.perf_counter()
+    out = run()
+    # wait for the run (mindspore.runtime.synchronize has no CPU device): read the first tensor it returned
+    first = next((v for v in (out if isinstance(out, tuple) else (out,)) if isinstance(v, Tensor)), None)
+    if first is not None:
+        first.asnumpy()
+    seen.add(key)
+    announce(line(time.perf_counter() - start))
+    return out
+
+
 def _all_reduce_mean(tensors: Sequence[Tensor]) -> list[Tensor]:
     """Tensors averaged over ranks, with one collective on a flat buffer.
 
@@ -191,31 +209,19 @@ class TrainStep(ms.nn.Cell):
         """Run the compiled graph `name` on a micro-batch; the first call of each set of batch shapes compiles
         it, and that call's time is printed once, as compilation, so a reader does not take it for a step."""
         key = (name,) + tuple(tuple(t.shape) if hasattr(t, "shape") else None for t in micro_batch)
-        if key in self._compiled_shapes:
-            return self._run(name, micro_batch, extra)
-        start = time.perf_counter()
-        out = self._run(name, micro_batch, extra)
-        out[0].asnumpy()  # wait for the run (mindspore.runtime.synchronize has no CPU device)
-        self._compiled_shapes.add(key)
-        if self.announce:
-            shapes = ", ".join("x".join(map(str, k)) for k in key[1:] if k is not None)
-            self.announce(f"> MindSpore compiled the train step ({name} graph) for batch shapes [{shapes}] in "
-                          f"{time.perf_counter() - start:.1f} s (once per shape; this iteration's time includes it)")
-        return out
+        shapes = ", ".join("x".join(map(str, k)) for k in key[1:] if k is not None)
+        return _announce_first_call(
+            self._compiled_shapes, key, lambda: self._run(name, micro_batch, extra), self.announce,
+            lambda s: f"> MindSpore compiled the train step ({name} graph) for batch shapes [{shapes}] in {s:.1f} s "
+                      "(once per shape; this iteration's time includes it)")
 
     def _announce_once(self, name, what, run):
         """`run()` of a graph whose shapes never change (the update: clipping and AdamW); its first call
         compiles, and that time is printed once too, so the first iteration's time is all accounted for."""
-        if name in self._compiled_shapes:
-            return run()
-        start = time.perf_counter()
-        out = run()
-        out.asnumpy()  # wait for the run, as _announce_compile does
-        self._compiled_shapes.add(name)
-        if self.announce:
-            self.announce(f"> MindSpore compiled the train step ({name} graph: {what}) in "
-                          f"{time.perf_counter() - start:.1f} s (once; this iteration's time includes it)")
-        return out
+        return _announce_first_call(
+            self._compiled_shapes, name, run, self.announce,
+            lambda s: f"> MindSpore compiled the train step ({name} graph: {what}) in {s:.1f} s "
+                      "(once; this iteration's time includes it)")
 
     def _finish(self, loss: Tensor, norm: float, lr: float, skipped: bool = False,
                 scale: float | None = None) -> StepResult:

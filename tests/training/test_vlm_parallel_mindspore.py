@@ -148,6 +148,7 @@ def test_a_pytorch_tp2_pp2_checkpoint_resumes_on_mindspore(runs, tk):
     per rank; MindSpore loads it and trains iterations 9 and 10 with the one-process losses."""
     split = ["--mm-model", str(PP2_JSON), "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
              "--sequence-parallel"]
+    runs("mcore-tp2pp2-sp")  # trained once per session: by this test when it runs alone
     copy = tk.resume_copy(runs.ckpt("mcore-tp2pp2-sp"), runs.base_dir / "pt-tp2pp2-at-8", 8)
     resumed = tk.run_training(runs.base_dir / "pt-to-ms", [*runs.args, "--mm-data", runs.data_json, *split,
                                                             "--load", str(copy)],

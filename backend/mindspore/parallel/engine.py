@@ -38,7 +38,6 @@ a single process.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -52,7 +51,7 @@ from mmrun.backend.errors import UsageError
 from mmrun.backend.mindspore import optim, seeding, tensors
 from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.backend.mindspore.parallel.p2p import PipelineP2P
-from mmrun.backend.mindspore.train_step import DEFAULT_JIT
+from mmrun.backend.mindspore.train_step import DEFAULT_JIT, _announce_first_call
 from mmrun.backend.train_step_shared import StepResult, advance_schedule, check_micro_batches, set_step_lr
 
 MICRO_BATCH_FIELDS = ("tokens", "position_ids", "labels", "loss_mask")
@@ -282,25 +281,16 @@ class ParallelTrainStep(ms.nn.Cell):
 
     def _timed(self, name: str, batch: Any, graph: Callable, *args: Any) -> Any:
         """graph(*args); its first call for each set of batch shapes (batch None: shapes that never change)
-        compiles under mindspore.jit, and that call's time is printed once, so a reader does not take it for a
-        step (as the one-process TrainStep does; squares and apply are compiled in PyNative too)."""
-        shapes = () if batch is None else tuple(tuple(t.shape) for t in batch[0] if t is not None)
-        key = (name, shapes)
-        compiled = self.jit or name in ("squares", "apply")
-        if key in self._compiled_shapes or not compiled or self.announce is None:
+        compiles under mindspore.jit, and that call's time is printed once (train_step._announce_first_call, shared;
+        squares and apply are compiled in PyNative too)."""
+        if not (self.jit or name in ("squares", "apply")):
             return graph(*args)
-        start = time.perf_counter()
-        out = graph(*args)
-        for value in out if isinstance(out, tuple) else (out,):  # wait for the run (no CPU synchronize)
-            if isinstance(value, ms.Tensor):
-                value.asnumpy()
-                break
-        self._compiled_shapes.add(key)
-        what = _GRAPHS.get(name, name)
+        shapes = () if batch is None else tuple(tuple(t.shape) for t in batch[0] if t is not None)
         where = f" for batch shapes [{', '.join('x'.join(map(str, s)) for s in shapes)}]" if shapes else ""
-        self.announce(f"> MindSpore compiled the train step (parallel {what} graph){where} in "
-                      f"{time.perf_counter() - start:.1f} s (once; this iteration's time includes it)")
-        return out
+        return _announce_first_call(
+            self._compiled_shapes, (name, shapes), lambda: graph(*args), self.announce,
+            lambda s: f"> MindSpore compiled the train step (parallel {_GRAPHS[name]} graph){where} in {s:.1f} s "
+                      "(once; this iteration's time includes it)")
 
     def _one_f_one_b(self, batches: list, acc, scale) -> tuple[float, Any]:
         """Megatron's forward_backward_pipelining_without_interleaving."""
@@ -324,8 +314,8 @@ class ParallelTrainStep(ms.nn.Cell):
             nonlocal acc, loss_sum
             i, hidden_in = pending.popleft()
             self._dropout_at(i)  # the recomputed forward draws the same masks as the forward did
-            loss, input_grad, acc = self._timed("backward", batches[i], backward, acc, batches[i], hidden_in, output_grad,
-                                                scale)
+            loss, input_grad, acc = self._timed("backward", batches[i], backward, acc, batches[i], hidden_in,
+                                                output_grad, scale)
             acc = ms.mutable(acc)
             loss_sum += float(loss)
             return None if self.first else input_grad
