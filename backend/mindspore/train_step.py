@@ -6,10 +6,13 @@ Same public names and contract as `mmrun.backend.torch.train_step` (see there):
     result = step([(tokens, labels, loss_mask), ...])   # one tuple per micro-batch
     result.loss, result.grad_norm, result.lr             # floats
 
-With `jit=True` (the default, `DEFAULT_JIT`) the step is compiled with `mindspore.jit`: one graph for
-forward, backward, clipping and the AdamW update when there is one micro-batch on one rank; with
-several micro-batches or ranks, one graph run once per micro-batch that adds its loss and gradients to the
-running sums (zeros for the first), and one for the update, with the data-parallel all-reduce between them.
+With `jit=True` (the default, `DEFAULT_JIT`) the step is compiled with `mindspore.jit`: with one micro-batch,
+one graph for forward, backward, the data-parallel all-reduce, clipping and the AdamW update; with several, one
+graph run once per micro-batch that adds its loss and gradients to the running sums (zeros for the first), and
+one for the all-reduce, clipping and the update. Inside those graphs the gradients travel as flat fp32 buckets
+(`BUCKET_ELEMENTS`, Megatron's DDP bucket size): one collective per bucket (the loss rides in the last), the norm
+and the clipping as one kernel each per bucket rather than four per parameter; on CPU the cost of a step this size
+is per kernel (docs/multimodal.md, Speed).
 The first call for each new set of batch shapes compiles, and its time is printed once (`announce`). With `jit=False` forward and backward
 run eagerly (PyNative) and only the update graph is compiled. The first call compiles (seconds); a
 new batch shape compiles again.
@@ -26,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import mindspore as ms
 from mindspore import Tensor, mint
+from mindspore import ops as _ops
 from mindspore.ops import functional as F
 
 from mmrun.backend.grad_scaler import ConstantGradScaler
@@ -37,6 +41,9 @@ from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part
 # Measured (docs/parity.md, docs/portable-api.md): jit gives the same losses as PyNative and is several
 # times faster per step; the one-off compile (5 to 25 s on CPU) pays off within a few dozen steps.
 DEFAULT_JIT = True
+# Gradients per flat bucket in the compiled update (elements; megatron-core's DDP default, 40M): a bucket is one
+# concatenation, one collective, one norm and one clipping kernel, and bounds the extra memory of the copy.
+BUCKET_ELEMENTS = 40_000_000
 
 
 def _announce_first_call(seen: set, key: Any, run: Callable[[], Any], announce: Callable[[str], None] | None,
@@ -67,6 +74,19 @@ def _all_reduce_mean(tensors: Sequence[Tensor]) -> list[Tensor]:
     flat = distributed.all_reduce(flat, op="mean")
     pieces = mint.split(flat, [int(t.size) for t in tensors])
     return [mint.reshape(p, t.shape) for p, t in zip(pieces, tensors)]
+
+
+def _bucket_ranges(sizes: Sequence[int], limit: int = BUCKET_ELEMENTS) -> tuple[tuple[int, int], ...]:
+    """[start, end) parameter ranges, in order, of at most `limit` elements each (a larger tensor alone)."""
+    ranges, start, filled = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and filled + size > limit:
+            ranges.append((start, i))
+            start, filled = i, 0
+        filled += size
+    if start < len(sizes):
+        ranges.append((start, len(sizes)))
+    return tuple(ranges)
 
 
 def _fp32(grads: Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -102,6 +122,9 @@ class TrainStep(ms.nn.Cell):
         wrap = ms.jit if self.jit else (lambda fn: fn)
         # The update (clip + AdamW) is compiled even with jit=False: it has no user code to debug, and in
         # PyNative its ~4 small ops per parameter cost more than the graph (measured in docs/portable-api.md).
+        self._shapes = tuple(tuple(p.shape) for p in optimizer.params)
+        self._buckets = _bucket_ranges([math.prod(shape) for shape in self._shapes])
+        self._all_reduce = None  # ops.AllReduce, made on the first step with 2+ ranks (it needs communication)
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
                           "accumulate": wrap(self._accumulate), "sum_into": wrap(self._sum_into),
                           "update": ms.jit(self._update),
@@ -137,28 +160,46 @@ class TrainStep(ms.nn.Cell):
         grads, norm = optim.clip_grad_norm(grads, self.clip_grad, total=norm)
         return F.depend(norm, self.optimizer(grads, scalars))
 
-    def _update(self, grads, factor, scalars):
-        grads, norm = self._unscale(grads, factor)
-        return self._apply(grads, norm, scalars)
+    def _update(self, grads, loss, scalars):
+        """The all-reduce (2+ ranks), clipping and AdamW on the summed gradients; returns [loss, norm]."""
+        buckets = [mint.cat([mint.reshape(grads[i], (-1,)) for i in range(a, b)]) for a, b in self._buckets]
+        if self._all_reduce is not None:
+            # The loss rides at the end of the last bucket: one collective per bucket, none of its own.
+            last, n = buckets[-1], buckets[-1].shape[0]
+            last = self._all_reduce(mint.cat([last, mint.reshape(loss, (1,))])) / self.world_size
+            buckets = [self._all_reduce(bucket) / self.world_size for bucket in buckets[:-1]] + [last[:n]]
+            loss = last[n:]
+        squares = [mint.sum(bucket * bucket) for bucket in buckets]
+        norm = mint.sqrt(squares[0] if len(squares) == 1 else _ops.addn(squares))
+        if self.clip_grad > 0:  # torch's clip_grad_norm_: scale by max_norm / (norm + 1e-6), never up
+            coef = mint.clamp(self.clip_grad / (norm + 1e-6), max=1.0)
+            buckets = [bucket * coef for bucket in buckets]
+        clipped = []
+        for (a, b), bucket in zip(self._buckets, buckets):
+            pieces = mint.split(bucket, [math.prod(self._shapes[i]) for i in range(a, b)])
+            clipped += [mint.reshape(piece, self._shapes[i]) for piece, i in zip(pieces, range(a, b))]
+        done = self.optimizer(tuple(clipped), scalars)
+        # One tensor back to the host: a step reads its loss and norm together.
+        return F.depend(mint.cat([mint.reshape(loss, (1,)), mint.reshape(norm, (1,))]), done)
 
     def _fused_step(self, batch, scalars):
         loss, grads = self._grad_fn(*batch)
-        grads, norm = optim.clip_grad_norm(_fp32(grads), self.clip_grad)
-        done = self.optimizer(grads, scalars)
-        return F.depend(loss, done), F.depend(norm, done)
+        return self._update(_fp32(grads), loss, scalars)
 
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
         check_micro_batches(micro_batches)
         if self.world_size is None:
             self.world_size = world_size("mmrun.backend.mindspore")
+            if self.world_size > 1:
+                self._all_reduce = _ops.AllReduce()
         lr = set_step_lr(self.lr_scheduler, self.optimizer)
         num_micro = len(micro_batches)
         timers = self.timers
-        if self.grad_scaler is None and self.jit and num_micro == 1 and self.world_size == 1:
-            # One compiled graph: the optimizer's time is inside forward-backward here.
+        if self.grad_scaler is None and self.jit and num_micro == 1:
+            # One compiled graph: the all-reduce's and the optimizer's time are inside forward-backward here.
             with timers.phase("forward-backward"):
-                loss, norm = self._announce_compile("fused", micro_batches[0], self.optimizer._next_scalars())
-            return self._finish(loss, float(norm), lr)
+                loss_norm = self._announce_compile("fused", micro_batches[0], self.optimizer._next_scalars())
+            return self._finish_pair(loss_norm, lr)
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
         # Each micro-batch loss is divided by their number, then scaled (Megatron's order, and torch's here).
         scale_t = Tensor(scale / num_micro, ms.float32)
@@ -175,15 +216,18 @@ class TrainStep(ms.nn.Cell):
                     micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch), scale_t)
                     loss = loss + micro_loss
             loss = loss / num_micro
+        if self.grad_scaler is None:
+            # The data-parallel all-reduce is inside the update graph (see _update).
+            with timers.phase("optimizer"):
+                what = "gradient all-reduce, clipping and AdamW" if self._all_reduce is not None else \
+                    "clipping and AdamW"
+                loss_norm = self._announce_once("update", what, lambda: self._compiled["update"](
+                    ms.mutable(tuple(grads)), loss, self.optimizer._next_scalars()))
+            return self._finish_pair(loss_norm, lr)
         if self.world_size > 1:
             with timers.phase("grads-all-reduce"):
                 *grads, loss = _all_reduce_mean(list(grads) + [loss])
         factor = Tensor(1.0 / scale, ms.float32)
-        if self.grad_scaler is None:
-            with timers.phase("optimizer"):
-                norm = self._announce_once("update", "clipping and AdamW", lambda: self._compiled["update"](
-                    ms.mutable(tuple(grads)), factor, self.optimizer._next_scalars()))
-            return self._finish(loss, float(norm), lr)
         with timers.phase("optimizer"):
             grads, norm = self._compiled["unscale"](ms.mutable(tuple(grads)), factor)
             norm_value = float(norm)
@@ -222,6 +266,10 @@ class TrainStep(ms.nn.Cell):
             self._compiled_shapes, name, run, self.announce,
             lambda s: f"> MindSpore compiled the train step ({name} graph: {what}) in {s:.1f} s "
                       "(once; this iteration's time includes it)")
+
+    def _finish_pair(self, loss_norm: Tensor, lr: float) -> StepResult:
+        loss, norm = (float(v) for v in loss_norm.asnumpy())
+        return self._finish(loss, norm, lr)
 
     def _finish(self, loss: Tensor, norm: float, lr: float, skipped: bool = False,
                 scale: float | None = None) -> StepResult:

@@ -1,6 +1,7 @@
 """Data-parallel TrainStep in two real processes (mmrun -> torchrun / msrun): gradients are averaged
 over ranks before clipping, so both ranks end identical and equal to one process with the whole batch.
-MindSpore runs with jit on, the path where the all-reduce sits between two compiled graphs."""
+MindSpore runs with jit on, where the all-reduce is inside the compiled step: with one micro-batch per rank in
+the one graph of the whole step, with two in the update graph, there over several gradient buckets."""
 from __future__ import annotations
 
 import json
@@ -45,14 +46,16 @@ def _load(folder: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework, jit", [("pytorch", "off"), ("mindspore", "on")])
-def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, framework, jit):
+@pytest.mark.parametrize("framework, jit, split", [("pytorch", "off", []), ("mindspore", "on", []),
+                                                  ("mindspore", "on", ["--micro-batches", "2",
+                                                                       "--bucket-elements", "3000"])])
+def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, framework, jit, split):
     env = _env(framework)
     single = _run([sys.executable, str(WORKER), "--out-dir", str(tmp_path / "one"), "--jit", jit], env)
     assert single.returncode == 0, single.stdout[-3000:]
     two = _run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", framework, "--nproc-per-node", "2",
                 "--master-port", "0", "--log-dir", str(tmp_path / "logs"), str(WORKER),
-                "--out-dir", str(tmp_path / "two"), "--jit", jit], env)
+                "--out-dir", str(tmp_path / "two"), "--jit", jit, *split], env)
     assert two.returncode == 0, two.stdout[-4000:]
     reference = _load(tmp_path / "one")["rank0.json"]
     ranks = _load(tmp_path / "two")
@@ -60,9 +63,19 @@ def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, framework, 
     assert min(reference["grad_norms"]) > 0.02  # clipping was active on every step
     for result in ranks.values():
         assert result["world_size"] == 2
+        if split:
+            assert result["buckets"] > 3  # the small bucket size split the gradients
         np.testing.assert_allclose(result["losses"], reference["losses"], atol=2e-6)
         np.testing.assert_allclose(result["grad_norms"], reference["grad_norms"], rtol=1e-5)
         for name, value in reference["params"].items():
             np.testing.assert_allclose(result["params"][name], value, atol=1e-6)
     first, second = ranks["rank0.json"]["params"], ranks["rank1.json"]["params"]
     assert all(first[name] == second[name] for name in first)  # bit-identical ranks
+
+
+def test_gradient_buckets_hold_parameters_in_order_up_to_the_limit():
+    from mmrun.backend.mindspore.train_step import _bucket_ranges
+    assert _bucket_ranges([5, 5, 5], 10) == ((0, 2), (2, 3))
+    assert _bucket_ranges([3, 20, 3], 10) == ((0, 1), (1, 2), (2, 3))  # a larger tensor travels alone
+    assert _bucket_ranges([4, 6], 10) == ((0, 2),)  # exactly full
+    assert _bucket_ranges([7]) == ((0, 1),)

@@ -15,6 +15,8 @@ from mmrun import backend
 parser = argparse.ArgumentParser()
 parser.add_argument("--out-dir", required=True)
 parser.add_argument("--jit", choices=["on", "off"], default="off")
+parser.add_argument("--micro-batches", type=int, default=1, help="this rank's share split into this many")
+parser.add_argument("--bucket-elements", type=int, default=None, help="MindSpore: gradient bucket size")
 args, _ = parser.parse_known_args()  # mmrun passes --ai-framework on to the script too
 
 info = backend.init_distributed()  # under msrun, the scheduler process stops here
@@ -30,6 +32,8 @@ model.load_state_dict(tensors.state_dict_from_numpy(
 optimizer = optim.AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1, no_decay=optim.megatron_no_decay)
 extra = {"jit": args.jit == "on"} if backend.framework() == "mindspore" else {}
 step = train_step.TrainStep(model, optimizer, loss_fn=gpt_loss, clip_grad=0.02, **extra)
+if args.bucket_elements:  # several flat buckets, hence several collectives, in the compiled update
+    step._buckets = train_step._bucket_ranges([int(np.prod(p.shape)) for p in optimizer.params], args.bucket_elements)
 
 data = np.random.default_rng(1)
 share = 4 // info.world_size
@@ -37,11 +41,12 @@ rows = slice(info.rank * share, (info.rank + 1) * share)
 losses, norms = [], []
 for _ in range(3):
     tokens, labels = data.integers(0, 64, (4, 16)), data.integers(0, 64, (4, 16))
-    result = step([(tensors.from_numpy(tokens[rows]), tensors.from_numpy(labels[rows]),
-                    tensors.from_numpy(np.ones((share, 16), np.float32)))])
+    per = share // args.micro_batches
+    result = step([(tensors.from_numpy(tokens[rows][i:i + per]), tensors.from_numpy(labels[rows][i:i + per]),
+                    tensors.from_numpy(np.ones((per, 16), np.float32))) for i in range(0, share, per)])
     losses.append(result.loss)
     norms.append(result.grad_norm)
-out = {"world_size": info.world_size, "losses": losses, "grad_norms": norms,
+out = {"world_size": info.world_size, "buckets": len(getattr(step, "_buckets", ())), "losses": losses, "grad_norms": norms,
        "params": {k: v.tolist() for k, v in tensors.state_dict_to_numpy(model.state_dict()).items()}}
 Path(args.out_dir).mkdir(parents=True, exist_ok=True)
 (Path(args.out_dir) / f"rank{info.rank}.json").write_text(json.dumps(out))
