@@ -56,6 +56,10 @@ def init_distributed(backend: str | None = None, *, single_process_group: bool =
     # For the notice only: init() picks hccl, nccl or mccl from the device itself.
     checks.dist_backend("mindspore", device.detect().kind, backend)
     comm.init()
+    if device.detect().kind == "cpu" and get_world_size() > 1:
+        # mccl sets its collectives up on the first one, and a rank that gets there before the others polls
+        # every 3 s (measured, mindspore 2.10: 0 to 3 s): do it here, at start-up, not in the first step.
+        barrier()
 
 
 def destroy_distributed() -> None:
