@@ -65,10 +65,9 @@ def _announce_first_call(seen: set, key: Any, run: Callable[[], Any], announce: 
 
 
 def _all_reduce_mean(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """Tensors averaged over ranks, with one collective on a flat buffer.
-
-    Packed eagerly: packing in compiled graphs (tried) added 27 to 60 s of compile to the first iteration and
-    was no faster per step (2 ranks, the demo VLM: 171 ms against 159 ms per iteration, load 9)."""
+    """Tensors averaged over ranks, with one collective on a flat buffer, eagerly: the loss-scaling path only,
+    whose host must see the reduced gradients' norm before the update (without a scaler the all-reduce is inside
+    the compiled update, `TrainStep._update`)."""
     from mmrun.backend.mindspore import distributed
     flat = mint.cat([mint.reshape(t, (-1,)) for t in tensors])
     flat = distributed.all_reduce(flat, op="mean")
@@ -161,12 +160,13 @@ class TrainStep(ms.nn.Cell):
         return F.depend(norm, self.optimizer(grads, scalars))
 
     def _update(self, grads, loss, scalars):
-        """The all-reduce (2+ ranks), clipping and AdamW on the summed gradients; returns [loss, norm]."""
-        buckets = [mint.cat([mint.reshape(grads[i], (-1,)) for i in range(a, b)]) for a, b in self._buckets]
+        """The all-reduce (2+ ranks), clipping and AdamW on the summed gradients; returns [loss, norm].
+        ops.reshape, not mint.reshape: MindSpore warns about the latter's view semantics in every graph using it."""
+        buckets = [mint.cat([_ops.reshape(grads[i], (-1,)) for i in range(a, b)]) for a, b in self._buckets]
         if self._all_reduce is not None:
             # The loss rides at the end of the last bucket: one collective per bucket, none of its own.
             last, n = buckets[-1], buckets[-1].shape[0]
-            last = self._all_reduce(mint.cat([last, mint.reshape(loss, (1,))])) / self.world_size
+            last = self._all_reduce(mint.cat([last, _ops.reshape(loss, (1,))])) / self.world_size
             buckets = [self._all_reduce(bucket) / self.world_size for bucket in buckets[:-1]] + [last[:n]]
             loss = last[n:]
         squares = [mint.sum(bucket * bucket) for bucket in buckets]
@@ -177,10 +177,10 @@ class TrainStep(ms.nn.Cell):
         clipped = []
         for (a, b), bucket in zip(self._buckets, buckets):
             pieces = mint.split(bucket, [math.prod(self._shapes[i]) for i in range(a, b)])
-            clipped += [mint.reshape(piece, self._shapes[i]) for piece, i in zip(pieces, range(a, b))]
+            clipped += [_ops.reshape(piece, self._shapes[i]) for piece, i in zip(pieces, range(a, b))]
         done = self.optimizer(tuple(clipped), scalars)
         # One tensor back to the host: a step reads its loss and norm together.
-        return F.depend(mint.cat([mint.reshape(loss, (1,)), mint.reshape(norm, (1,))]), done)
+        return F.depend(mint.cat([_ops.reshape(loss, (1,)), _ops.reshape(norm, (1,))]), done)
 
     def _fused_step(self, batch, scalars):
         loss, grads = self._grad_fn(*batch)
