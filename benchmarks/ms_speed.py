@@ -22,7 +22,7 @@ it ran; per workload the MindSpore / PyTorch ratio of each round and their media
     python benchmarks/ms_speed.py --only vlm-demo-dp2 vlm-demo-tp2 --rounds 1   # 2 processes each
     python benchmarks/ms_speed.py --ms-compile-cache   # each MindSpore job twice: the second loads the graphs
 
-With --ms-compile-cache every MindSpore job runs twice with --ms-compile-cache (a fresh folder per invocation):
+With --ms-compile-cache every MindSpore job runs twice with --ms-compile-cache (a fresh folder per pair):
 the first compiles and saves the graphs (its compile is reported as `cold compile`), the second, measured,
 loads them (engines/compile_cache.py).
 """
@@ -77,7 +77,8 @@ def _env(threads: int) -> dict[str, str]:
 def run_cached(workload: str, iters: int, warmup: int, out: Path, data_json: str, threads: int,
                extra: list[str]) -> dict:
     """MindSpore twice with --ms-compile-cache: the first run fills the cache, the second is the one reported."""
-    cache = ["--ms-compile-cache", str(out / "ms_compile_cache")]
+    # A folder of its own per call: with one per invocation, a second round's "cold" run would load the first's.
+    cache = ["--ms-compile-cache", str(out / f"ms_compile_cache_{time.time_ns()}")]
     cold = run(workload, "mindspore", iters, warmup, out, data_json, threads, [*extra, *cache])
     warm = run(workload, "mindspore", iters, warmup, out, data_json, threads, [*extra, *cache])
     return {**warm, "cold_compile_s": cold["compile_s"]}
