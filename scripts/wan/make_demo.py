@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--videos", type=int, default=64)
+    parser.add_argument("--videos", type=int, default=64,
+                        help=f"clips with their own caption (64); {GENERIC_SHARE}x fewer more get the generic one")
     parser.add_argument("--frames", type=int, default=5, help="1 + 4k frames (the VAE's temporal stride)")
     parser.add_argument("--size", type=int, default=32, help="frame height and width (a multiple of 8)")
     parser.add_argument("--seed", type=int, default=1234)
@@ -199,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out_dir)
     entries = write_videos(out, args.videos, args.frames, args.size, args.seed)
-    print(f"wrote {len(entries)} clips of {args.frames} frames {args.size}x{args.size} -> {out / 'videos'}")
+    generic = args.videos // GENERIC_SHARE
+    print(f"wrote {len(entries)} clips ({args.videos} captioned, {generic} with the generic caption) of {args.frames} "
+          f"frames {args.size}x{args.size} -> {out / 'videos'}")
     root, vae = write_models(out, args.seed)
     print(f"wrote the tiny Wan Diffusers directory -> {root}")
     rng = np.random.default_rng(args.seed + 1)
