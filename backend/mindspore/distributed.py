@@ -58,7 +58,7 @@ def init_distributed(backend: str | None = None, *, single_process_group: bool =
     comm.init()
     if device.detect().kind == "cpu" and get_world_size() > 1:
         # mccl sets its collectives up on the first one, and a rank that gets there before the others polls
-        # every 3 s (measured, mindspore 2.10: 0 to 3 s): do it here, at start-up, not in the first step.
+        # every 3 s (mindspore 2.10: waits of 0 to 6 s seen): do it here, at start-up, not in the first step.
         barrier()
 
 

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
     parser.add_argument("--videos", type=int, default=64,
-                        help=f"clips with their own caption (64); {GENERIC_SHARE}x fewer more get the generic one")
+                        help=f"clips with their own caption (64); another N // {GENERIC_SHARE} get the generic caption")
     parser.add_argument("--frames", type=int, default=5, help="1 + 4k frames (the VAE's temporal stride)")
     parser.add_argument("--size", type=int, default=32, help="frame height and width (a multiple of 8)")
     parser.add_argument("--seed", type=int, default=1234)
