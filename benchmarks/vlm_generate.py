@@ -1,4 +1,4 @@
-"""Generation speed: mmrun's cached generation (models/qwen2_vl/generation.py) against transformers' `generate`,
+"""Generation speed: mmrun's cached generation (models/vlm/generation.py) against transformers' `generate`,
 same weights, same image and prompt, same device, in one process (PyTorch).
 
     .venv/bin/python benchmarks/vlm_generate.py                      # a small random Qwen2-VL, CPU or the GPU
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from mmrun import backend
     import importlib
 
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt
 
     backend.select("pytorch", "benchmarks/vlm_generate.py")
     device = backend.current().device_kind

@@ -95,7 +95,7 @@ def baseline_worker(model: str, data_json: str, steps: int, result: str) -> None
     from mmrun.data.multimodal.collate import collate
     from mmrun.data.multimodal.mllm_dataset import MultimodalDataset
     from mmrun.data.multimodal.rope_index import RopeConfig
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.model_json import read_model_json
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     hf = read_model_json(model).hf_config

@@ -20,7 +20,7 @@ ENGINES lists them, first match wins; adding an engine is one row here and a cla
 
 A parallel flag without --use-mcore-models turns it on, with one notice: mmrun's GPT does not split layers,
 and megatron-core's GPTModel (on MindSpore: the same architecture and names rebuilt in engines/mindspore/parallel/gpt.py)
-built from the same arguments starts from the same weights (models/convert_gpt.py), so the run trains the
+built from the same arguments starts from the same weights (models/gpt_names.py), so the run trains the
 same network on either framework (docs/parallelism.md, docs/parallelism-mindspore.md). Megatron-LM itself
 builds mcore models unless --use-legacy-models is given.
 """
@@ -50,7 +50,7 @@ ENGINES: tuple[EngineRow, ...] = (
     EngineRow("torch-ddp", ("pytorch",), False, "mmrun.engines.torch.fsdp2.engine:create_ddp", "torch_ddp"),
     EngineRow("megatron-core", ("pytorch",), True, "mmrun.engines.torch.megatron_core.engine:MegatronCoreEngine"),
     EngineRow("mindspore-parallel", ("mindspore",), True,
-              "mmrun.engines.mindspore.parallel.engine:create"),
+              "mmrun.engines.mindspore.parallel:create"),
     EngineRow("mmrun", ("pytorch", "mindspore"), False, "mmrun.engines.portable:PortableEngine"),
 )
 
@@ -191,10 +191,10 @@ def core_vlm_model(args: argparse.Namespace, config: Any, pipeline_layers: Mappi
     mmrun.training.core_vlm_model passes the run's arguments."""
     if args.ai_framework != "pytorch":
         raise RuntimeError(f"the megatron-core VLM is a PyTorch model. Received: --ai-framework {args.ai_framework}")
-    from mmrun.engines.torch.megatron_core import vlm
+    from mmrun.engines.torch.megatron_core import vlm, vlm_stages
 
     layers = pipeline_layers or {}
     layout = vlm.build_layout(args, config, layers.get("vit"), layers.get("llm"))
-    model = vlm.vlm_model(args, layout, pre_process, post_process, read_hf=read_hf, vp_stage=vp_stage)
+    model = vlm_stages.vlm_model(args, layout, pre_process, post_process, read_hf=read_hf, vp_stage=vp_stage)
     vlm.freeze(model, **(frozen or {}))
     return model

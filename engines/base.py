@@ -22,7 +22,7 @@ portable engine records and replays it, megatron-core's schedules call it per mi
 
 Checkpoint state is numpy, named after the engine's parameters for this rank (`ShardState.model`), with
 the optimizer state named after them (`<param>.exp_avg`, `<param>.exp_avg_sq`, `<param>.main_param`),
-so the files need no framework to read and convert (models/convert_gpt.py).
+so the files need no framework to read and convert (models/gpt_names.py).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import numpy as np
 from mmrun.backend.train_step_shared import StepResult  # noqa: F401 - the step's result type, one definition
 
 # How a checkpoint's tensors are named: mmrun's GPT names, megatron-core's GPTModel names for one rank, or
-# MindSpeed-MM's names of the vision-language model for one (TP, PP) rank (models/qwen2_vl/mm_layout.py).
+# MindSpeed-MM's names of the vision-language model for one (TP, PP) rank (models/vlm/mm_layout.py).
 MODEL_NAMES = ("mmrun-gpt", "megatron-core", "mindspeed-mm")
 
 

@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "env": ("mmrun.launchers.env_report", "print versions and devices as a copy-paste block for bug reports"),
     "preprocess-data": ("mmrun.data.preprocess", "tokenize JSONL into Megatron's indexed .bin/.idx format"),
     "llava-to-mllm": ("mmrun.data.multimodal.llava", "convert LLaVA-Instruct JSON into MindSpeed-MM's mllm_format"),
-    "convert": ("mmrun.models.convert_cli", "convert checkpoints as MindSpeed-MM's mm-convert (Hugging Face <-> mmrun)"),
+    "convert": ("mmrun.checkpoint.convert_cli", "convert checkpoints as MindSpeed-MM's mm-convert (Hugging Face <-> mmrun)"),
     "compare": ("mmrun.precision.cli", "do two runs agree? loss curves per iteration, or layer-wise dumps per module"),
 }
 ALIASES = {"analyze": "analyse"}

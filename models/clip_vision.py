@@ -27,7 +27,7 @@ import numpy as np
 
 from mmrun.backend import autograd, nn, ops, tensors
 from mmrun.backend.errors import UsageError
-from mmrun.models import pretrained_dir
+from mmrun.checkpoint.formats import hf_directory
 from mmrun.models.transformer_blocks import ACTIVATIONS, activation
 
 WHAT = "the CLIP image encoder"
@@ -169,9 +169,9 @@ class CLIPVisionModel(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None) -> "CLIPVisionModel":
         """A transformers CLIPVisionModel directory (a Wan I2V Diffusers directory's image_encoder/); weights in
         float32, or `dtype` ("fp16", "bf16", ...) when given."""
-        config = CLIPVisionConfig.from_dict(pretrained_dir.read_config(path, WHAT), f"{path}/config.json")
-        arrays = pretrained_dir.read_weights(path, WHAT)
-        return pretrained_dir.load_into(cls(config), vision_tower(arrays), WHAT, path, dtype)
+        config = CLIPVisionConfig.from_dict(hf_directory.read_config(path, WHAT), f"{path}/config.json")
+        arrays = hf_directory.read_weights(path, WHAT)
+        return hf_directory.load_into(cls(config), vision_tower(arrays), WHAT, path, dtype)
 
     def _check(self, pixel_values) -> None:
         c = self.config

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmrun.backend.errors import UsageError
+from mmrun.models import families
 
 PIPELINES = ("Qwen2VlPipeline",)
 # The inference / evaluation json's own keys (not model.json's): read here, not passed to the model reader.
@@ -43,19 +44,6 @@ INFERENCE_KEYS = ("pipeline_class", "tokenizer", "generation_config", "image_pat
                   "evaluation_model", "result_output_path", "use_custom_prompt", "lora_path")
 # text_decoder.model_id -> model.json's model_id (the inference json has no model-level one).
 TEXT_DECODERS = {"qwen2lm": "qwen2vl", "qwen2_5_lm": "qwen2_5vl", "qwen3_lm": "qwen3_vl", "qwen3lm": "qwen3_vl"}
-# model.json's model_id -> (the model's package: model_json, configuration, hf_checkpoint, modeling; its config
-# and model classes; the chat template of its prompts).
-FAMILIES = {
-    "qwen2vl": ("mmrun.models.qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "qwen2vl"),
-    "qwen2_5vl": ("mmrun.models.qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "qwen2vl"),
-    "qwen3_vl": ("mmrun.models.qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "qwen3_vl_nothink"),
-}
-
-
-def family_module(model_id: str, name: str) -> Any:
-    import importlib
-
-    return importlib.import_module(f"{FAMILIES[model_id][0]}.{name}")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32"}
 
@@ -105,7 +93,7 @@ def read_inference_json(path: str) -> dict[str, Any]:
             raise UsageError(f"--mm-model {path}: {key} must be an integer; received {raw[key]!r}")
     if raw.get("dtype") is not None and raw["dtype"] not in DTYPES:
         raise UsageError(f"--mm-model {path}: dtype {raw['dtype']!r} is not one of {', '.join(DTYPES)}")
-    from mmrun.models.qwen2_vl.generation import GenerationConfig
+    from mmrun.models.vlm.generation import GenerationConfig
 
     GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")  # checked before any work
     return raw
@@ -124,18 +112,19 @@ def model_spec(raw: dict[str, Any], path: str) -> Any:
         if key not in model and isinstance(generation.get(key), int):
             model[key] = generation[key]
     model["model_id"] = TEXT_DECODERS[text_id]
-    return family_module(model["model_id"], "model_json").parse_model_json(model, path)
+    return families.part(families.by_model_id(model["model_id"]), "model_json").parse_model_json(model, path)
 
 
 def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[[str], None]) -> Any:
     """The model from --load (an HF directory or an mmrun checkpoint) or tokenizer.from_pretrained's weights."""
     spec = model_spec(raw, path)
     model_id = TEXT_DECODERS[raw["text_decoder"]["model_id"]]
-    package, config_class, model_class, _ = FAMILIES[model_id]
-    hf_checkpoint, modeling = family_module(model_id, "hf_checkpoint"), family_module(model_id, "modeling")
+    family = families.by_model_id(model_id)
+    model_class = family.model_class
+    hf_checkpoint, modeling = families.part(family, "hf_checkpoint"), families.part(family, "modeling")
     for line in spec.warnings:
         log(line)
-    config = getattr(family_module(model_id, "configuration"), config_class).from_hf_config(spec.hf_config)
+    config = families.config_class(family).from_hf_config(spec.hf_config)
     source = load
     if source is None:
         source = raw["tokenizer"]["from_pretrained"]
@@ -161,10 +150,10 @@ def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[
 
 def _with_adapter(weights: Any, adapter_dir: str, log: Callable[[str], None]) -> dict[str, Any]:
     """The weights with a PEFT adapter folded in (W + B A lora_alpha / r): generation then costs what the base's
-    does. The adapter's module names are transformers' (4.x or 5.x); models/qwen2_vl/peft_adapter.py maps them."""
+    does. The adapter's module names are transformers' (4.x or 5.x); checkpoint/peft.py maps them."""
     from mmrun.models import lora
-    from mmrun.models.qwen2_vl.hf_checkpoint import to_float_arrays
-    from mmrun.models.qwen2_vl.peft_adapter import adapter_from_peft
+    from mmrun.checkpoint.formats.safetensors import to_float_arrays
+    from mmrun.checkpoint.peft import adapter_from_peft
 
     config, adapter = lora.read_adapter(adapter_dir)
     merged = lora.merged_weights(to_float_arrays({name: weights[name] for name in weights}), config,
@@ -186,13 +175,13 @@ class Qwen2VlPipeline:
         from mmrun.data.multimodal.templates import TEMPLATES
         from mmrun.data.multimodal.vlm_prompt import with_pixel_limits
         from mmrun.data.tokenizers import HuggingFaceTokenizer
-        from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator
+        from mmrun.models.vlm.generation import GenerationConfig, Generator
 
         say = (lambda message: None) if quiet else notice  # quiet: a data-parallel rank other than 0
         generation = GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")
         model_dir = raw["tokenizer"]["from_pretrained"]
         self.tokenizer = HuggingFaceTokenizer(model_dir)
-        self.template = TEMPLATES[FAMILIES[TEXT_DECODERS[raw["text_decoder"]["model_id"]]][3]]
+        self.template = TEMPLATES[families.by_model_id(TEXT_DECODERS[raw["text_decoder"]["model_id"]]).chat_template]
         ids = special_token_ids(self.tokenizer, self.template, f"{model_dir}/tokenizer.json")
         if not generation.eos_token_id:
             generation = generation.replace(eos_token_id=(ids["end_of_turn"], ids["pad"]))
@@ -223,7 +212,7 @@ class Qwen2VlPipeline:
                ) -> tuple[list[int], str, int]:
         """(new token ids, the answer's text, prompt length) for one user turn: the images, then the text."""
         from mmrun.data.multimodal.vlm_prompt import TextStream, encode_prompt
-        from mmrun.models.qwen2_vl.generation import Prompt
+        from mmrun.models.vlm.generation import Prompt
 
         prompt = Prompt(**encode_prompt(self.tokenizer, self.template, text, images, self.image_config))
         stream = TextStream(self.tokenizer, self.hidden)

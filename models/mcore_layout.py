@@ -22,7 +22,7 @@ stage are local; `global_layer_name` maps back). The `_extra_state` entries mega
 state dict are None for this spec and are not parameters: they are left out.
 
 Used by the MindSpore tensor/pipeline-parallel engine to build its layers and by its parity tests on both
-frameworks. Shards, joins and initial weights are models/convert_gpt.py's (the checkpoint converter's), so the
+frameworks. Shards, joins and initial weights are models/gpt_names.py's (the checkpoint converter's), so the
 MindSpore engine starts from the weights the PyTorch megatron-core engine starts from. numpy only.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from mmrun.models import convert_gpt as cg
+from mmrun.models import gpt_names as cg
 
 WORD_EMBEDDINGS = "embedding.word_embeddings.weight"
 POSITION_EMBEDDINGS = "embedding.position_embeddings.weight"
@@ -42,7 +42,7 @@ FINAL_LAYERNORM = "decoder.final_layernorm"
 LAYER_PREFIX = "decoder.layers."
 
 # Per-layer parameters in megatron-core's state_dict order: suffix -> shape in terms of hidden h and ffn f (the
-# dim tensor parallelism splits is convert_gpt's table).
+# dim tensor parallelism splits is gpt_names' table).
 _LAYER_PARAMS: dict[str, str] = {
     "input_layernorm.weight": "h",
     "input_layernorm.bias": "h",
@@ -171,7 +171,7 @@ class GPTLayout:
             shapes[name] = tuple(shape)
         return shapes
 
-    # Shards, joins and initial weights are models/convert_gpt.py's (the checkpoint converter's): one copy.
+    # Shards, joins and initial weights are models/gpt_names.py's (the checkpoint converter's): one copy.
 
     def _shape(self) -> "cg.GPTShape":
         return cg.GPTShape(self.num_layers, self.hidden_size, self.num_attention_heads,
@@ -182,7 +182,7 @@ class GPTLayout:
 
     def shard(self, full: Mapping[str, np.ndarray], tp: int, pp: int, tp_rank: int,
               pp_rank: int) -> dict[str, np.ndarray]:
-        """This rank's parameters cut from the whole model's state (convert_gpt.shard, in state_dict order)."""
+        """This rank's parameters cut from the whole model's state (gpt_names.shard, in state_dict order)."""
         self.check_parallel_sizes(tp, pp)
         self._check_full(full)
         cut = cg.shard(full, self._shape(), cg.Layout(tp, pp), tp_rank, pp_rank)
@@ -191,7 +191,7 @@ class GPTLayout:
     def join(self, shards: Mapping[tuple[int, int], Mapping[str, np.ndarray]], tp: int,
              pp: int) -> dict[str, np.ndarray]:
         """The whole model's state from every rank's shard, keyed by (tp_rank, pp_rank); the inverse of `shard`
-        (convert_gpt.join). The last stage's tied copy of the word embeddings is not part of the whole model."""
+        (gpt_names.join). The last stage's tied copy of the word embeddings is not part of the whole model."""
         self.check_parallel_sizes(tp, pp)
         missing = sorted({(t, p) for t in range(tp) for p in range(pp)} - set(shards))
         if missing:
@@ -211,7 +211,7 @@ class GPTLayout:
     # ---------------------------------------------------------------- initial weights
 
     def init_full(self, seed: int, init_method_std: float = 0.02) -> dict[str, np.ndarray]:
-        """The whole model's initial state from one seed: mmrun's GPT init (convert_gpt.mmrun_initial_weights:
+        """The whole model's initial state from one seed: mmrun's GPT init (gpt_names.mmrun_initial_weights:
         Megatron's N(0, std), N(0, std / sqrt(2L)) for linear_proj and linear_fc2, zero biases, LayerNorm 1 and 0,
         drawn with numpy in mmrun's name order), in megatron-core's names and QKV layout."""
         shape = self._shape()
@@ -221,7 +221,7 @@ class GPTLayout:
 
     def init_rank(self, seed: int, init_method_std: float, tp: int, pp: int, tp_rank: int,
                   pp_rank: int) -> dict[str, np.ndarray]:
-        """This rank's shard of `init_full(seed)` (convert_gpt.initial_shard: one whole parameter in memory at a
+        """This rank's shard of `init_full(seed)` (gpt_names.initial_shard: one whole parameter in memory at a
         time), the weights the PyTorch megatron-core engine starts from (engines/torch/megatron_core/gpt.py)."""
         self.check_parallel_sizes(tp, pp)
         drawn = cg.initial_shard(self._shape(), cg.Layout(tp, pp), tp_rank, pp_rank, vocab_size=self.vocab_size,

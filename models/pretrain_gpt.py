@@ -29,7 +29,7 @@ from functools import partial
 
 from mmrun.backend import ops, tensors
 from mmrun.data.gpt_dataset import build_train_valid_test_datasets
-from mmrun.models.convert_gpt import mmrun_initial_weights
+from mmrun.models.gpt_names import mmrun_initial_weights
 from mmrun.models.gpt import GPT, GPTConfig
 from mmrun.training import (ModelType, core_gpt_model, get_args, get_batch_on_this_cp_rank, get_tokenizer,
                             is_first_or_last_pipeline_stage, model_vp_stage, pretrain, print_rank_0)
@@ -49,7 +49,7 @@ def init_weights(model, seed, std, num_layers):
     """Megatron's init (the same as GPT's own), drawn with numpy rather than the framework's RNG, so
     that one --seed gives bit-identical weights on PyTorch, on MindSpore and in megatron-core's GPTModel:
     N(0, std) for weights, N(0, std / sqrt(2 * num_layers)) for the two output projections of each
-    block, zero biases, LayerNorm weight 1. Parameters are drawn in name order (models/convert_gpt.py)."""
+    block, zero biases, LayerNorm weight 1. Parameters are drawn in name order (models/gpt_names.py)."""
     state = tensors.state_dict_to_numpy(model.state_dict())
     shapes = {name: array.shape for name, array in state.items()}
     model.load_state_dict(tensors.state_dict_from_numpy(dict(mmrun_initial_weights(shapes, seed, std, num_layers))))

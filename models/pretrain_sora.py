@@ -24,7 +24,7 @@ timesteps are numpy, keyed by (--seed, the sample's place in the run): both fram
 and a resumed run see the same numbers. Prompt embeddings past the mask are zeroed, as MindSpeed-MM's WanDiT does.
 
 Checkpoints are mmrun's (safetensors, parameter names = diffusers' keys); `mmrun convert WanConverter mm_to_hf`
-writes a diffusers directory from one, `lora_to_peft` the adapter in PEFT's layout (models/wan/convert.py).
+writes a diffusers directory from one, `lora_to_peft` the adapter in PEFT's layout (checkpoint/wan.py).
 Data parallelism on mmrun's engine (both frameworks), or --use-torch-fsdp2 on PyTorch; tensor, pipeline and
 context splits of the DiT are refused in one line (pipeline_num_layers with one stage is ignored, as there).
 """

@@ -41,7 +41,7 @@ from functools import partial
 from typing import Any, Iterator
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.qwen2_vl import vision_layout
+from mmrun.models.vlm import vision_layout
 from mmrun.training.entry_io import read_mm_json, say_rank0
 from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 
@@ -60,9 +60,9 @@ SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 FIXED_SHAPE_MODELS = vision_layout.FIXED_SHAPE_MODELS
 FIRST_BUCKET_MAX = 4096
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
-# Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: models/qwen2_vl/peft_adapter.py).
+# Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: checkpoint/peft.py).
 ENTRY_FEATURES = ("lora",)
-_MODEL_JSON: Any = None  # models.qwen2_vl.model_json.ModelJson, read once before the arguments are parsed
+_MODEL_JSON: Any = None  # models.vlm.model_json.ModelJson, read once before the arguments are parsed
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -80,7 +80,7 @@ def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 def _model_source(argv: list[str]) -> ModelSource:
     """Read --mm-model before the training arguments are parsed: its sizes replace the network flags."""
     global _MODEL_JSON
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.model_json import read_model_json
     from mmrun.models.qwen3_vl import model_json as qwen3_model_json
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -141,7 +141,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     HF directory (else from the seed's weights, the same on both frameworks), and freeze as model.json says."""
     from mmrun.backend import tensors
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
+    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration
+    from mmrun.models.vlm.blocks import init_weights
 
     args = get_args()
     if _MODEL_JSON.hf_config["model_type"] == "qwen3_vl":  # unsplit: _model_source checked its stage lists
@@ -157,7 +158,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
         model_class = Qwen2VLForConditionalGeneration
         if args.use_mcore_models:
             return _core_model(config, pre_process, post_process, vp_stage)
-        from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+        from mmrun.models.vlm.mm_layout import VLMLayout
 
         VLMLayout.build(config, vit_pp_layers=_MODEL_JSON.pipeline_layers.get("vit"),
                         llm_pp_layers=_MODEL_JSON.pipeline_layers.get("llm"))  # model.json's stage lists fit one stage
@@ -171,7 +172,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     if args.lora_target_modules:  # Qwen2-VL / Qwen2.5-VL (_model_source refused it for Qwen3-VL)
         # PEFT's rule, as MindSpeed-MM's get_peft_model: adapters on every matching Linear, everything else frozen
         from mmrun.models import lora
-        from mmrun.models.qwen2_vl.peft_adapter import LORA_TARGETS
+        from mmrun.checkpoint.peft import LORA_TARGETS
 
         lora.apply_from_args(model, args, LORA_TARGETS, print_rank_0)
         return model
@@ -366,8 +367,8 @@ def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64) -> dict[
     on a variable-shape batch (image tokens against features)."""
     import numpy as np
 
-    from mmrun.models.qwen2_vl import vision_layout
-    from mmrun.models.qwen2_vl.modeling import TRUNCATION_HINT
+    from mmrun.models.vlm import vision_layout
+    from mmrun.models.vlm.blocks import TRUNCATION_HINT
 
     batch = collate(samples)
     config = _MODEL_JSON.hf_config

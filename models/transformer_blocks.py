@@ -155,7 +155,7 @@ class GQASelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, cache: Any = None):
         """cache (generation only): an object whose `update(k, v)` stores this call's rotated keys/values and
-        returns all of them so far, (batch, kv_heads, past + seq, head_dim) (models/qwen2_vl/generation.py's
+        returns all of them so far, (batch, kv_heads, past + seq, head_dim) (models/vlm/generation.py's
         LayerCache). The first call (the prompt) is causal; a later call brings one token, which attends to
         every cached one."""
         batch, seq, _ = x.shape

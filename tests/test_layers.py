@@ -27,12 +27,13 @@ FLOORS: tuple[tuple[str, str, int], ...] = (
     ("data/*", "data", 2),
     ("precision/*", "precision", 2),
     ("features/*", "features", 2),
+    ("checkpoint/formats/*", "checkpoint-formats", 2),  # file formats: numpy, no model, no trainer
     ("models/*", "models", 3),
     ("engines/*", "engines", 4),
     ("training/*", "training", 5),
     ("models/pretrain_*.py", "entries", 6),
     ("models/*_demo.py", "entries", 6),
-    ("models/convert_cli.py", "entries", 6),
+    ("checkpoint/convert_cli.py", "entries", 6),
     ("models/inference_*.py", "entries", 6),
     ("models/evaluate_*.py", "entries", 6),
     ("models/get_wan_feature.py", "entries", 6),
@@ -40,8 +41,9 @@ FLOORS: tuple[tuple[str, str, int], ...] = (
     ("launchers/*", "launchers", 6),
     ("analyse/*", "analyse", 6),
     ("__main__.py", "launchers", 6),
-    # `mmrun convert`'s converters write mmrun checkpoints (training's store): the entries' floor.
-    ("models/*/convert.py", "entries", 6),
+    # The converters (`mmrun convert`, mm-convert's command lines) write mmrun checkpoints through the trainer's
+    # store: the entries' floor, in a room of their own (checkpoint/), never inside a model folder.
+    ("checkpoint/*", "entries", 6),
     # Standard library only, so any floor may call them: the worker side of the launcher's watchdog (the loop
     # beats it each step) and the per-phase timers the backends' train steps carry.
     ("launchers/heartbeat.py", "stdlib-only", 0),
@@ -171,6 +173,104 @@ def test_allowed_exceptions_still_exist():
 def test_every_module_has_a_floor():
     for path in package_modules():
         floor_of(path)  # raises with the path when a new folder has no row
+
+
+MODEL_SHARED = ("vlm",)  # folders under models/ that are shared blocks, not a family
+
+
+def families_imported(source: str, path: str, root: Path = ROOT) -> set[str]:
+    """The model family folders (models/<family>/) a module imports, lazy imports included."""
+    found = set()
+    for _, name in imports_of(source, path):
+        target = target_of(name, root)
+        parts = target[1].split("/") if target else []
+        if len(parts) > 2 and parts[0] == "models" and parts[1] not in MODEL_SHARED:
+            found.add(parts[1])
+    return found
+
+
+def family_folders(root: Path = ROOT) -> list[str]:
+    return sorted(p.name for p in (root / "models").iterdir()
+                  if p.is_dir() and (p / "__init__.py").is_file() and p.name not in MODEL_SHARED)
+
+
+def test_no_model_folder_imports_training():
+    """A model knows no trainer: converters and checkpoint I/O are checkpoint/'s (issue 38)."""
+    found = [f"{path}:{line} imports {name}" for path in package_modules() if path.startswith("models/")
+             and path.count("/") >= 2 for line, name in imports_of((ROOT / path).read_text(encoding="utf-8"), path)
+             if name.startswith("mmrun.training")]
+    assert not found, "model folders importing training/:\n" + "\n".join(found)
+
+
+def test_no_family_imports_another_family():
+    """A family folder imports no other family folder, and shared model code (models/vlm/, models/*.py below the
+    entries) imports no family: where it needs one family's part it asks the family table (models/families.py)."""
+    families = family_folders()
+    assert {"qwen2_vl", "qwen3_vl", "wan"} <= set(families)
+    found = []
+    for path in package_modules():
+        parts = path.split("/")
+        if parts[0] != "models" or floor_of(path).name == "entries":
+            continue
+        own = parts[1] if len(parts) > 2 and parts[1] not in MODEL_SHARED else None
+        others = families_imported((ROOT / path).read_text(encoding="utf-8"), path) - {own}
+        found += [f"{path} imports the {other} family" for other in sorted(others)]
+    assert not found, "\n".join(found)
+
+
+def engine_import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in package_modules(root):
+        if not path.startswith("engines/"):
+            continue
+        targets = {target_of(name, root) for _, name in imports_of((root / path).read_text(encoding="utf-8"), path)}
+        graph[path] = {t[1] for t in targets if t and t[1].startswith("engines/") and t[1] != path}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle (one path around each strongly connected group of two or more modules)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_import_circle_inside_engines():
+    found = cycles(engine_import_graph())
+    assert not found, "import circles inside engines/ (a base module importing what builds on it):\n" + "\n".join(
+        " <-> ".join(group) for group in found)
+
+
+def test_rule_checkers_catch_planted_cases():
+    assert families_imported("from mmrun.models.qwen3_vl import mm_layout\n", "models/qwen2_vl/x.py") == {"qwen3_vl"}
+    assert families_imported("from mmrun.models.vlm import blocks\n", "models/qwen3_vl/x.py") == set()
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_checker_catches_planted_violations():

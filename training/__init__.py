@@ -11,7 +11,7 @@
   on PyTorch for tensor, pipeline, context parallelism and the distributed optimizer), picked through its
   registry behind one small seam (engines/base.py); training never imports an engine's framework code
 - `parallel`: Megatron's pipeline/context-parallel helpers for an entry's get_batch
-- `checkpoint_reshard`, `convert_checkpoint`: checkpoints across layouts and engines (models/convert_gpt.py)
+- `checkpoint_reshard`: checkpoints across layouts and engines (models/gpt_names.py; the converter commands are in checkpoint/)
 
 No framework is imported here: the loop loads the chosen one (`mmrun.backend`) when it runs.
 """

@@ -108,7 +108,7 @@ def load(args: argparse.Namespace, path: Path, engine: Any, scheduler: Any, log:
 
     if not hasattr(engine, "load_dcp"):
         raise CheckpointError(f"{path} is a torch_dcp checkpoint, which the {engine.name} engine cannot read; "
-                              "convert it with `python -m mmrun.training.convert_dcp --to safetensors`, or add --use-torch-fsdp2")
+                              "convert it with `python -m mmrun.checkpoint.dcp --to safetensors`, or add --use-torch-fsdp2")
     meta = read_meta(path)
     load_optim = not (args.finetune or args.no_load_optim)
     if load_optim and not meta.get("optimizer", True):

@@ -4,7 +4,7 @@ A checkpoint names its layout in every rank directory's meta.json (`model_names`
 "megatron-core"; `parallel`: tp, pp, vpp). When the run differs (TP=2 x PP=2 resumed with TP=1, a
 megatron-core checkpoint resumed by mmrun's GPT, or the other way round), every rank reads all rank
 directories of the iteration (each verified by its checksums), joins them into the whole model with
-models/convert_gpt.py, and takes its own share; the optimizer state, named after the parameters, goes
+models/gpt_names.py, and takes its own share; the optimizer state, named after the parameters, goes
 the same way. Memory: the whole model (and its optimizer state) on every rank, once, at load.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from mmrun.models.convert_gpt import ConversionError, GPTShape, Layout, join, mcore_to_mmrun, mmrun_to_mcore, shard
+from mmrun.models.gpt_names import ConversionError, GPTShape, Layout, join, mcore_to_mmrun, mmrun_to_mcore, shard
 from mmrun.training.checkpoint_layout import CheckpointError, rank_dir_name
 from mmrun.training.checkpoint_store import LoadedCheckpoint, read_sibling
 from mmrun.engines.base import ParallelLayout, ShardState

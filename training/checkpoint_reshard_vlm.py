@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from mmrun.backend.errors import UsageError
 from mmrun.engines.base import ParallelLayout, ShardState
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.mm_layout import VLMLayout, stages_given, virtual_chunks
+from mmrun.models.vlm.mm_layout import VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
 from mmrun.training.checkpoint_store import LoadedCheckpoint
@@ -52,7 +52,7 @@ def is_vlm_model_json(path: str | None) -> bool:
 
 
 def _model_json(args: argparse.Namespace) -> Any:
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.model_json import read_model_json
 
     if not getattr(args, "mm_model", None):
         raise CheckpointError("a Qwen2-VL checkpoint loads into the VLM entry only (models/pretrain_vlm.py with "

@@ -36,10 +36,10 @@ import numpy as np
 from mmrun.backend import checkpoint_io
 from mmrun.backend.errors import UsageError
 from mmrun.common.atomic_write import fsync_dir
-from mmrun.models.qwen2_vl import mm_layout
+from mmrun.models.vlm import mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile, SafetensorsWriter, bf16_bits_to_float32
-from mmrun.models.qwen2_vl.mm_layout import TEXT_LAYERS, VISION_LAYERS, VLMLayout
+from mmrun.checkpoint.formats.safetensors import SafetensorsFile, SafetensorsWriter, bf16_bits_to_float32
+from mmrun.models.vlm.mm_layout import TEXT_LAYERS, VISION_LAYERS, VLMLayout
 from mmrun.training.checkpoint_layout import (RELEASE, CheckpointError, iteration_dir, rank_dir_name, read_tracker,
                                               saved_iterations)
 from mmrun.training.checkpoint_store import tensor_digest, write_iteration
@@ -142,10 +142,10 @@ def _stage_layers(names: Iterable[str], prefix: str) -> int:
 
 
 def _config_class(hf_config: Mapping[str, Any]) -> Any:
-    """Qwen3VLConfig for a Qwen3-VL config.json, else Qwen2VLConfig (Qwen2-VL, Qwen2.5-VL)."""
-    from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, Qwen3VLConfig
+    """The config class of a config.json's family (the family table, models/families.py)."""
+    from mmrun.models import families
 
-    return Qwen3VLConfig if hf_config.get("model_type") == MODEL_TYPE else Qwen2VLConfig
+    return families.config_class(families.by_model_type(hf_config.get("model_type")))
 
 
 def _config_of(meta: Mapping[str, Any], given: Qwen2VLConfig | None) -> Qwen2VLConfig:
@@ -155,9 +155,9 @@ def _config_of(meta: Mapping[str, Any], given: Qwen2VLConfig | None) -> Qwen2VLC
         return _config_class(meta["hf_config"]).from_hf_config(meta["hf_config"])
     model_json = (meta.get("args") or {}).get("mm_model")
     if model_json and Path(model_json).is_file():
-        from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
+        from mmrun.models.vlm.model_json import read_model_json
 
-        spec = read_vlm_model_json(model_json)
+        spec = read_model_json(model_json)
         return _config_class(spec.hf_config).from_hf_config(spec.hf_config)
     raise UsageError("the checkpoint does not record its model's config (no hf_config in its meta.json, and its "
                      f"--mm-model {model_json or '(none)'} is not here); pass --cfg.hf_config.hf_dir, the model's "

@@ -19,24 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from mmrun.models.vlm.configuration import ACTIVATIONS, ViTShape
+
 MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 ARCHITECTURES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
-# Activations the model implements (transformers' ACT2FN names).
-ACTIVATIONS = ("quick_gelu", "gelu", "gelu_pytorch_tanh", "silu", "swish")
-
-
-class ViTShape:
-    """What a Qwen ViT's sizes give (a base of Qwen2-VL's and Qwen3-VL's VisionConfig, which hold the fields)."""
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_dim(self) -> int:
-        """Values per pre-flattened patch: in_channels * temporal_patch_size * patch_size**2 (1176 for
-        Qwen2-VL's 14-pixel patches, 1536 for Qwen3-VL's 16)."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
 
 
 @dataclass

@@ -12,7 +12,10 @@ from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, Visio
 
 def __getattr__(name: str):
     # The model imports the chosen framework: load it on first use only, so reading a config needs none.
-    if name in ("Qwen3VLForConditionalGeneration", "load_hf_weights", "from_pretrained", "init_weights"):
+    if name == "init_weights":  # shared by the Qwen vision-language families
+        from mmrun.models.vlm import blocks
+        return blocks.init_weights
+    if name in ("Qwen3VLForConditionalGeneration", "load_hf_weights", "from_pretrained"):
         from mmrun.models.qwen3_vl import modeling
         return getattr(modeling, name)
     if name in ("load_hf_directory", "load_hf_config", "is_hf_directory", "hf_parameter_names"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from mmrun.models.qwen2_vl.configuration import ACTIVATIONS, ViTShape
+from mmrun.models.vlm.configuration import ACTIVATIONS, ViTShape
 
 MODEL_TYPE = "qwen3_vl"
 MOE_MODEL_TYPE = "qwen3_vl_moe"

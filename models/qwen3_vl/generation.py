@@ -1,4 +1,4 @@
-"""Qwen3-VL's part of generation (the loop, the cache and the token choice are models/qwen2_vl/generation.py's).
+"""Qwen3-VL's part of generation (the loop, the cache and the token choice are models/vlm/generation.py's).
 
 The prompt runs once: the ViT's merged features replace its visual tokens and DeepStack's features are added
 to those same rows after the first decoder layers, as in training. Its interleaved M-RoPE positions give
@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from mmrun.backend import tensors
-from mmrun.models.qwen2_vl import vision_layout
-from mmrun.models.qwen2_vl.generation import KVCache, Prompt, Qwen2VLDecoding, _device
+from mmrun.models.vlm import vision_layout
+from mmrun.models.vlm.generation import Decoding, KVCache, Prompt, device_array
 from mmrun.models.qwen3_vl.modeling import rope_index
 
 
-class Qwen3VLDecoding(Qwen2VLDecoding):
-    """Qwen2VLDecoding with Qwen3-VL's decoder (`model.language_model`) and DeepStack on the prompt."""
+class Qwen3VLDecoding(Decoding):
+    """Qwen3-VL's decoder (`model.language_model`) and DeepStack on the prompt."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -29,7 +29,7 @@ class Qwen3VLDecoding(Qwen2VLDecoding):
         ids = tensors.from_numpy(prompt.input_ids)
         image_grid, video_grid = (vision_layout.grid_array(prompt.image_grid_thw),
                                   vision_layout.grid_array(prompt.video_grid_thw))
-        embeds, deepstack = self.model.embed(ids, _device(prompt.pixel_values), image_grid,
-                                             _device(prompt.pixel_values_videos), video_grid)
+        embeds, deepstack = self.model.embed(ids, device_array(prompt.pixel_values), image_grid,
+                                             device_array(prompt.pixel_values_videos), video_grid)
         positions, deltas = rope_index(self.model.config, prompt.input_ids, image_grid, video_grid)
         return self.text(embeds, tensors.from_numpy(positions), deepstack, cache=cache), int(deltas[0, 0])

@@ -1,7 +1,6 @@
 """Hugging Face Qwen3-VL directories read into mmrun's names (= the checkpoint keys).
 
-The safetensors reading, the bf16 handling and the error style are Qwen2-VL's (models/qwen2_vl/hf_checkpoint.py,
-imported): each tensor read lazily from its byte offsets, BF16 as uint16 bits. Qwen3-VL checkpoints already
+The lazy reader, the --load check and the writer are the Qwen vision-language families' (models/vlm/hf_checkpoint.py): each tensor read lazily from its byte offsets, BF16 as uint16 bits. Qwen3-VL checkpoints already
 use transformers' in-memory names (`model.visual.*`, `model.language_model.*`, `lm_head.weight`), so no
 renaming; only `model.visual.patch_embed.proj.weight`, the Conv3d kernel (D, 3, 2, 16, 16), is read flattened
 to the Linear's (D, 1536) (same bytes, same order).
@@ -13,10 +12,8 @@ import os
 from pathlib import Path
 import numpy as np
 
-from mmrun.backend.errors import UsageError
-from mmrun.models.qwen2_vl import hf_checkpoint as qwen2_checkpoint
-from mmrun.models.qwen2_vl.hf_checkpoint import (CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError,
-                                                 SafetensorsFile)
+from mmrun.checkpoint.formats.hf_directory import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError
+from mmrun.models.vlm import hf_checkpoint as vlm_checkpoint
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_MODEL_TYPE, MOE_REFUSAL, Qwen3VLConfig
 
 PATCH_EMBED = "model.visual.patch_embed.proj.weight"
@@ -79,29 +76,13 @@ def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
     return Qwen3VLConfig.from_hf_config(raw)
 
 
-class HFWeights(qwen2_checkpoint.HFWeights):
-    """A Qwen3-VL directory's weights, read lazily one tensor at a time (`weights[name]`, Qwen2-VL's reader),
-    the names checked against its config at once from the files' headers."""
+class HFWeights(vlm_checkpoint.HFWeights):
+    """A Qwen3-VL directory's weights, read lazily one tensor at a time (`weights[name]`), the names checked
+    against its config at once from the files' headers (models/vlm/hf_checkpoint.py)."""
 
     patch_embed_name = PATCH_EMBED
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        self.path, self.config = path, load_hf_config(path)
-        if (path / INDEX_FILE).is_file():
-            files = sorted(set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values()))
-        elif (path / SINGLE_FILE).is_file():
-            files = [SINGLE_FILE]
-        else:
-            raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors "
-                                        "weights only (re-save with save_pretrained(safe_serialization=True))")
-        self._where = {}
-        for file in files:
-            opened = SafetensorsFile(path / file)
-            self._where.update({stored: (opened, stored) for stored in opened if not stored.endswith(".inv_freq")})
-        if self.config.tie_word_embeddings:
-            self._where.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
-        qwen2_checkpoint._check_names(str(path), self.config, set(self._where), hf_parameter_names(self.config))
+    load_config = staticmethod(lambda path: load_hf_config(path))
+    parameter_names = staticmethod(lambda config: hf_parameter_names(config))
 
 
 def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str, np.ndarray]]:
@@ -113,10 +94,4 @@ def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str,
 def open_for_model(path: str | os.PathLike, config: Qwen3VLConfig, described_by: str) -> HFWeights:
     """A training run's --load of a Qwen3-VL directory: its weights (read lazily), after checking that its
     config.json describes `config`'s network (`described_by`: where that came from, e.g. model.json's path)."""
-    weights = HFWeights(path)
-    difference = qwen2_checkpoint._config_difference(qwen2_checkpoint._structure(weights.config.to_hf_config()),
-                                                     qwen2_checkpoint._structure(config.to_hf_config()))
-    if difference:
-        raise UsageError(f"--load {path}: its config.json describes another model than {described_by} ({difference}); "
-                         f"make {described_by} match the checkpoint")
-    return weights
+    return vlm_checkpoint.checked_for_model(HFWeights(path), config, described_by)

@@ -1,4 +1,4 @@
-"""Qwen3-VL (dense) in MindSpeed-MM's names: the recipes models/qwen2_vl/mm_layout.py splits and converts.
+"""Qwen3-VL (dense) in MindSpeed-MM's names: the recipes models/vlm/mm_layout.py splits and converts.
 
 MindSpeed-MM's Qwen3VLMegatronConverter (checkpoint/vlm_model/converters/qwen3vl_megatron.py) names the mcore
 model as Qwen2-VL's, with what Qwen3-VL adds (HF name -> MindSpeed-MM name, layer numbers global here):
@@ -21,8 +21,7 @@ column-, fc2 row-parallel like the projector's; q/k norms (one per head dim, sha
 """
 from __future__ import annotations
 
-from mmrun.models.qwen2_vl.mm_layout import (OUTPUT_LAYER, PROJECTOR, TEXT, TEXT_LAYERS, VISION, VISION_LAYERS,
-                                             _Recipe)
+from mmrun.models.vlm.mm_layout import OUTPUT_LAYER, PROJECTOR, TEXT, TEXT_LAYERS, VISION, VISION_LAYERS, Recipe
 
 BOTH = ("weight", "bias")
 # HF module (inside a ViT block / decoder layer / merger) -> MindSpeed-MM module, renamed one to one.
@@ -71,13 +70,13 @@ def hf_shapes(config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def recipes(config) -> dict[str, _Recipe]:
+def recipes(config) -> dict[str, Recipe]:
     """MindSpeed-MM name (global layer numbers) -> how it is made of HF tensors, for the whole model."""
     v, t = config.vision, config.text
-    out: dict[str, _Recipe] = {}
+    out: dict[str, Recipe] = {}
 
     def copy(mm: str, hf: str) -> None:
-        out[mm] = _Recipe((hf,), "copy")
+        out[mm] = Recipe((hf,), "copy")
 
     for p in BOTH:
         copy(f"{VISION}patch_embed.proj.{p}", f"model.visual.patch_embed.proj.{p}")
@@ -86,7 +85,7 @@ def recipes(config) -> dict[str, _Recipe]:
         block, mm = f"model.visual.blocks.{n}.", f"{VISION_LAYERS}{n}."
         for p in BOTH:
             copy(f"{mm}input_layernorm.{p}", f"{block}norm1.{p}")
-            out[f"{mm}self_attention.linear_qkv.{p}"] = _Recipe((f"{block}attn.qkv.{p}",), "qkv", v.num_heads)
+            out[f"{mm}self_attention.linear_qkv.{p}"] = Recipe((f"{block}attn.qkv.{p}",), "qkv", v.num_heads)
             for module in ("attn.proj", "norm2", "mlp.linear_fc1", "mlp.linear_fc2"):
                 copy(f"{mm}{_VISION_BLOCK[module]}.{p}", f"{block}{module}.{p}")
         if n in v.deepstack_visual_indexes:
@@ -103,14 +102,14 @@ def recipes(config) -> dict[str, _Recipe]:
         layer, mm = f"model.language_model.layers.{n}.", f"{TEXT_LAYERS}{n}."
         copy(mm + "input_layernorm.weight", layer + "input_layernorm.weight")
         for p in params:
-            out[f"{mm}self_attention.linear_qkv.{p}"] = _Recipe(
+            out[f"{mm}self_attention.linear_qkv.{p}"] = Recipe(
                 tuple(f"{layer}self_attn.{m}_proj.{p}" for m in "qkv"), "qkv", t.num_key_value_heads)
         copy(mm + "self_attention.q_layernorm.weight", layer + "self_attn.q_norm.weight")
         copy(mm + "self_attention.k_layernorm.weight", layer + "self_attn.k_norm.weight")
         for p in params:
             copy(f"{mm}self_attention.linear_proj.{p}", f"{layer}self_attn.o_proj.{p}")
         copy(mm + "pre_mlp_layernorm.weight", layer + "post_attention_layernorm.weight")
-        out[mm + "mlp.linear_fc1.weight"] = _Recipe((layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
+        out[mm + "mlp.linear_fc1.weight"] = Recipe((layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
                                                     "concat")
         copy(mm + "mlp.linear_fc2.weight", layer + "mlp.down_proj.weight")
     copy(TEXT + "decoder.final_layernorm.weight", "model.language_model.norm.weight")

@@ -14,12 +14,12 @@ import json
 from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.qwen2_vl.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, _check_section,
-                                              _pipeline_layers, _require)
+from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, check_section, pipeline_layers,
+                                         require)
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_REFUSAL
 
 MODEL_IDS = ("qwen3_vl",)
-# Qwen2-VL's table with the keys Qwen3-VL's model.json adds (MoE keys are listed so that the refusal, not an
+# The shared table with the keys Qwen3-VL's model.json adds (MoE keys are listed so that the refusal, not an
 # "unknown key" warning, answers them).
 SCHEMA3: dict[str, dict[str, tuple[type, ...]]] = {
     **SCHEMA,
@@ -41,23 +41,23 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
     """A Qwen3-VL model.json dict -> ModelJson; one-line UsageError (exit 2) on a wrong type, a missing section
     or what mmrun does not build (a MoE decoder, a decoder without QK-norm, a non-interleaved M-RoPE)."""
     warnings: list[str] = []
-    _check_section(path, "top", raw, "the top level", warnings, SCHEMA3)
-    _require(path, raw, "the top level", ("image_encoder", "text_decoder"))
+    check_section(path, "top", raw, "the top level", warnings, SCHEMA3)
+    require(path, raw, "the top level", ("image_encoder", "text_decoder"))
     image_encoder, text = raw["image_encoder"], raw["text_decoder"]
-    _check_section(path, "image_encoder", image_encoder, "image_encoder", warnings, SCHEMA3)
-    _require(path, image_encoder, "image_encoder", ("vision_encoder", "vision_projector"))
+    check_section(path, "image_encoder", image_encoder, "image_encoder", warnings, SCHEMA3)
+    require(path, image_encoder, "image_encoder", ("vision_encoder", "vision_projector"))
     enc, proj = image_encoder["vision_encoder"], image_encoder["vision_projector"]
     for section, values, where in (("vision_encoder", enc, "image_encoder.vision_encoder"),
                                    ("vision_projector", proj, "image_encoder.vision_projector"),
                                    ("text_decoder", text, "text_decoder")):
-        _check_section(path, section, values, where, warnings, SCHEMA3)
+        check_section(path, section, values, where, warnings, SCHEMA3)
     if text.get("num_moe_experts"):
         raise UsageError(f"{path}: text_decoder.num_moe_experts {text['num_moe_experts']}: {MOE_REFUSAL}")
     if text.get("qk_layernorm") is False:
         raise UsageError(f"{path}: text_decoder.qk_layernorm is false, but Qwen3-VL's decoder normalises q and k "
                          "per head; set it true (or leave it out)")
-    _require(path, text, "text_decoder", ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"))
-    _require(path, enc, "image_encoder.vision_encoder", ("num_layers", "hidden_size", "num_attention_heads"))
+    require(path, text, "text_decoder", ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"))
+    require(path, enc, "image_encoder.vision_encoder", ("num_layers", "hidden_size", "num_attention_heads"))
     rope = text.get("rope_scaling") or {}
     if rope.get("mrope_interleaved") is False:
         raise UsageError(f"{path}: text_decoder.rope_scaling.mrope_interleaved is false; Qwen3-VL's M-RoPE is "
@@ -111,22 +111,10 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
              "max_position_embeddings": text_config["max_position_embeddings"], "vocab_size": text["vocab_size"],
              "normalization": "RMSNorm", "position_embedding_type": "mrope",
              "untie_embeddings_and_output_weights": untied, "make_vocab_size_divisible_by": 1}
-    pipeline_layers = {part: _pipeline_layers(path, where, section) for part, where, section in
+    pipeline_layers = {part: pipeline_layers(path, where, section) for part, where, section in
                        (("vit", "image_encoder.vision_encoder", enc), ("llm", "text_decoder", text))}
     return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
                      pipeline_layers=pipeline_layers)
-
-
-def read_vlm_model_json(path: str) -> ModelJson:
-    """A model.json of either family, as models/pretrain_vlm.py reads it: Qwen3-VL's (model_id qwen3_vl) here,
-    the Qwen2-VL family's by models/qwen2_vl/model_json.py (for the engines and checkpoint readers that get only
-    its path; the entry has already checked that it exists and is JSON)."""
-    from pathlib import Path
-
-    from mmrun.models.qwen2_vl.model_json import read_model_json
-
-    raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    return parse_model_json(raw, str(path)) if is_qwen3_model_json(raw) else read_model_json(path)
 
 
 # Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks (PyTorch: megatron-core's).

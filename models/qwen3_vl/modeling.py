@@ -32,11 +32,9 @@ import numpy as np
 
 from mmrun.backend import nn, ops, tensors
 from mmrun.data.multimodal.rope_index import get_rope_index, per_frame_grids
-from mmrun.models.qwen2_vl import vision_layout
-from mmrun.models.qwen2_vl.modeling import (VisionAttention, VisionPatchEmbed, _host, causal_lm_loss,
-                                            freeze_parts, merge_vision, vision_rotary)
-# Qwen2-VL's seeded, framework-independent init serves any model named by checkpoint keys (re-exported).
-from mmrun.models.qwen2_vl.modeling import init_weights  # noqa: F401
+from mmrun.models.vlm import vision_layout
+from mmrun.models.vlm.blocks import (VisionAttention, VisionPatchEmbed, causal_lm_loss, freeze_parts, host_array,
+                                     merge_vision, vision_rotary)
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig
 from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation,
                                              interleaved_multimodal_rotary, rotary_inv_freq)
@@ -198,7 +196,7 @@ class Qwen3TextModel(nn.Module):
     """embed_tokens, decoder layers with interleaved M-RoPE and DeepStack, final norm.
     forward(embeds (B, S, H), position_ids (3, B, S), deepstack=None, cache=None) where deepstack is (index,
     tables) from `deepstack_index`: after layer i < len(tables), the vision rows get tables[i] added; cache is
-    generation's KV cache (qwen2_vl.generation.KVCache) or None (training)."""
+    generation's KV cache (vlm.generation.KVCache) or None (training)."""
 
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
@@ -320,7 +318,7 @@ def rope_index(config: Qwen3VLConfig, input_ids, image_grid, video_grid, attenti
     by timestamp text, each frame its own <|vision_start|> block: Qwen2-VL's rule over one (1, h, w) grid per
     frame is Qwen3-VL's."""
     positions, deltas = get_rope_index(
-        _host(input_ids), image_grid, per_frame_grids(video_grid), _host(attention_mask),
+        host_array(input_ids), image_grid, per_frame_grids(video_grid), host_array(attention_mask),
         spatial_merge_size=config.vision.spatial_merge_size, image_token_id=config.image_token_id,
         video_token_id=config.video_token_id, vision_start_token_id=config.vision_start_token_id)
     return np.asarray(positions, dtype=np.int64), np.asarray(deltas, dtype=np.int64)
@@ -331,7 +329,7 @@ def rope_index(config: Qwen3VLConfig, input_ids, image_grid, video_grid, attenti
 def load_hf_weights(model: Qwen3VLForConditionalGeneration, arrays: Mapping[str, np.ndarray]) -> None:
     """Load `hf_checkpoint.load_hf_directory`'s arrays (bf16 as uint16 bits) strictly: a missing or unexpected
     name is an error naming it."""
-    from mmrun.models.qwen2_vl.hf_checkpoint import to_float_arrays
+    from mmrun.checkpoint.formats.safetensors import to_float_arrays
     model.load_state_dict(tensors.state_dict_from_numpy(to_float_arrays(arrays)))
 
 

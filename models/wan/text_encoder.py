@@ -26,7 +26,7 @@ import numpy as np
 
 from mmrun.backend import autograd, nn, ops, tensors
 from mmrun.backend.errors import UsageError
-from mmrun.models import pretrained_dir
+from mmrun.checkpoint.formats import hf_directory
 
 WHAT = "the UMT5 text encoder"
 TIED_COPY = "encoder.embed_tokens.weight"  # transformers ties it to shared.weight
@@ -175,12 +175,12 @@ class UMT5EncoderModel(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None) -> "UMT5EncoderModel":
         """A transformers UMT5 directory (config.json + model.safetensors or shards), e.g. a Wan Diffusers
         directory's text_encoder/; weights in float32, or `dtype` ("fp16", "bf16", ...) when given."""
-        config = UMT5Config.from_dict(pretrained_dir.read_config(path, WHAT), f"{path}/config.json")
-        arrays = pretrained_dir.read_weights(path, WHAT)
+        config = UMT5Config.from_dict(hf_directory.read_config(path, WHAT), f"{path}/config.json")
+        arrays = hf_directory.read_weights(path, WHAT)
         if TIED_COPY in arrays:  # the tied copy of shared.weight that some writers keep
             copy = arrays.pop(TIED_COPY)
             arrays.setdefault("shared.weight", copy)
-        return pretrained_dir.load_into(cls(config), arrays, WHAT, path, dtype)
+        return hf_directory.load_into(cls(config), arrays, WHAT, path, dtype)
 
     def forward(self, input_ids, attention_mask=None):
         """last_hidden_state (b, s, d_model) of token ids (b, s); attention_mask (b, s) 1 for tokens, 0 for padding

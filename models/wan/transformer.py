@@ -15,7 +15,8 @@ directory loads by name and `save_pretrained` writes one diffusers loads:
 
 How it differs in form (not in result) from diffusers:
 - The patch embedding, a Conv3d whose kernel equals its stride, is a reshape and one matmul with the kernel
-  flattened (MindSpore's CPU has no usable Conv3d); the parameter keeps the Conv3d's shape and name. As the
+  flattened (the same numbers as a Conv3d, one portable op on both frameworks; MindSpore's CPU does have
+  ops.conv3d); the parameter keeps the Conv3d's shape and name. As the
   Conv3d does, a frame / row / column remainder that fills no whole patch is dropped.
 - The rotary embedding (WanRotaryPosEmbed: the head dim split into frame, row and column parts) is real
   cos/sin of float64 tables computed on the host (no complex dtype: MindSpore), applied to channel pairs.
@@ -41,7 +42,7 @@ import numpy as np
 
 from mmrun.backend import nn, ops, tensors
 from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
-from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile, SafetensorsWriter, bf16_bits_to_float32, \
+from mmrun.checkpoint.formats.safetensors import SafetensorsFile, SafetensorsWriter, bf16_bits_to_float32, \
     float32_to_bf16_bits, to_float_arrays
 from mmrun.models.wan.configuration import DIFFUSERS_CLASS, WanConfigError, WanTransformerConfig
 

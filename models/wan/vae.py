@@ -31,7 +31,7 @@ import numpy as np
 
 from mmrun.backend import autograd, nn, ops, tensors
 from mmrun.backend.errors import UsageError
-from mmrun.models import pretrained_dir
+from mmrun.checkpoint.formats import hf_directory
 
 WHAT = "the Wan VAE (AutoencoderKLWan)"
 CLASS_NAME = "AutoencoderKLWan"
@@ -402,9 +402,9 @@ class AutoencoderKLWan(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None) -> "AutoencoderKLWan":
         """A diffusers `vae/` directory (config.json + diffusion_pytorch_model.safetensors) as downloaded;
         weights in float32, or `dtype` ("fp16", "bf16", ...) when given."""
-        config = WanVAEConfig.from_dict(pretrained_dir.read_config(path, WHAT), f"{path}/config.json")
-        arrays = pretrained_dir.read_weights(path, WHAT)
-        return pretrained_dir.load_into(cls(config), arrays, WHAT, path, dtype)
+        config = WanVAEConfig.from_dict(hf_directory.read_config(path, WHAT), f"{path}/config.json")
+        arrays = hf_directory.read_weights(path, WHAT)
+        return hf_directory.load_into(cls(config), arrays, WHAT, path, dtype)
 
     def enable_tiling(self, *args: Any, **kwargs: Any) -> None:
         raise UsageError(f"{WHAT}: tiling (enable_tiling) is not supported by mmrun's Wan VAE; set enable_tiling "

@@ -154,7 +154,7 @@ def write_models(out: Path, seed: int) -> tuple[Path, object]:
     """The tiny Diffusers directory's root, and the VAE written there."""
     from mmrun import backend
     from mmrun.backend import tensors
-    from mmrun.models import pretrained_dir
+    from mmrun.checkpoint.formats import hf_directory
     from mmrun.models.wan.text_encoder import UMT5EncoderModel, UMT5Config
     from mmrun.models.wan.vae import AutoencoderKLWan, WanVAEConfig
 
@@ -166,7 +166,7 @@ def write_models(out: Path, seed: int) -> tuple[Path, object]:
     _save(encoder, root / "text_encoder", text, "model.safetensors")
     vae = AutoencoderKLWan(WanVAEConfig.from_dict(VAE_CONFIG))
     shapes = {name: tuple(array.shape) for name, array in tensors.state_dict_to_numpy(vae.state_dict()).items()}
-    pretrained_dir.load_into(vae, shape_vae.weights(shapes), "the demo's VAE", "scripts/wan/shape_vae.py")
+    hf_directory.load_into(vae, shape_vae.weights(shapes), "the demo's VAE", "scripts/wan/shape_vae.py")
     _save(vae, root / "vae", VAE_CONFIG, "diffusion_pytorch_model.safetensors")
     return root, vae
 

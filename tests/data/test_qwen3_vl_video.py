@@ -82,7 +82,8 @@ def test_a_training_step_on_the_video_sample(video_dataset):
     """mmrun's Qwen3-VL takes the collated video batch (positions from the pipeline) and its gradients are finite."""
     from mmrun.backend import autograd, tensors
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
-    from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration, init_weights
+    from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration
+    from mmrun.models.vlm.blocks import init_weights
     from mmrun.models.qwen3_vl.model_json import parse_model_json
 
     raw = json.loads((Path(__file__).resolve().parents[2] / "scripts" / "qwen3vl" / "model_tiny.json").read_text())

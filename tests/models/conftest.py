@@ -137,8 +137,9 @@ def vlm_job(tmp_path_factory):
     from mmrun.data.multimodal.demo import make_demo
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
     from mmrun.models.qwen2_vl.hf_checkpoint import save_hf_directory
-    from mmrun.models.qwen2_vl.model_json import read_model_json
-    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
+    from mmrun.models.vlm.model_json import read_model_json
+    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration
+    from mmrun.models.vlm.blocks import init_weights
 
     root = tmp_path_factory.mktemp("inference")
     make_demo(str(root / "demo"), num_samples=8)

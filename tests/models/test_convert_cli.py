@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.models.convert_cli import main, parse_options
-from mmrun.models.qwen2_vl.model_json import read_model_json
+from mmrun.checkpoint.convert_cli import main, parse_options
+from mmrun.models.vlm.model_json import read_model_json
 
 ROOT = Path(__file__).resolve().parents[2]
 

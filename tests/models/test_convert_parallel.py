@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 
 from mmrun.backend import checkpoint_io
-from mmrun.models.convert_cli import main, parse_options
-from mmrun.models.qwen2_vl import convert, hf_checkpoint, mm_layout
+from mmrun.checkpoint.convert_cli import main, parse_options
+from mmrun.checkpoint import vlm as convert
+from mmrun.models.qwen2_vl import hf_checkpoint
+from mmrun.models.vlm import mm_layout
 from mmrun.training import checkpoint_vlm
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.hf_checkpoint import SafetensorsFile
-from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+from mmrun.checkpoint.formats.safetensors import SafetensorsFile
+from mmrun.models.vlm.mm_layout import VLMLayout
 from mmrun.training.checkpoint_layout import TRACKER_FILE, rank_dir_name
 
 CONVERTER = {"qwen2_vl": "Qwen2VLConverter", "qwen2_5_vl": "Qwen2_5_VLConverter"}

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from mmrun.checkpoint.formats import safetensors
 from mmrun.models.qwen2_vl import hf_checkpoint
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 
@@ -137,7 +138,7 @@ def test_round_trip_is_byte_identical_fp32_and_bf16_sharded(tmp_path, tiny, hf_d
     for name, value in reloaded.state_dict().items():
         assert torch.equal(value, theirs[name]), name
     # fp32 -> bf16 on the way out rounds as torch does
-    wide = hf_checkpoint.to_float_arrays(arrays)
+    wide = safetensors.to_float_arrays(arrays)
     again = hf_checkpoint.save_hf_directory(tmp_path / "bf16-again", config, wide, dtype="bfloat16")
     assert _raw_tensors(again) == _raw_tensors(bf16_dir)
 
@@ -147,12 +148,12 @@ def test_bf16_rounding_is_torchs():
 
     values = np.concatenate([np.random.default_rng(0).standard_normal(4096).astype(np.float32) * 1e3,
                              np.array([np.inf, -np.inf, 0.0, -0.0, 1e-40, 3.4e38, 1.00390625], np.float32)])
-    ours = hf_checkpoint.float32_to_bf16_bits(values)
+    ours = safetensors.float32_to_bf16_bits(values)
     expected = torch.from_numpy(values).to(torch.bfloat16)
     np.testing.assert_array_equal(ours, expected.view(torch.int16).numpy().view(np.uint16))
-    np.testing.assert_array_equal(hf_checkpoint.bf16_bits_to_float32(ours), expected.float().numpy())
+    np.testing.assert_array_equal(safetensors.bf16_bits_to_float32(ours), expected.float().numpy())
     # NaN stays NaN (its payload is not kept: torch's vectorised and scalar casts disagree on it anyway)
-    assert np.isnan(hf_checkpoint.bf16_bits_to_float32(hf_checkpoint.float32_to_bf16_bits(np.float32([np.nan]))))[0]
+    assert np.isnan(safetensors.bf16_bits_to_float32(safetensors.float32_to_bf16_bits(np.float32([np.nan]))))[0]
 
 
 def test_transformers_5_in_memory_key_layout_reads_the_same(tmp_path, hf_models, hf_dirs):
@@ -161,7 +162,7 @@ def test_transformers_5_in_memory_key_layout_reads_the_same(tmp_path, hf_models,
     folder = tmp_path / "in-memory"
     folder.mkdir()
     (folder / "config.json").write_text((hf_dirs["qwen2_5_vl"] / "config.json").read_text())
-    hf_checkpoint.write_safetensors(folder / "model.safetensors", state)
+    safetensors.write_safetensors(folder / "model.safetensors", state)
     _, ours = hf_checkpoint.load_hf_directory(folder)
     _, hub = hf_checkpoint.load_hf_directory(hf_dirs["qwen2_5_vl"])
     assert sorted(ours) == sorted(hub)
@@ -210,7 +211,7 @@ def test_a_training_load_checks_the_network_and_reads_each_tensor_when_asked(tmp
     weights = hf_checkpoint.open_for_model(bf16_dir, dataclasses.replace(config, torch_dtype="float32"), "model.json")
     norm = weights.read_float("model.norm.weight")
     assert weights["model.norm.weight"].dtype == np.uint16 and norm.dtype == np.float32
-    np.testing.assert_array_equal(norm, hf_checkpoint.bf16_bits_to_float32(weights["model.norm.weight"]))
+    np.testing.assert_array_equal(norm, safetensors.bf16_bits_to_float32(weights["model.norm.weight"]))
     layers = config.text.num_hidden_layers
     other = dataclasses.replace(config, text=dataclasses.replace(config.text, num_hidden_layers=layers + 1))
     with pytest.raises(ValueError, match=rf"--load .*bf16: its config.json describes another model than model.json "

@@ -26,7 +26,7 @@ def expected_answers(job, new_tokens: int = 8) -> list[str]:
     from mmrun.data.multimodal.vlm_prompt import encode_prompt, open_image, with_pixel_limits
     from mmrun.data.tokenizers import HuggingFaceTokenizer
     from mmrun.models.qwen2_vl import from_pretrained
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt
 
     root, _, raw = job
     tokenizer = HuggingFaceTokenizer(str(root / "hf"))
@@ -98,7 +98,7 @@ def test_an_image_that_will_not_decode_is_one_line_and_exit_2(job, capsys):
 
 
 def test_a_split_checkpoint_prints_what_the_hf_directory_prints(job, capsys, tmp_path):
-    from mmrun.models.qwen2_vl import convert
+    from mmrun.checkpoint import vlm as convert
 
     root, path, _ = job
     convert.hf_to_mm("Qwen2VLConverter", {"mm_dir": str(tmp_path / "mm"), "hf_config": {"hf_dir": str(root / "hf")},

@@ -1,4 +1,4 @@
-"""models/qwen2_vl/mm_layout.py: MindSpeed-MM's names, the fused QKV and gate/up, tensor-parallel shards and
+"""models/vlm/mm_layout.py: MindSpeed-MM's names, the fused QKV and gate/up, tensor-parallel shards and
 pipeline stages of Qwen2-VL / Qwen2.5-VL, and the initial weights of a parallel run."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, TextConfig, VisionConfig
-from mmrun.models.qwen2_vl.mm_layout import (GLU, LayoutError, OUTPUT_LAYER, VLMLayout, WORD_EMBEDDINGS, hf_shapes,
+from mmrun.models.vlm.mm_layout import (GLU, LayoutError, OUTPUT_LAYER, VLMLayout, WORD_EMBEDDINGS, hf_shapes,
                                              hf_to_mm, initial_state, mm_to_hf)
 
 
@@ -144,7 +144,8 @@ def test_splits_that_cannot_be_made_say_why(kwargs, message):
 def test_the_initial_state_is_the_one_process_models(worker):
     """A parallel run starts where models/pretrain_vlm.py's data-parallel run starts: init_weights' values."""
     from mmrun.backend import tensors
-    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
+    from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration
+    from mmrun.models.vlm.blocks import init_weights
 
     cfg = config("qwen2_vl", tied=True)
     model = Qwen2VLForConditionalGeneration(cfg)

@@ -10,7 +10,8 @@ import pytest
 
 from mmrun.backend.errors import UsageError
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.model_json import parse_model_json, read_model_json
+from mmrun.models.qwen2_vl.model_json import parse_model_json
+from mmrun.models.vlm.model_json import read_model_json
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = json.loads((ROOT / "scripts" / "qwen2vl" / "model_tiny.json").read_text())

@@ -1,4 +1,4 @@
-"""Generation (models/qwen2_vl/generation.py): greedy tokens equal transformers' `generate` (same weights, same
+"""Generation (models/vlm/generation.py): greedy tokens equal transformers' `generate` (same weights, same
 image, same prompt), the KV cache gives the logits of a full re-run, the logits processors equal transformers',
 generation_config is read as MindSpeed-MM's inference json writes it, and PyTorch and MindSpore choose the same
 tokens (greedy and sampled)."""
@@ -46,7 +46,7 @@ def hf_greedy(tiny, model, prompt: dict[str, np.ndarray], new_tokens: int) -> li
 @pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl"])
 @pytest.mark.parametrize("which", ["image", "text"])
 def test_greedy_tokens_equal_transformers_generate(tiny, hf_models, mmrun_models, model_type, which):
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt
 
     prompt = (image_prompt if which == "image" else text_prompt)(tiny)
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, eos_token_id=(2,))
@@ -56,7 +56,7 @@ def test_greedy_tokens_equal_transformers_generate(tiny, hf_models, mmrun_models
 
 
 def test_cache_gives_the_logits_of_a_full_rerun_and_streams(tiny, mmrun_models):
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt
 
     prompt, generator = Prompt(**image_prompt(tiny)), Generator(mmrun_models["qwen2_5_vl"])
     runs = {}
@@ -73,7 +73,7 @@ def test_logits_processors_equal_transformers():
     import torch
     from transformers.generation import logits_process as lp
 
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, process_logits
+    from mmrun.models.vlm.generation import GenerationConfig, process_logits
 
     rng = np.random.default_rng(0)
     scores, sequence = rng.standard_normal(300).astype(np.float32) * 3, rng.integers(0, 300, 40)
@@ -91,7 +91,7 @@ def test_logits_processors_equal_transformers():
 
 
 def test_generation_config_reads_mindspeed_mm_keys_and_refuses_wrong_types():
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, GenerationConfigError
+    from mmrun.models.vlm.generation import GenerationConfig, GenerationConfigError
 
     raw = {"do_sample": True, "kv_cache": True, "max_length": 20, "max_new_tokens": 256,
            "eos_token_id": [151645, 151643], "temperature": 0.1, "top_k": 1, "top_p": 0.001,
@@ -112,7 +112,7 @@ def test_generation_config_reads_mindspeed_mm_keys_and_refuses_wrong_types():
 
 
 def test_a_prompt_past_the_models_positions_is_refused(tiny, mmrun_models):
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt, PromptTooLongError
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt, PromptTooLongError
 
     model = mmrun_models["qwen2_vl"]
     limit = model.config.text.max_position_embeddings

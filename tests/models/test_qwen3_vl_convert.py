@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from mmrun.models.convert_cli import main
+from mmrun.checkpoint.convert_cli import main
 
 
 def _tensors(folder: Path) -> dict[str, np.ndarray]:
     """Every tensor of a directory's safetensors files, bf16 as its uint16 bits."""
-    from mmrun.models.qwen2_vl.hf_checkpoint import read_safetensors
+    from mmrun.checkpoint.formats.safetensors import read_safetensors
 
     out = {}
     for file in sorted(folder.glob("*.safetensors")):
@@ -26,7 +26,7 @@ def test_hf_to_split_to_resplit_to_hf_is_bit_exact_and_loads_in_transformers(tin
     import torch
     import transformers
 
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+    from mmrun.models.vlm.mm_layout import VLMLayout
     from mmrun.models.qwen3_vl.hf_checkpoint import load_hf_config
 
     original = tmp_path / "hf"

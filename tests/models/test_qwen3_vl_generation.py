@@ -1,4 +1,4 @@
-"""Qwen3-VL generation (models/qwen3_vl/generation.py through qwen2_vl/generation.py's loop): greedy tokens equal
+"""Qwen3-VL generation (models/qwen3_vl/generation.py through models/vlm/generation.py's loop): greedy tokens equal
 transformers' Qwen3VLForConditionalGeneration.generate with and without an image (DeepStack on the prompt's
 visual tokens, interleaved M-RoPE continued past the prompt), the KV cache gives a full re-run's logits,
 inference_vlm.py / evaluate_vlm.py run it from the Qwen2.5-VL json with Qwen3-VL's model sections, and PyTorch
@@ -57,7 +57,7 @@ def hf_greedy(model, prompt: dict[str, np.ndarray], new_tokens: int, image_token
 
 @pytest.mark.parametrize("which", ["image", "text"])
 def test_greedy_tokens_equal_transformers_generate(tiny3, q3, which):
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt
 
     hf, _, ours = q3
     prompt = prompts(tiny3)[which]
@@ -67,7 +67,7 @@ def test_greedy_tokens_equal_transformers_generate(tiny3, q3, which):
 
 
 def test_cache_gives_the_logits_of_a_full_rerun(tiny3, q3):
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt
 
     prompt, generator = Prompt(**prompts(tiny3)["image"]), Generator(q3[2])
     runs = {}
@@ -132,7 +132,7 @@ def test_a_split_qwen3_vl_checkpoint_answers_as_its_hf_directory(q3_job, capsys,
     """--load of the HF directory converted to TP=2 x PP=2 (MindSpeed-MM's names, as a split training run saves
     them) prints the HF directory's answer; a --load holding neither is one line, exit 2."""
     from mmrun.models import inference_vlm
-    from mmrun.models.convert_cli import main as convert
+    from mmrun.checkpoint.convert_cli import main as convert
 
     path, raw = q3_job[1], q3_job[2]
     hf_dir = raw["tokenizer"]["from_pretrained"]

@@ -25,13 +25,13 @@ def _script(name: str):
 
 def test_the_hand_set_vae_reconstructs_the_demo_clips_and_the_check_reads_them():
     from mmrun.backend import tensors
-    from mmrun.models import pretrained_dir
+    from mmrun.checkpoint.formats import hf_directory
     from mmrun.models.wan.vae import AutoencoderKLWan, WanVAEConfig
 
     shape_vae, demo, check = _script("shape_vae"), _script("make_demo"), _script("check_samples")
     vae = AutoencoderKLWan(WanVAEConfig.from_dict(shape_vae.CONFIG))
     shapes = {k: tuple(v.shape) for k, v in tensors.state_dict_to_numpy(vae.state_dict()).items()}
-    pretrained_dir.load_into(vae, shape_vae.weights(shapes), "the demo's VAE", "shape_vae")
+    hf_directory.load_into(vae, shape_vae.weights(shapes), "the demo's VAE", "shape_vae")
     rng = np.random.default_rng(0)
     for combination in [("blue", "disc", "up")]:
         clip, caption = demo.draw_clip(rng, 5, 32, combination)

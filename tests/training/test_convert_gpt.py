@@ -1,4 +1,4 @@
-"""models/convert_gpt.py: mmrun's GPT <-> megatron-core names, the fused QKV layout, TP/PP shards (numpy only).
+"""models/gpt_names.py: mmrun's GPT <-> megatron-core names, the fused QKV layout, TP/PP shards (numpy only).
 
 The layout facts checked against megatron-core itself (names and shard shapes of a real GPTModel per rank)
 are in test_megatron_checkpoints.py; here the conversions are checked for exactness and for meaning: the
@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from mmrun.models import convert_gpt as cg
+from mmrun.models import gpt_names as cg
 
 SHAPE = cg.GPTShape(num_layers=4, hidden_size=16, num_attention_heads=4)
 VOCAB, POSITIONS, FFN = 64, 8, 64

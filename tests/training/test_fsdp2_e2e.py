@@ -89,7 +89,7 @@ def test_fsdp2_equals_one_process_and_its_dcp_checkpoints_resume_anywhere(tmp_pa
                              "--use-torch-fsdp2"], 2)
     _assert_equal(e, ref, range(8, 11))
 
-    from mmrun.training.convert_dcp import main as convert
+    from mmrun.checkpoint.dcp import main as convert
 
     assert convert(["--load", str(tmp_path / "ckpt"), "--ckpt-step", "5", "--save", str(tmp_path / "st"),
                     "--to", "safetensors"]) == 0

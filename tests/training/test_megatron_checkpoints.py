@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from mmrun.models import convert_gpt as cg
+from mmrun.models import gpt_names as cg
 from mmrun.training.checkpoint_layout import TRACKER_FILE
 
 RANK_DIRS = ["mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]
@@ -116,7 +116,7 @@ def test_a_checkpoint_moves_to_another_layout_or_engine(mcore_runs, tmp_path, tr
 @pytest.mark.slow
 def test_the_converter_command_round_trips_bit_exact(mcore_runs, tmp_path, tk, train):
     mcore_runs("tp2pp2")
-    command = [sys.executable, "-m", "mmrun.training.convert_checkpoint"]
+    command = [sys.executable, "-m", "mmrun.checkpoint.gpt"]
     gpt, back = tmp_path / "gpt", tmp_path / "back"
     done = subprocess.run([*command, "--load", str(mcore_runs.ckpt("tp2pp2")), "--ckpt-step", "4", "--save", str(gpt),
                            "--to", "mmrun-gpt"], capture_output=True, text=True, env=tk.clean_env())

@@ -4,7 +4,7 @@ Real jobs through `mmrun` (torchrun, gloo, CPU): mmrun's own GPT on one process,
 on one process, and megatron-core with tensor (2), pipeline (2), tensor x pipeline (2 x 2, 4 processes),
 data parallelism with the distributed optimizer (2), virtual pipeline stages (2 x 2), sequence parallelism
 (TP 2) and context parallelism (2). fp32, dropout 0, the same --seed: megatron-core's GPTModel starts from
-mmrun's GPT weights, converted (models/convert_gpt.py), so per-iteration losses, gradient norms and
+mmrun's GPT weights, converted (models/gpt_names.py), so per-iteration losses, gradient norms and
 validation losses agree within 1e-5 (floating-point summation order is all that differs).
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Real jobs: `mmrun --ai-framework mindspore --nproc-per-node 2 models/pretrain_gp
 --tensor-model-parallel-size 2 or --pipeline-model-parallel-size 2 train the engine of
 engines/mindspore/parallel/engine.py; the reference is the same arguments on PyTorch (torchrun, gloo,
 megatron-core: conftest's `mcore_runs`). fp32, dropout 0, one --seed: both start from mmrun's GPT weights
-(models/convert_gpt.py), so per-iteration losses agree within 1e-5. A TP=2 checkpoint written by MindSpore
+(models/gpt_names.py), so per-iteration losses agree within 1e-5. A TP=2 checkpoint written by MindSpore
 resumes on PyTorch (megatron-core) and on MindSpore (bit-exact).
 """
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_hugging_face_weights_in_and_out(vlm, tmp_path):
 
 
 def _hf_config() -> dict:
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.model_json import read_model_json
 
     return read_model_json(MODEL_JSON).hf_config
 

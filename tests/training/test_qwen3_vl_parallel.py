@@ -40,8 +40,9 @@ def _converted_initial_weights(tmp_path: Path, demo: dict, tp: int = 2, model_js
                                llm_pp_layers: str = "[[1,1]]") -> Path:
     """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a Hugging Face
     directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to the TP=tp x PP=2 split."""
-    from mmrun.models.convert_cli import main
-    from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+    from mmrun.checkpoint.convert_cli import main
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
     from mmrun.models.qwen3_vl.model_json import parse_model_json
 
@@ -98,7 +99,7 @@ def _assert_one_process_losses(run, job: SimpleNamespace) -> None:
 
 def _pp2_run(tk, job: SimpleNamespace, tmp_path: Path, framework: str):
     """The converted checkpoint trained on two pipeline stages: the one-process losses, the layout's shards."""
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+    from mmrun.models.vlm.mm_layout import VLMLayout
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
     from mmrun.models.qwen3_vl.model_json import parse_model_json
 
@@ -147,7 +148,7 @@ def test_what_megatron_core_does_not_build_for_qwen3_vl_is_one_line(change, mess
 
     from mmrun.backend.errors import UsageError
     from mmrun.engines.torch.megatron_core.qwen3_vlm import check_qwen3
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+    from mmrun.models.vlm.mm_layout import VLMLayout
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
     from mmrun.models.qwen3_vl.model_json import parse_model_json
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from mmrun.models.convert_cli import main
-from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+from mmrun.checkpoint.convert_cli import main
+from mmrun.models.qwen2_vl import hf_checkpoint
+from mmrun.models.vlm import mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.model_json import read_model_json
+from mmrun.models.vlm.model_json import read_model_json
 
 from .conftest import MODEL_JSON
 

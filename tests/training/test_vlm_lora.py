@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mmrun.models import lora
-from mmrun.models.convert_cli import main as convert
+from mmrun.checkpoint.convert_cli import main as convert
 
 LORA = ["--lora-target-modules", "linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "--lora-r", "4",
         "--lora-alpha", "8", "--train-iters", "3", "--save-interval", "3", "--lr", "1e-2"]
@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def base(vlm, tmp_path_factory):
     """Random weights for the demo's model.json as a Hugging Face directory, and the LoRA runs from it."""
-    from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.model_json import read_model_json
 
     root = tmp_path_factory.mktemp("vlm-lora")
     config = Qwen2VLConfig.from_hf_config(read_model_json(vlm.args[vlm.args.index("--mm-model") + 1]).hf_config)
@@ -64,7 +65,7 @@ def test_the_adapter_loads_into_peft_with_mmruns_logits_and_merges(vlm, base, tm
 
     from mmrun.backend import tensors
     from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration
-    from mmrun.models.qwen2_vl.peft_adapter import LORA_TARGETS
+    from mmrun.checkpoint.peft import LORA_TARGETS
     from mmrun.training.checkpoint_store import find_checkpoint
 
     root, config, _ = base

@@ -139,8 +139,9 @@ def test_every_virtual_chunk_loads_its_share_of_hugging_face_weights(vlm):
     """--load of an HF directory under PP=2 x VPP=2: each rank builds two chunks, and each takes its layers from the
     directory (not only the first), so the split run trains the losses of one process started from it."""
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.hf_checkpoint import read_safetensors, save_hf_directory
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.checkpoint.formats.safetensors import read_safetensors
+    from mmrun.models.qwen2_vl.hf_checkpoint import save_hf_directory
+    from mmrun.models.vlm.model_json import read_model_json
 
     one_name, _ = _vpp_runs(vlm)
     flat = vlm.base_dir / "model_tiny_vpp_flat.json"
@@ -192,8 +193,8 @@ def test_a_tp2_pp2_checkpoint_has_the_layouts_names_and_shapes_and_resumes(vlm, 
     from safetensors.numpy import load_file
 
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.mm_layout import VLMLayout
+    from mmrun.models.vlm.model_json import read_model_json
 
     _register(vlm)
     vlm("mcore-tp2pp2-sp")
@@ -227,8 +228,9 @@ def test_hugging_face_weights_load_sharded_for_each_rank(vlm, tk):
     """--load of an HF directory under TP=2 x PP=2: each rank takes its shard of the HF tensors (mm_layout's
     rank_state_from_hf) and trains the losses the one-process run trains from the same directory."""
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.hf_checkpoint import read_safetensors, save_hf_directory
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.checkpoint.formats.safetensors import read_safetensors
+    from mmrun.models.qwen2_vl.hf_checkpoint import save_hf_directory
+    from mmrun.models.vlm.model_json import read_model_json
 
     hf = Path(vlm.base_dir) / "hf-at-5"
     if not hf.exists():

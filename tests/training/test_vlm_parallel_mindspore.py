@@ -54,9 +54,10 @@ def runs(vlm, tmp_path_factory):
 def _hf_directory_of_the_initial_weights(vlm, path: Path) -> Path:
     """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a Hugging Face
     directory, for --load."""
-    from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.model_json import read_model_json
 
     args = vlm.args
     seed = int(args[args.index("--seed") + 1])
@@ -116,8 +117,8 @@ def test_checkpoint_has_the_layouts_names_and_shards_per_rank(runs):
     """Each (TP, PP) rank directory holds exactly mm_layout's tensors for that rank (MindSpeed-MM's names, the
     tied output copy on the last stage), and the shards joined over TP equal the whole tensors' shapes."""
     from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.mm_layout import VLMLayout
+    from mmrun.models.vlm.model_json import read_model_json
 
     spec = read_model_json(PP2_JSON)
     layout = VLMLayout.build(Qwen2VLConfig.from_hf_config(spec.hf_config), tp=2, pp=2,
@@ -175,7 +176,7 @@ def test_model_json_virtual_chunks_are_refused_in_one_line():
     lists of lists are refused as one line naming the flat form, before any model is built."""
     from mmrun.backend.errors import UsageError
     from mmrun.engines.mindspore.parallel.vlm import refuse_virtual_stages
-    from mmrun.models.qwen2_vl.model_json import read_model_json
+    from mmrun.models.vlm.model_json import read_model_json
 
     with pytest.raises(UsageError) as err:
         refuse_virtual_stages(read_model_json(PP2_JSON.parent / "model_tiny_vpp.json"))

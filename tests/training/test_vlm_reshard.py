@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from mmrun.engines.base import ParallelLayout
-from mmrun.models.convert_cli import main
-from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+from mmrun.checkpoint.convert_cli import main
+from mmrun.models.qwen2_vl import hf_checkpoint
+from mmrun.models.vlm import mm_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.model_json import read_model_json
-from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+from mmrun.models.vlm.model_json import read_model_json
+from mmrun.models.vlm.mm_layout import VLMLayout
 from mmrun.training import checkpoint_reshard
 from mmrun.training.checkpoint_store import read_checkpoint, write_checkpoint
 

@@ -2,7 +2,7 @@
 import sys
 from pathlib import Path
 
-from mmrun.models.qwen2_vl.hf_checkpoint import read_safetensors
+from mmrun.checkpoint.formats.safetensors import read_safetensors
 
 
 def tensors(folder):

@@ -7,7 +7,7 @@ megatron-core engine (engines/torch/megatron_core/engine.py):
   MindSpore communication groups);
 - the model: megatron-core's GPTModel architecture on MindSpore (engines/mindspore/parallel/gpt.py), this rank's pipeline
   stage and tensor-parallel shard, named as megatron-core's `state_dict()` names it on this rank, starting from
-  the weights the PyTorch engine starts from (models/convert_gpt.py `initial_shard`: mmrun's GPT init for --seed,
+  the weights the PyTorch engine starts from (models/gpt_names.py `initial_shard`: mmrun's GPT init for --seed,
   this rank's shard), so one seed gives one network on both frameworks and every TP/PP split;
 - the step: `ParallelTrainStep` (Megatron's 1F1B over isend/irecv, finalize_model_grads, the gradient norm over
   the model-parallel group, clipping, AdamW with Megatron's no-decay rule), the learning rate from mmrun's
@@ -61,16 +61,6 @@ def refusal(args: Any) -> str | None:
     return None
 
 
-def create(args: Any, framework: str, log: Callable[[str], None]) -> "MindSporeParallelEngine":
-    """The engine for this run's model: the GPT's, or the VLM's when the entry's model comes from MindSpeed-MM's
-    model.json (models/pretrain_vlm.py: --mm-model)."""
-    if getattr(args, "model_source", None) == "--mm-model":
-        from mmrun.engines.mindspore.parallel.vlm import MindSporeVLMEngine
-
-        return MindSporeVLMEngine(args, framework, log)
-    return MindSporeParallelEngine(args, framework, log)
-
-
 class MindSporeParallelEngine:
     """engines/base.py's Engine on MindSpore's tensor/pipeline/sequence parallelism (module docstring)."""
 
@@ -107,7 +97,7 @@ class MindSporeParallelEngine:
         args = self.args
         self.log("building GPT model (megatron-core's GPTModel on MindSpore: engines/mindspore/parallel/gpt.py; the entry's "
                  "model_provider is not called) ...")
-        # Its initial weights are the PyTorch megatron-core engine's for this rank (convert_gpt.initial_shard).
+        # Its initial weights are the PyTorch megatron-core engine's for this rank (gpt_names.initial_shard).
         self.step = build_engine(args, jit=not args.no_ms_jit)
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size

@@ -228,7 +228,7 @@ def _recomputable_dropout(config: GPTConfig, state: ParallelState) -> GPTConfig:
 
 
 def init_weights(model: GPTModel, seed: int, init_method_std: float) -> None:
-    """mmrun's GPT initial weights drawn with numpy from `seed` (models/convert_gpt.py), this rank's shard of them:
+    """mmrun's GPT initial weights drawn with numpy from `seed` (models/gpt_names.py), this rank's shard of them:
     the same model for any TP/PP split, and the weights the PyTorch megatron-core engine starts from."""
     state = model.state
     model.load_rank_state_dict(model.layout.init_rank(seed, init_method_std, state.tensor_model_parallel_size,

@@ -28,9 +28,9 @@ from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEnt
 from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
 from mmrun.engines.mindspore.parallel import vlm
-from mmrun.models.qwen2_vl import vision_layout
-from mmrun.models.qwen2_vl.mm_layout import VLMLayout
-from mmrun.models.qwen2_vl.modeling import merge_vision
+from mmrun.models.vlm import vision_layout
+from mmrun.models.vlm.mm_layout import VLMLayout
+from mmrun.models.vlm.blocks import merge_vision
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, VisionConfig
 from mmrun.models.qwen3_vl.modeling import deepstack_index, deepstack_rows, vision_forward
 from mmrun.models.transformer_blocks import interleaved_multimodal_rotary, rotary_inv_freq

@@ -2,7 +2,7 @@
 
 The model of models/qwen2_vl/modeling.py (the portable one: the same numerics) rebuilt from Megatron's parallel
 layers (backend/mindspore/parallel), with MindSpeed-MM's parameter names and shards for this (TP, PP) rank
-(models/qwen2_vl/mm_layout.py, the layout megatron-core's VLM on PyTorch and `mmrun convert` use too):
+(models/vlm/mm_layout.py, the layout megatron-core's VLM on PyTorch and `mmrun convert` use too):
 
     image_encoder.encoder   patch_embed (Conv3d weight as a matmul), blocks.layers.N: LayerNorm/RMSNorm,
                             self_attention (linear_qkv column-parallel, per head [q k v]; 2-D vision rotary;
@@ -31,24 +31,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
 from mmrun.backend.errors import UsageError
 from mmrun.backend.mindspore import nn, ops, tensors
 from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
-from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep, ParameterRoles
+from mmrun.backend.mindspore.parallel.engine import ParameterRoles
 from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.backend.mindspore.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, divide
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
-from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.engines.mindspore.parallel.rank_state import RankState
-from mmrun.models.qwen2_vl import vision_layout
+from mmrun.models.vlm import vision_layout
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, VisionConfig
-from mmrun.models.qwen2_vl.mm_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, LayoutError, VLMLayout, virtual_chunks
-from mmrun.models.qwen2_vl.modeling import (IGNORE_INDEX, fixed_vision_features, merge_vision, place_fixed_features,
-                                            vision_forward)
+from mmrun.models.vlm.mm_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, LayoutError, VLMLayout, virtual_chunks
+from mmrun.models.qwen2_vl.modeling import fixed_vision_features, place_fixed_features, vision_forward
+from mmrun.models.vlm.blocks import IGNORE_INDEX, merge_vision
 from mmrun.models.transformer_blocks import activation, apply_rotary, multimodal_rotary, rotary_inv_freq
 
 # A micro-batch as ParallelTrainStep takes it: the model's inputs, then the (shifted) labels and their mask.
@@ -449,48 +448,6 @@ def refuse_virtual_stages(spec: Any) -> None:
                              f"--ai-framework pytorch has). Give one count per stage, e.g. {flat}")
 
 
-def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], None] = print) -> ParallelTrainStep:
-    """This rank's stage of model.json's model (`spec`: models/qwen2_vl/model_json.ModelJson), starting from the
-    one-process run's initial weights (mm_layout.initial_state for --seed, --init-method-std) or from --load's
-    Hugging Face directory, frozen as model.json says, with its AdamW (Megatron's no-decay rule) and its
-    ParallelTrainStep: compiled on fixed-shape batches where `compiles`, else PyNative."""
-    from mmrun.backend.mindspore import optim
-    from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
-
-    qwen3 = spec.hf_config["model_type"] == "qwen3_vl"
-    if qwen3:  # Qwen3-VL's stage (DeepStack, QK-norm) on the same parallel layers
-        from mmrun.engines.mindspore.parallel.qwen3_vlm import Qwen3VLStage
-        from mmrun.models.qwen3_vl import hf_checkpoint
-        from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
-        config = Qwen3VLConfig.from_hf_config(spec.hf_config)
-    else:
-        config = Qwen2VLConfig.from_hf_config(spec.hf_config)
-    refuse_virtual_stages(spec)
-    layout = VLMLayout.build(config, tp=state.tensor_model_parallel_size,
-                             pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.pipeline_layers.get("vit"),
-                             llm_pp_layers=spec.pipeline_layers.get("llm"))
-    fixed = compiles(args, spec)
-    model = (Qwen3VLStage if qwen3 else Qwen2VLFixedShapeStage if fixed else Qwen2VLStage)(config, layout, state)
-    if args.load and hf_checkpoint.is_hf_directory(args.load):
-        weights = hf_checkpoint.open_for_model(args.load, config, str(spec.path))
-        model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, weights.read_float, state.tp_rank,
-                                                                state.pp_rank))
-        log(f" > loaded Hugging Face weights from {args.load}, this rank's shard; training starts at iteration 0")
-        args.load = None  # nothing of the loop's own checkpoint layout to resume from
-    else:
-        model.load_rank_state_dict(mm_layout.initial_state(layout, args.seed, state.tp_rank, state.pp_rank,
-                                                           std=args.init_method_std))
-    frozen = model.freeze(spec.freeze)
-    log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
-    optimizer = optim.AdamW(model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
-                            eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
-    per_token = bool(getattr(args, "calculate_per_token_loss", False))
-    return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=fixed,
-                             fields=VLM_FIXED_FIELDS if fixed else VLM_FIELDS,
-                             hidden_size=getattr(model, "message_size", config.text.hidden_size),
-                             loss_func=token_sum if per_token else None)
-
-
 def compiles(args: Any, spec: Any) -> bool:
     """Whether the stage trains compiled (mindspore.jit) on fixed-shape batches: Qwen2-VL unless --no-ms-jit,
     as the entry pads its batches (vision_layout.FIXED_SHAPE_MODELS). Qwen2.5-VL's window layout and Qwen3-VL
@@ -526,33 +483,3 @@ def token_sum(per_token_loss, loss_mask):
     from mindspore import mint
 
     return mint.sum(ops.reshape(per_token_loss, (-1,)) * ops.reshape(loss_mask, (-1,)))
-
-
-# ------------------------------------------------------------------------------------------ the trainer's engine
-
-class MindSporeVLMEngine(MindSporeParallelEngine):
-    """The mindspore-parallel engine training this VLM (instead of the GPT) for models/pretrain_vlm.py: the model
-    from --mm-model's model.json, the micro-batches from the multimodal loader, checkpoints with MindSpeed-MM's
-    names per (TP, PP) rank. Everything else (parallel state, refusals, checkpoint shards) is the GPT engine's."""
-
-    model_names = "mindspeed-mm"
-
-    def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
-        from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
-
-        args = self.args
-        spec = read_vlm_model_json(args.mm_model)
-        self.log(f"building {spec.hf_config['model_type']} model from {spec.path} for (tp, pp) rank "
-                 f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
-                 "(engines/mindspore/parallel/vlm.py; the entry's model_provider is not called) ...")
-        self.step = build_step(args, self.state, spec, self.log)
-        self.scheduler = scheduler
-        self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
-        self.step.announce = self.log
-        self.log("> MindSpore parallel train step: " + (
-            "mindspore.jit (graph), on batches padded to fixed shapes" if self.step.jit
-            else "PyNative (the inputs change shape with the images)"))
-
-    def _micro_batches(self, data_iterator: Iterator) -> list[tuple[Any, ...]]:
-        return read_micro_batches(data_iterator, self.args.num_micro_batches, self.state,
-                                  bool(getattr(self.args, "calculate_per_token_loss", False)))

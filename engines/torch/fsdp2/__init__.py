@@ -4,5 +4,5 @@ torch's DDP for models trained as they are (transformers). torch only: the MindS
 
 - sharding.py   the FSDP2 file's plan (engines/fsdp2_config.py) applied to a model: mesh, recompute, fully_shard
 - engine.py     the engine of mmrun.engines (FSDP2 or DDP): optimizer, micro-batches, clipping, losses
-- export.py     a DCP checkpoint read whole as numpy, or written as a Hugging Face directory (convert_dcp)
+- export.py     a DCP checkpoint read whole as numpy, or written as a Hugging Face directory (checkpoint/dcp.py)
 """

@@ -1,4 +1,4 @@
-"""A torch_dcp checkpoint read whole for mmrun.training.convert_dcp, which stays framework-free: the tensors
+"""A torch_dcp checkpoint read whole for mmrun.checkpoint.dcp, which stays framework-free: the tensors
 come back as numpy (bf16 widened to float32, as numpy has no bfloat16), or go straight into a Hugging Face
 directory written by transformers itself. One process, no process group (backend/torch/fsdp2/dcp.py)."""
 from __future__ import annotations

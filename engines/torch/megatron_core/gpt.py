@@ -8,7 +8,7 @@ and asked for with --transformer-impl transformer_engine, megatron-core's local 
 post_process, share_embeddings_and_output_weights=not --untie-embeddings-and-output-weights,
 position_embedding_type="learned_absolute", vp_stage)`.
 
-Initial weights: mmrun's GPT init for --seed (models/convert_gpt.py: drawn with numpy, converted to
+Initial weights: mmrun's GPT init for --seed (models/gpt_names.py: drawn with numpy, converted to
 megatron-core's names and fused QKV layout, this rank's TP/PP shard), so one seed gives the same network
 with either model and any TP/PP/VPP layout. megatron-core's own initialisation still runs first: it also
 marks each parameter's tensor-parallel partitioning, which the gradient norm and the optimizers read.
@@ -123,7 +123,7 @@ def layer_spec(args: Any, config: Any, vp_stage: int | None) -> Any:
 @functools.lru_cache(maxsize=1)
 def _rank_initial_weights(key: tuple) -> dict[str, np.ndarray]:
     """mmrun's initial GPT weights as this (tp, pp) rank's megatron-core state (all its model chunks)."""
-    from mmrun.models.convert_gpt import GPTShape, Layout, initial_shard
+    from mmrun.models.gpt_names import GPTShape, Layout, initial_shard
 
     (layers, hidden, heads, tied, tp, pp, vpp, tp_rank, pp_rank, vocab, positions, ffn, seed, std) = key
     return initial_shard(GPTShape(layers, hidden, heads, tied), Layout(tp, pp, vpp), tp_rank, pp_rank,

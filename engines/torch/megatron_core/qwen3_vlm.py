@@ -91,7 +91,7 @@ class VisionEncoder(vlm.VisionEncoder):
             self.blocks.layers[index].deepstack_layer = DeepstackMerger(projector_config, vision)
 
     def forward(self, pixel_values: torch.Tensor, grid: np.ndarray) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        from mmrun.models.qwen2_vl import vision_layout
+        from mmrun.models.vlm import vision_layout
         from mmrun.models.qwen3_vl.modeling import position_taps
 
         vision = self.vision
@@ -198,8 +198,8 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
         rows), [S, B, H] split as the hidden states are. Without images, zeros for the carried levels only."""
         from megatron.core import tensor_parallel
 
-        from mmrun.models.qwen2_vl import vision_layout
-        from mmrun.models.qwen2_vl.modeling import merge_vision
+        from mmrun.models.vlm import vision_layout
+        from mmrun.models.vlm.blocks import merge_vision
         from mmrun.models.qwen3_vl.modeling import deepstack_index, deepstack_rows
 
         model = self.layout.config

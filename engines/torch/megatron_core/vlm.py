@@ -15,7 +15,7 @@ layer spec (no Transformer Engine, no Apex: it runs on CPU, CUDA and, through tr
                                              mrope_section), RMSNorm, SwiGLU, GQA with QKV bias, tied or
                                              untied output layer as model.json says
 
-so the parameter names per rank are MindSpeed-MM's (models/qwen2_vl/mm_layout.py: `layout.rank_shapes`),
+so the parameter names per rank are MindSpeed-MM's (models/vlm/mm_layout.py: `layout.rank_shapes`),
 and the weights start from `mm_layout.initial_state` (the portable model's init for the seed, sharded),
 or from a Hugging Face directory (`rank_state_from_hf`): a TP/PP run trains the same network from the
 same weights as the one-process run of models/pretrain_vlm.py.
@@ -198,7 +198,7 @@ class VisionEncoder(torch.nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, grid: np.ndarray) -> tuple[torch.Tensor, np.ndarray | None]:
         """(patches, D) hidden states after the last block, and Qwen2.5-VL's window order (None for Qwen2-VL)."""
-        from mmrun.models.qwen2_vl import vision_layout
+        from mmrun.models.vlm import vision_layout
 
         vision = self.vision
         merge, unit = vision.spatial_merge_size, vision.spatial_merge_size ** 2
@@ -356,7 +356,7 @@ class Qwen2VLStage(torch.nn.Module):
         """[S, B, H] (sequence-parallel: this rank's S / tp rows): token embeddings with the vision features
         put where the image / video pad tokens are (index assignment, length unchanged)."""
         from megatron.core import tensor_parallel
-        from mmrun.models.qwen2_vl import vision_layout
+        from mmrun.models.vlm import vision_layout
 
         config = self.config
         seq = input_ids.shape[1]
@@ -380,7 +380,7 @@ class Qwen2VLStage(torch.nn.Module):
         """[B, S, H] embeddings with the ViT's features on the image / video pad tokens: the portable model's merge
         (its checks, one gather; a training micro-batch without images runs the ViT on a blank image that counts
         zero times)."""
-        from mmrun.models.qwen2_vl.modeling import merge_vision
+        from mmrun.models.vlm.blocks import merge_vision
 
         return merge_vision(self.layout.config, self.image_encoder, self.training, input_ids, embeds, pixel_values,
                             image_grid, pixel_values_videos, video_grid)
@@ -395,46 +395,13 @@ def _shift_labels(labels: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------ building
 
 def build_layout(args: Any, config: Any, vit_pp_layers: list[Any] | None, llm_pp_layers: list[Any] | None) -> Any:
-    """The run's VLMLayout (models/qwen2_vl/mm_layout.py: its checks are the one-line errors, exit 2); model.json's
+    """The run's VLMLayout (models/vlm/mm_layout.py: its checks are the one-line errors, exit 2); model.json's
     lists of lists (virtual chunks) must match --virtual-pipeline-model-parallel-size."""
-    from mmrun.models.qwen2_vl.mm_layout import VLMLayout
+    from mmrun.models.vlm.mm_layout import VLMLayout
 
     return VLMLayout.build(config, tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                            vit_pp_layers=vit_pp_layers, llm_pp_layers=llm_pp_layers,
                            vpp=args.virtual_pipeline_model_parallel_size or 1)
-
-
-def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
-              read_hf: Callable[[str], np.ndarray] | None = None, vp_stage: int | None = None) -> Qwen2VLStage:
-    """This rank's stage (virtual chunk `vp_stage`) of the model, its weights from the seed (or from an HF
-    directory's tensors)."""
-    from megatron.core import parallel_state as ps
-
-    from mmrun.models.qwen2_vl import mm_layout
-    from mmrun.engines.torch.megatron_core.gpt import load_numpy_state
-
-    runtime.require_parallel_state()
-    refused = {"--context-parallel-size": (
-                   args.context_parallel_size or 1,
-                   "the ViT's features are put into the whole sequence on the first stage")}
-    for flag, (size, why) in refused.items():
-        if size > 1:
-            raise UsageError(f"{flag} {size} is not built for the vision-language model ({why}). Received: "
-                             f"{flag} {size}; use tensor, pipeline and data parallelism (set it to 1)")
-    stage = Qwen2VLStage
-    if layout.config.model_type == "qwen3_vl":  # DeepStack, QK-norm, interleaved M-RoPE
-        from mmrun.engines.torch.megatron_core.qwen3_vlm import Qwen3VLStage, check_qwen3
-
-        check_qwen3(args, layout)
-        stage = Qwen3VLStage
-    model = stage(args, layout, pre_process, post_process, vp_stage)
-    tp_rank, pp_rank, chunk = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(), vp_stage or 0
-    if read_hf is not None:
-        state = mm_layout.rank_state_from_hf(layout, read_hf, tp_rank, pp_rank, vp_stage=chunk)
-    else:
-        state = mm_layout.initial_state(layout, args.seed, tp_rank, pp_rank, std=args.init_method_std, vp_stage=chunk)
-    load_numpy_state(model, state)
-    return model
 
 
 # MindSpeed-MM's three freezable parts by name prefix (model.json's `freeze` switches).

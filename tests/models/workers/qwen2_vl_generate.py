@@ -21,7 +21,7 @@ def generate_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from qwen2_vl_run import from_pretrained
 
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.vlm.generation import GenerationConfig, Generator, Prompt
 
     models: dict[str, object] = {}
     out = {}

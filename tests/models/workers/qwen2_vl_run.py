@@ -58,7 +58,7 @@ def lora_steps(model, batch: dict[str, np.ndarray], steps: int = 3) -> dict[str,
     over what trains, `steps` steps on the batch: the losses, the adapters after, how far the base moved."""
     from mmrun.backend import optim
     from mmrun.models import lora
-    from mmrun.models.qwen2_vl.peft_adapter import LORA_TARGETS
+    from mmrun.checkpoint.peft import LORA_TARGETS
 
     targets = lora.expand_targets(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], LORA_TARGETS)
     adapted = lora.apply_lora(model, targets, r=4, alpha=8, seed=5)

@@ -1,24 +1,40 @@
-"""Read a Hugging Face / diffusers model directory (config.json + safetensors) into numpy, for any model family.
+"""Hugging Face / diffusers model directories (config.json + safetensors), read and written for every family.
 
 transformers writes `model.safetensors` (or shards listed by `model.safetensors.index.json`), diffusers writes
 `diffusion_pytorch_model.safetensors` (or `diffusion_pytorch_model.safetensors.index.json`); both are read here
-through qwen2_vl/hf_checkpoint.py's safetensors reader (no framework, no pickle). BF16 tensors are widened to
-float32 exactly. Errors are one line naming the path and what to pass instead (`UsageError`, exit code 2).
+through checkpoint/formats/safetensors.py (no framework, no pickle). BF16 tensors are widened to float32 exactly.
+Errors are one line naming the path and what to pass instead (`UsageError`, exit code 2). `write_directory`
+builds a directory beside its target and swaps it in at once (common/atomic_write.py): a reader never sees a
+half-written checkpoint. The families add their names and configs (models/<family>/hf_checkpoint.py).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.qwen2_vl.hf_checkpoint import CONFIG_FILE, SafetensorsFile, bf16_bits_to_float32
+from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
+from mmrun.checkpoint.formats.safetensors import (DEFAULT_MAX_SHARD_BYTES, DTYPE_NAMES, TORCH_DTYPE, SafetensorsFile,
+                                                  SafetensorsWriter, bf16_bits_to_float32, converted,
+                                                  converted_dtype, shards_of)
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class NotAnHFDirectoryError(ValueError):
+    """The path is not a Hugging Face model directory of the family asked for."""
+
 
 # (single file, index of shards): transformers' names first, then diffusers'.
-WEIGHT_FILES = (("model.safetensors", "model.safetensors.index.json"),
+WEIGHT_FILES = ((SINGLE_FILE, INDEX_FILE),
                 ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"))
 
 
@@ -109,3 +125,63 @@ def load_into(model: Any, arrays: Mapping[str, np.ndarray], what: str, path: str
     if dtype is not None:
         model.to(tensors.dtype(dtype))
     return model
+
+
+def write_directory(path: str | os.PathLike, hf_config: dict[str, Any], shapes: Mapping[str, tuple[int, ...]],
+                    tensors: Iterable[tuple[str, np.ndarray]], dtypes: Mapping[str, np.dtype], *,
+                    dtype: str | None = None, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                    copy_files_from: str | os.PathLike | None = None,
+                    replaceable: Callable[[Path], bool] = lambda path: False, what: str = "model") -> Path:
+    """A transformers directory at `path`: config.json (`hf_config`, with torch_dtype when the floating tensors
+    share one) and safetensors, sharded with an index above `max_shard_bytes`. `tensors` yields (name, array) of
+    every name in `shapes` once, in any order, each array of dtype `dtypes[name]`; each goes to its file as it
+    comes, so memory holds one tensor at a time. `dtype` "bfloat16" | "float32" | "float16" converts floating
+    tensors (bf16 rounded to nearest even), None writes them as given (uint16 = bf16 bits). `copy_files_from`: a
+    directory whose other files (tokenizer, processor, generation config) are copied. The directory is built
+    beside `path` and swapped in at once; an existing `path` is replaced only when it is empty or
+    `replaceable(path)` says it is a directory of this kind."""
+    from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
+
+    path = Path(path)
+    if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or replaceable(path))):
+        raise ValueError(f"refusing to replace {path}: it exists and is not a Hugging Face {what} directory; "
+                         "name a new directory")
+    stored = {name: converted_dtype(np.dtype(dtypes[name]), dtype) for name in shapes}
+    float_kinds = {DTYPE_NAMES[d] for d in stored.values() if DTYPE_NAMES[d] in TORCH_DTYPE}
+    hf_config = dict(hf_config)
+    if len(float_kinds) == 1:
+        hf_config["torch_dtype"] = TORCH_DTYPE[float_kinds.pop()]
+    sizes = {name: int(np.prod(shape, dtype=np.int64)) * stored[name].itemsize for name, shape in shapes.items()}
+    shards = shards_of(sizes, max_shard_bytes)
+    files = [SINGLE_FILE] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                                                    for i in range(1, len(shards) + 1)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), dir=path.parent))
+    writers: list[SafetensorsWriter] = []
+    try:
+        if copy_files_from is not None:
+            skip = {CONFIG_FILE, SINGLE_FILE, INDEX_FILE}
+            for item in Path(copy_files_from).iterdir():
+                if item.is_file() and item.name not in skip and not item.name.endswith(".safetensors"):
+                    shutil.copy2(item, staging / item.name)
+        (staging / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        file_of = {name: i for i, shard in enumerate(shards) for name in shard}
+        writers = [SafetensorsWriter(staging / file, {n: (stored[n], shapes[n]) for n in shard})
+                   for file, shard in zip(files, shards)]
+        for name, array in tensors:
+            if name not in file_of:
+                raise ValueError(f"tensor {name} is not a parameter of this {what} model")
+            writers[file_of[name]].write(name, converted(name, np.asarray(array), dtype).reshape(shapes[name]))
+        for writer in writers:
+            writer.close()
+        if len(shards) > 1:
+            index = {"metadata": {"total_size": int(sum(sizes.values()))},
+                     "weight_map": {name: files[file_of[name]] for name in sorted(file_of)}}
+            (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        return replace_directory(staging, path)
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,7 +1,7 @@
 """Convert a --ckpt-format torch_dcp checkpoint (FSDP2 on PyTorch) into something else:
 
-    python -m mmrun.training.convert_dcp --load ckpt --save ckpt_st --to safetensors   # mmrun's format
-    python -m mmrun.training.convert_dcp --load ckpt --save hf_dir  --to hf            # a Hugging Face directory
+    python -m mmrun.checkpoint.dcp --load ckpt --save ckpt_st --to safetensors   # mmrun's format
+    python -m mmrun.checkpoint.dcp --load ckpt --save hf_dir  --to hf            # a Hugging Face directory
 
 `safetensors`: the same iteration in mmrun's framework-neutral layout (iter_*/mp_rank_00/model.safetensors,
 optimizer.safetensors, meta.json; atomic, tracker last), so a job trained with FSDP2 on PyTorch continues
@@ -30,7 +30,7 @@ TARGETS = ("safetensors", "hf")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mmrun.training.convert_dcp", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m mmrun.checkpoint.dcp", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(*spellings("--load"), required=True, help="the checkpoint root (with the tracker) or an iter_* directory")
     p.add_argument(*spellings("--save"), required=True, help="where to write")

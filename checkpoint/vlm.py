@@ -1,7 +1,7 @@
 """Qwen2VLConverter / Qwen2_5_VLConverter for `mmrun convert` (MindSpeed-MM's mm-convert command lines).
 
     hf_to_mm   a Hugging Face directory -> `<mm_dir>/release`, one rank directory per (TP, PP) rank in
-               MindSpeed-MM's names (models/qwen2_vl/checkpoint_vlm.py), split as --cfg.parallel_config says
+               MindSpeed-MM's names (training/checkpoint_vlm.py), split as --cfg.parallel_config says
                (tp_size, vit_pp_layers, llm_pp_layers: model.json's pipeline_num_layers, one list per virtual
                pipeline chunk for VPP: [[2,0],[0,0]], chunk-major); what --load takes
                (with --no-load-optim --no-load-rng as MindSpeed-MM's scripts pass them, or --finetune)
@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.qwen2_vl import hf_checkpoint, mm_layout
+from mmrun.checkpoint.formats import safetensors
+from mmrun.checkpoint.formats.hf_directory import NotAnHFDirectoryError
+from mmrun.models import families
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
-from mmrun.models.qwen2_vl.mm_layout import LayoutError, VLMLayout, stages_given, virtual_chunks
+from mmrun.models.vlm import hf_checkpoint, mm_layout
+from mmrun.models.vlm.mm_layout import LayoutError, VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
 
@@ -65,17 +68,14 @@ def _check_model_type(converter: str, config: Qwen2VLConfig, where: str) -> Qwen
 
 
 def _checkpoints(converter: str) -> Any:
-    """The module reading this converter's Hugging Face directories (Qwen3-VL's names differ from Qwen2-VL's)."""
-    if CONVERTER_MODEL_TYPES[converter] == "qwen3_vl":
-        from mmrun.models.qwen3_vl import hf_checkpoint as qwen3_checkpoint
-        return qwen3_checkpoint
-    return hf_checkpoint
+    """The module reading this converter's Hugging Face directories: its family's (models/families.py)."""
+    return families.part(families.by_model_type(CONVERTER_MODEL_TYPES[converter]), "hf_checkpoint")
 
 
 def _config(converter: str, hf_dir: str) -> Qwen2VLConfig:
     try:
         config = _checkpoints(converter).load_hf_config(hf_dir)
-    except hf_checkpoint.NotAnHFDirectoryError as err:
+    except NotAnHFDirectoryError as err:
         raise UsageError(f"--cfg.hf_config.hf_dir: {err}") from None
     return _check_model_type(converter, config, f"{hf_dir}/config.json")
 
@@ -239,7 +239,7 @@ def resplit(converter: str, cfg: dict[str, Any]) -> None:
 
 def lora_to_peft(converter: str, cfg: dict[str, Any]) -> None:
     from mmrun.models import lora
-    from mmrun.models.qwen2_vl.peft_adapter import adapter_to_peft
+    from mmrun.checkpoint.peft import adapter_to_peft
     from mmrun.training.checkpoint_store import open_save_directory
 
     target = _get(cfg, "target_path")
@@ -259,13 +259,13 @@ def lora_to_peft(converter: str, cfg: dict[str, Any]) -> None:
 
 def merge_lora_to_base(converter: str, cfg: dict[str, Any]) -> None:
     from mmrun.models import lora
-    from mmrun.models.qwen2_vl.peft_adapter import adapter_from_peft
+    from mmrun.checkpoint.peft import adapter_from_peft
 
     source, target = _get(cfg, "source_path"), _get(cfg, "target_path")
     config = _config(converter, source)
     lora_config, adapter = lora.read_adapter(_get(cfg, "lora_path"))
-    _, base = hf_checkpoint.load_hf_directory(source)
-    merged = lora.merged_weights(hf_checkpoint.to_float_arrays(base), lora_config, adapter_from_peft(adapter))
+    _, base = _checkpoints(converter).load_hf_directory(source)
+    merged = lora.merged_weights(safetensors.to_float_arrays(base), lora_config, adapter_from_peft(adapter))
     try:
         out = hf_checkpoint.save_hf_directory(target, config, merged, dtype=_saved_dtype(source),
                                               copy_files_from=source)

@@ -1,11 +1,11 @@
 """Convert a checkpoint between mmrun's GPT and megatron-core's GPTModel, and between TP/PP layouts.
 
-    python -m mmrun.training.convert_checkpoint --load ckpt_tp2pp2 --save ckpt_gpt --to mmrun-gpt
-    python -m mmrun.training.convert_checkpoint --load ckpt_gpt --save ckpt_tp2 --to megatron-core \\
+    python -m mmrun.checkpoint.gpt --load ckpt_tp2pp2 --save ckpt_gpt --to mmrun-gpt
+    python -m mmrun.checkpoint.gpt --load ckpt_gpt --save ckpt_tp2 --to megatron-core \\
         --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
 
 It reads one iteration (the tracker's, or --ckpt-step), verifies every rank directory against its
-checksums, joins the shards into the whole model (models/convert_gpt.py), converts the names and the
+checksums, joins the shards into the whole model (models/gpt_names.py), converts the names and the
 fused QKV layout, splits for the target layout and writes the same iteration into --save with the save
 sequence training uses (atomic, tracker last). Weights and the optimizer state (moments and fp32 main
 params, named after the parameters) convert; RNG states do not (they belong to ranks that no longer
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from mmrun.models.convert_gpt import Layout
+from mmrun.models.gpt_names import Layout
 from mmrun.training.arguments import spellings
 from mmrun.training.checkpoint_layout import CheckpointError, iteration_dir, rank_dir_name
 from mmrun.training.checkpoint_reshard import WholeCheckpoint, describe, for_rank, read_whole, shape_of
@@ -33,10 +33,10 @@ from mmrun.engines.base import MODEL_NAMES
 EXAMPLES = """\
 examples:
   # a TP=2 x PP=2 megatron-core checkpoint -> mmrun's GPT (one shard, loadable by either framework)
-  python -m mmrun.training.convert_checkpoint --load ckpt_tp2pp2 --save ckpt_gpt --to mmrun-gpt
+  python -m mmrun.checkpoint.gpt --load ckpt_tp2pp2 --save ckpt_gpt --to mmrun-gpt
 
   # mmrun's GPT -> megatron-core GPTModel shards for TP=2 x PP=2
-  python -m mmrun.training.convert_checkpoint --load ckpt_gpt --save ckpt_tp2pp2 --to megatron-core \\
+  python -m mmrun.checkpoint.gpt --load ckpt_gpt --save ckpt_tp2pp2 --to megatron-core \\
       --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
 
 exit status: 0 converted, 2 usage error, 1 write failure.
@@ -50,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m mmrun.training.convert_checkpoint", epilog=EXAMPLES,
+    p = _Parser(prog="python -m mmrun.checkpoint.gpt", epilog=EXAMPLES,
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Convert an mmrun checkpoint between mmrun's GPT and megatron-core's GPTModel "
                             "and between tensor/pipeline-parallel layouts (numpy only).")

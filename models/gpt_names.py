@@ -32,7 +32,7 @@ shards the same way: every function takes such names.
     shards = split(full, shape, Layout(tp=2, pp=2))      # {(tp_rank, pp_rank): state}
     assert all((join(shards, shape, Layout(2, 2))[k] == v).all() for k, v in full.items())
 
-A command on checkpoints: `python -m mmrun.training.convert_checkpoint --help`.
+A command on checkpoints: `python -m mmrun.checkpoint.gpt --help`.
 """
 from __future__ import annotations
 

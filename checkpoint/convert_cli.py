@@ -35,10 +35,10 @@ from mmrun.training.checkpoint_layout import CheckpointError
 PROG = "mmrun convert"
 # MindSpeed-MM converter name -> the module whose SUBCOMMANDS implement it.
 CONVERTERS: dict[str, str] = {
-    "Qwen2VLConverter": "mmrun.models.qwen2_vl.convert",
-    "Qwen2_5_VLConverter": "mmrun.models.qwen2_vl.convert",
-    "Qwen3VLMegatronConverter": "mmrun.models.qwen2_vl.convert",  # MindSpeed-MM's mcore Qwen3-VL names
-    "WanConverter": "mmrun.models.wan.convert",
+    "Qwen2VLConverter": "mmrun.checkpoint.vlm",
+    "Qwen2_5_VLConverter": "mmrun.checkpoint.vlm",
+    "Qwen3VLMegatronConverter": "mmrun.checkpoint.vlm",  # MindSpeed-MM's mcore Qwen3-VL names
+    "WanConverter": "mmrun.checkpoint.wan",
 }
 
 USAGE = f"""usage: {PROG} CONVERTER SUBCOMMAND [--cfg.KEY VALUE ...] [--config FILE.yaml]

@@ -1,0 +1,1 @@
+"""Checkpoint file formats for every model family, numpy only: no framework, no pickle, no model knowledge."""
