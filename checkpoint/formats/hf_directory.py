@@ -83,7 +83,7 @@ def read_weights(path: str | os.PathLike, what: str, dtype: np.dtype | None = np
             raise UsageError(f"{what}: cannot read {file} as safetensors ({error}); restore the file") from None
         for name in opened:
             array = opened[name]
-            if array.dtype == np.uint16:  # bf16 bits (hf_checkpoint's convention)
+            if array.dtype == np.uint16:  # bf16 bits (formats/safetensors.py's convention)
                 array = bf16_bits_to_float32(array)
             if dtype is not None and array.dtype.kind == "f":
                 array = array.astype(dtype, copy=False)

@@ -16,7 +16,7 @@ import json
 from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.vlm.model_json import DEFAULT_TOKEN_IDS, ModelJson, check_section, pipeline_layers, require
+from mmrun.models.vlm.model_json import DEFAULT_TOKEN_IDS, ModelJson, check_section, read_pipeline_layers, require
 
 # model.json's model_id -> the Hugging Face model_type it describes.
 MODEL_TYPES = {"qwen2vl": "qwen2_vl", "qwen2_5vl": "qwen2_5_vl"}
@@ -73,7 +73,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                                    ("text_decoder", text, "text_decoder")):
         check_section(path, section, values, where, warnings)
     require(path, text, "text_decoder", ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"))
-    pipeline_layers = {part: pipeline_layers(path, where, section) for part, where, section in
+    pipeline_layers = {part: read_pipeline_layers(path, where, section) for part, where, section in
                        (("vit", "image_encoder.vision_encoder", enc), ("llm", "text_decoder", text))}
     heads = text["num_attention_heads"]
     head_dim = text.get("kv_channels") or text["hidden_size"] // heads

@@ -14,7 +14,7 @@ import json
 from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, check_section, pipeline_layers,
+from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, check_section, read_pipeline_layers,
                                          require)
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_REFUSAL
 
@@ -111,7 +111,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
              "max_position_embeddings": text_config["max_position_embeddings"], "vocab_size": text["vocab_size"],
              "normalization": "RMSNorm", "position_embedding_type": "mrope",
              "untie_embeddings_and_output_weights": untied, "make_vocab_size_divisible_by": 1}
-    pipeline_layers = {part: pipeline_layers(path, where, section) for part, where, section in
+    pipeline_layers = {part: read_pipeline_layers(path, where, section) for part, where, section in
                        (("vit", "image_encoder.vision_encoder", enc), ("llm", "text_decoder", text))}
     return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
                      pipeline_layers=pipeline_layers)

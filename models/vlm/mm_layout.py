@@ -470,7 +470,7 @@ def rank_state_from_hf(layout: VLMLayout, read_hf: Callable[[str], np.ndarray], 
 
 
 def initial_value(name: str, shape: Sequence[int], seed: int, std: float) -> np.ndarray:
-    """The initial value of HF tensor `name`: models/qwen2_vl/modeling.py's init_weights rule (norm weights 1,
+    """The initial value of HF tensor `name`: models/vlm/blocks.py's init_weights rule (norm weights 1,
     biases 0, others N(0, std) drawn by numpy from (seed, name)), so every framework and layout starts equal."""
     parts = name.split(".")
     if len(parts) >= 2 and parts[-2] in _HF_NORM_MODULES:

@@ -110,7 +110,7 @@ def require(path: str, values: Mapping[str, Any], where: str, keys: tuple[str, .
         raise UsageError(f"{path}: {where} needs {', '.join(missing)}. Received keys: {', '.join(sorted(values))}")
 
 
-def pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> list[Any] | None:
+def read_pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> list[Any] | None:
     """pipeline_num_layers: one layer count per pipeline stage, or (virtual pipeline stages) one such list per
     virtual chunk, as MindSpeed-MM writes them; None when absent. Lengths and sums are checked against the run's
     --pipeline-model-parallel-size / --virtual-pipeline-model-parallel-size by the parallel layout
