@@ -49,20 +49,20 @@ class UnknownFamilyError(LookupError):
     """No family in FAMILIES answers to the model_type / model_id given."""
 
 
-def by_model_type(model_type: str | None) -> Family:
+def _find(key: str, value: str | None) -> Family:
     for family in FAMILIES:
-        if model_type in family.model_types:
+        if value in getattr(family, key):
             return family
-    known = ", ".join(t for f in FAMILIES for t in f.model_types)
-    raise UnknownFamilyError(f"model_type {model_type!r} is not a family mmrun builds; known: {known}")
+    known = ", ".join(v for f in FAMILIES for v in getattr(f, key))
+    raise UnknownFamilyError(f"{key[:-1]} {value!r} is not a family mmrun builds; known: {known}")
+
+
+def by_model_type(model_type: str | None) -> Family:
+    return _find("model_types", model_type)
 
 
 def by_model_id(model_id: str | None) -> Family:
-    for family in FAMILIES:
-        if model_id in family.model_ids:
-            return family
-    known = ", ".join(i for f in FAMILIES for i in f.model_ids)
-    raise UnknownFamilyError(f"model_id {model_id!r} is not a family mmrun builds; known: {known}")
+    return _find("model_ids", model_id)
 
 
 def family_of(config: Any) -> Family:

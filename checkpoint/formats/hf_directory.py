@@ -91,13 +91,18 @@ def read_weights(path: str | os.PathLike, what: str, dtype: np.dtype | None = np
     return arrays
 
 
-def check_names(what: str, path: str | os.PathLike, expected: Iterable[str], found: Iterable[str]) -> None:
-    """One line naming the missing and unexpected tensors unless `found` has exactly the names `expected`."""
+def name_difference(expected: Iterable[str], found: Iterable[str]) -> str:
+    """'missing N: a, b ...; unexpected M: c ...' between two sets of tensor names ('' when they are equal)."""
     expected, found = set(expected), set(found)
     missing, unexpected = sorted(expected - found), sorted(found - expected)
-    if missing or unexpected:
-        shown = "; ".join(f"{label} {len(keys)}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
-                          for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+    return "; ".join(f"{label} {len(keys)}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
+                     for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+
+
+def check_names(what: str, path: str | os.PathLike, expected: Iterable[str], found: Iterable[str]) -> None:
+    """One line naming the missing and unexpected tensors unless `found` has exactly the names `expected`."""
+    shown = name_difference(expected, found)
+    if shown:
         raise UsageError(f"{what}: {path} does not hold the tensors of its config.json ({shown}); "
                          "pass the weights saved with this config")
 
@@ -140,8 +145,6 @@ def write_directory(path: str | os.PathLike, hf_config: dict[str, Any], shapes: 
     directory whose other files (tokenizer, processor, generation config) are copied. The directory is built
     beside `path` and swapped in at once; an existing `path` is replaced only when it is empty or
     `replaceable(path)` says it is a directory of this kind."""
-    from mmrun.common.atomic_write import remove_stale_temporaries, replace_directory, temporary_name
-
     path = Path(path)
     if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or replaceable(path))):
         raise ValueError(f"refusing to replace {path}: it exists and is not a Hugging Face {what} directory; "

@@ -17,18 +17,16 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from mmrun.backend.errors import UsageError
-from mmrun.checkpoint.formats.hf_directory import INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError, write_directory
+from mmrun.checkpoint.formats.hf_directory import (INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError, name_difference,
+                                                   write_directory)
 from mmrun.checkpoint.formats.safetensors import DEFAULT_MAX_SHARD_BYTES, SafetensorsFile, bf16_bits_to_float32
 from mmrun.models.vlm.mm_layout import hf_shapes
 
 
 def check_names(where: str, config: Any, names: set[str], expected: Iterable[str]) -> None:
     """One error listing the missing and unexpected names."""
-    expected = set(expected)
-    missing, unexpected = sorted(expected - names), sorted(names - expected)
-    if missing or unexpected:
-        shown = "; ".join(f"{label} {len(keys)}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
-                          for label, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+    shown = name_difference(expected, names)
+    if shown:
         raise ValueError(f"{where} does not hold the tensors of its {config.model_type} config ({shown}); "
                          "pass the weights saved with this config")
 
