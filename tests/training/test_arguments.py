@@ -127,6 +127,7 @@ def test_ignored_megatron_flags_warn_once_per_reason(capsys):
     assert "ignoring --log-params-norm, --logging-level: mmrun computes neither of these norms" in err
     assert "ignoring --no-bias-gelu-fusion: mmrun's GPT has none of these fused kernels" in err
     assert "ignoring --data-cache-path: mmrun rebuilds its sample indices in memory" in err
+    assert args.logging_level == "20"  # still readable by a callback that wants it
 
 
 def test_the_fsdp2_flags_warning_names_no_single_example_file(capsys):
@@ -135,7 +136,6 @@ def test_the_fsdp2_flags_warning_names_no_single_example_file(capsys):
     parse_args(TINY + ["--optimizer-selection", "fused_torch_adamw", "--init-model-with-meta-device"], world_size=1)
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "--init-model-with-meta-device" in line]
     assert "examples/qwen3vl/qwen3vl_*.yaml" in line and "8B" not in line
-    assert args.logging_level == "20"  # still readable by a callback that wants it
 
 
 @pytest.mark.parametrize("flags, names", [
