@@ -189,3 +189,15 @@ def test_bf16_extraction_with_the_real_model_json_equals_diffusers_bf16(tmp_path
     with torch.no_grad():
         hidden = encoder(torch.tensor([ids])).last_hidden_state[0].float().numpy()
     assert np.abs(sample["prompt_ids"][:len(ids)] - hidden).max() <= 0.02 * float(np.abs(hidden).max())
+
+    # MindSpore has no bf16 CPU kernels: the same json there is one line and exit 2, before a kernel fails inside
+    import subprocess
+    import sys
+    entry = Path(__file__).resolve().parents[2] / "models" / "get_wan_feature.py"
+    done = subprocess.run([sys.executable, str(entry), "--micro-batch-size", "1", "--mm-data",
+                           str(tmp_path / "data.json"), "--mm-model", str(tmp_path / "model_t2v.json"), "--mm-tool",
+                           str(tmp_path / "tools.json"), "--ai-framework", "mindspore"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        "error: --mm-model ae.dtype 'bf16' cannot run with the mindspore backend on cpu (no bf16 kernels there); set "
+        "it to fp16 or fp32"), done.stderr[-3000:]
