@@ -145,6 +145,8 @@ def run_vision_tower_on_every_batch(model: torch.nn.Module) -> bool:
         embeds = kwargs.get("inputs_embeds")
         if state["has_vision_input"] or embeds is None:
             return None
+        if not inner.training and not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return None  # one process evaluating or generating: no other rank to keep in step
         weight = next(inner.visual.parameters())
         pixels, grid = _dummy_image(inner.config.vision_config, weight.dtype, embeds.device)
         outputs = _tensors_of(inner.get_image_features(pixels, grid, return_dict=True))
