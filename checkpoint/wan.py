@@ -6,7 +6,8 @@
                          download) or else from the run's --mm-model; LoRA adapters in the checkpoint are folded
                          into the base weights (W + B A alpha/r); the weights in hf_dir's dtype (else float32)
     lora_to_peft         the LoRA adapters of such a checkpoint -> --cfg.target_path in PEFT's layout
-                         (adapter_config.json + adapter_model.safetensors: peft and diffusers load it)
+                         (adapter_config.json + adapter_model.safetensors: peft and diffusers load it) and in
+                         diffusers' own (pytorch_lora_weights.safetensors: WanPipeline.load_lora_weights takes it)
     merge_lora_to_base   a diffusers transformer directory (--cfg.source_path) + a PEFT adapter (--cfg.lora_path)
                          -> the merged directory (--cfg.target_path); lora_alpha / r from adapter_config.json
 
@@ -87,7 +88,8 @@ def lora_to_peft(converter: str, cfg: dict[str, Any]) -> None:
         raise UsageError(f"{ckpt.path} holds no LoRA adapters (no *.lora_A.weight); it is a full fine-tune: use "
                          "mm_to_hf")
     config = _lora_config(ckpt.meta, adapter)
-    out = lora.write_adapter(_get(cfg, "target_path"), config, adapter, base_model=cfg.get("hf_dir"))
+    out = lora.write_adapter(_get(cfg, "target_path"), config, adapter, base_model=cfg.get("hf_dir"),
+                             diffusers_component="transformer")
     print(f"wrote {out} ({len(config['target_modules'])} adapted layers, r {config['r']}, "
           f"alpha {config['lora_alpha']:g}) from {ckpt.path}")
 

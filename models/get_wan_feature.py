@@ -142,14 +142,17 @@ class Extractor:
         """Latents (1, z_dim, f, h, w) of pixels (1, 3, T, H, W), sampled or the mode, normalised or not."""
         from mmrun.backend import tensors
 
+        # pixels (and noise) in the VAE's own dtype: ae.dtype bf16 loads bf16 weights, and a convolution takes
+        # one dtype (as diffusers' pipelines cast the video to vae.dtype)
+        dtype = next(iter(dict(self.vae.named_parameters()).values())).dtype
         if self.vae_settings.do_sample:  # MindSpeed-MM's do_sample: latent_dist.sample()
             stride_t, stride_hw = self.vae.config.temporal_compression, self.vae.config.spatial_compression
             shape = (1, self.vae.config.z_dim, (pixels.shape[2] - 1) // stride_t + 1, pixels.shape[3] // stride_hw,
                      pixels.shape[4] // stride_hw)
-            latents = self.vae.encode(tensors.from_numpy(pixels),
-                                      noise=tensors.from_numpy(rng.standard_normal(shape).astype("f4")))
+            latents = self.vae.encode(tensors.from_numpy(pixels, dtype),
+                                      noise=tensors.from_numpy(rng.standard_normal(shape).astype("f4"), dtype))
         else:
-            latents = self.vae.encode(tensors.from_numpy(pixels))
+            latents = self.vae.encode(tensors.from_numpy(pixels, dtype))
         if self.vae_settings.norm_latents:
             latents = self.vae.normalize_latents(latents)
         return latents

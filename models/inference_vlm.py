@@ -192,11 +192,15 @@ class Qwen2VlPipeline:
         wanted = str(raw.get("device") or self.info.device_kind)
         if wanted != self.info.device_kind:
             say(f"device {wanted!r} in the json is not this machine's; running on {self.info.device_kind}")
+        self.dtype = DTYPES[raw.get("dtype") or "fp32"]
+        if not tensors.supports_compute_dtype(self.dtype, self.info.device_kind):  # before a kernel fails on it
+            raise UsageError(f"--mm-model {path}: dtype {raw.get('dtype')!r} cannot run with the {self.info.framework} "
+                             f"backend on {self.info.device_kind} (no {raw.get('dtype')} kernels there, e.g. MindSpore's "
+                             "CPU Gather and MatMul); set dtype to fp16 or fp32 in the json")
         model = build_model(raw, path, load, say)
         if model.config.image_token_id != ids["image_pad"]:
             raise UsageError(f"the model's image token id {model.config.image_token_id} is not the tokenizer's "
                              f"<|image_pad|> {ids['image_pad']}; use the model's own tokenizer directory")
-        self.dtype = DTYPES[raw.get("dtype") or "fp32"]
         if self.dtype != "float32":
             model.to(tensors.dtype(self.dtype))
         model.eval()

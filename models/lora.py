@@ -10,6 +10,8 @@ name (`blocks.0.attn1.to_q.weight`: checkpoints of the base model still load); t
 
     adapter_config.json          {"peft_type": "LORA", "r", "lora_alpha", "target_modules", ...}
     adapter_model.safetensors    base_model.model.<module>.lora_A.weight / .lora_B.weight
+    pytorch_lora_weights.safetensors   (diffusers_component "transformer") transformer.<module>.lora_A.weight ...:
+                                 diffusers' own layout, which WanPipeline.load_lora_weights(directory) takes
 
 `merge_lora` folds the adapters into the base weights (W += B @ A * alpha / r) and gives plain Linears back.
 `expand_targets` maps a model family's MindSpeed-MM target names onto its module names through a table (the Wan
@@ -29,6 +31,9 @@ from mmrun.backend.errors import UsageError
 from mmrun.common.atomic_write import atomic_write
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+# diffusers' own LoRA file (LoraBaseMixin.save_lora_weights / load_lora_weights): keys `<component>.<module>.lora_A
+# .weight`, the LoraConfig as JSON under this metadata key, each of its keys prefixed by the component too
+DIFFUSERS_LORA_WEIGHTS, DIFFUSERS_LORA_METADATA = "pytorch_lora_weights.safetensors", "lora_adapter_metadata"
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix in adapter_model.safetensors
 LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
@@ -147,27 +152,37 @@ def peft_config(r: int, lora_alpha: float, target_modules: Sequence[str], base_m
 
 
 def write_adapter(directory: str | Path, config: Mapping[str, Any], adapter: Mapping[str, np.ndarray],
-                  base_model: str | None = None) -> Path:
+                  base_model: str | None = None, diffusers_component: str | None = None) -> Path:
     """adapter_config.json + adapter_model.safetensors (PEFT's key prefix) in `directory`, each written atomically;
-    `config` gives r, lora_alpha and target_modules, `adapter` the `<module>.lora_A.weight` arrays."""
+    `config` gives r, lora_alpha and target_modules, `adapter` the `<module>.lora_A.weight` arrays. With
+    `diffusers_component` ("transformer"), also diffusers' own file, pytorch_lora_weights.safetensors, which a
+    pipeline's load_lora_weights(directory) takes (it picks that file name)."""
     from safetensors.numpy import save
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(peft_config(config["r"], config["lora_alpha"], config["target_modules"], base_model), indent=2)
-    atomic_write(directory / ADAPTER_CONFIG, text + "\n")
-    arrays = {PEFT_PREFIX + key: np.ascontiguousarray(value, dtype=np.float32) for key, value in adapter.items()}
-    atomic_write(directory / ADAPTER_WEIGHTS, save(arrays, metadata={"format": "pt"}))
+    settings = peft_config(config["r"], config["lora_alpha"], config["target_modules"], base_model)
+    atomic_write(directory / ADAPTER_CONFIG, json.dumps(settings, indent=2) + "\n")
+    arrays = {key: np.ascontiguousarray(value, dtype=np.float32) for key, value in adapter.items()}
+    atomic_write(directory / ADAPTER_WEIGHTS, save({PEFT_PREFIX + k: v for k, v in arrays.items()},
+                                                   metadata={"format": "pt"}))
+    if diffusers_component:
+        prefix = diffusers_component + "."
+        metadata = json.dumps({prefix + k: v for k, v in settings.items()}, indent=2, sort_keys=True)
+        atomic_write(directory / DIFFUSERS_LORA_WEIGHTS, save({prefix + k: v for k, v in arrays.items()},
+                                                              metadata={"format": "pt",
+                                                                        DIFFUSERS_LORA_METADATA: metadata}))
     return directory
 
 
-def save_adapter(model: Any, directory: str | Path, base_model: str | None = None) -> Path:
-    """The model's adapters in PEFT's layout (see write_adapter)."""
+def save_adapter(model: Any, directory: str | Path, base_model: str | None = None,
+                 diffusers_component: str | None = None) -> Path:
+    """The model's adapters in PEFT's layout, and diffusers' with `diffusers_component` (see write_adapter)."""
     layers = lora_modules(model)
     if not layers:
         raise ValueError("the model has no LoRA adapters to save")
     config = {"r": layers[0][1].r, "lora_alpha": layers[0][1].alpha, "target_modules": [n for n, _ in layers]}
-    return write_adapter(directory, config, adapter_state(model), base_model)
+    return write_adapter(directory, config, adapter_state(model), base_model, diffusers_component)
 
 
 def read_adapter(directory: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -102,6 +102,8 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None):
     _MODEL_CONFIG.clear()
     _MODEL_CONFIG.update(model.config.to_dict())
     source = cfg.get("init_from_hf_path") or "hf_config (random weights from --seed)"
+    if cfg.get("init_from_hf_path"):  # what a --load without a checkpoint starts from (training/checkpointing.py)
+        get_args().initial_weights = f"the Hugging Face weights of init_from_hf_path {cfg['init_from_hf_path']}"
     print_rank_0(f"building transformers model {type(model).__name__} from {source} ...")
     return model
 

@@ -85,6 +85,8 @@ def _model_source(argv: list[str]) -> ModelSource:
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--mm-model", "--mm_model", dest="mm_model")
+    pre.add_argument("--mm-data", "--mm_data", dest="mm_data")
+    pre.add_argument("--no-ms-jit", "--no_ms_jit", dest="no_ms_jit", action="store_true")
     for flag in SPLIT_FLAGS:  # as text: the training arguments' parser judges the values
         pre.add_argument(flag, flag.replace("-", "_").replace("__", "--"), dest=flag[2:].replace("-", "_"))
     known, _ = pre.parse_known_args(argv)
@@ -123,11 +125,30 @@ def _model_source(argv: list[str]) -> ModelSource:
         say_rank0("warning", "megatron-core is not installed: this run trains the model on mmrun's data-parallel "
                   "engine (the same network and initial weights); pip install megatron-core (the [megatron] extra) "
                   "to train it on megatron-core as --use-mcore-models asks")
+    compiled = framework == "mindspore" and _MODEL_JSON.hf_config["model_type"] in FIXED_SHAPE_MODELS
+    videos = _video_attr(known.mm_data) if compiled else None
+    if videos and not known.no_ms_jit:
+        say_rank0("notice", f"--mm-data {known.mm_data} reads videos (attr.videos {videos!r}): MindSpore's compiled "
+                  "step takes fixed-shape image batches only, so this job runs eagerly (PyNative, as --no-ms-jit: "
+                  "the same results, slower)")
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
                        or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore or lora,
-                       ms_jit=framework == "mindspore" and _MODEL_JSON.hf_config["model_type"] in FIXED_SHAPE_MODELS,
-                       features=ENTRY_FEATURES)
+                       ms_jit=compiled and not videos, features=ENTRY_FEATURES)
+
+
+def _video_attr(data_path: str | None) -> str | None:
+    """data.json's dataset_param.attr.videos (the samples' video column; MindSpeed-MM's default null: no videos),
+    None when there is no readable data.json (the dataset provider says what is wrong with it)."""
+    if not data_path:
+        return None
+    try:
+        raw = read_mm_json(data_path, "--mm-data")
+    except UsageError:
+        return None
+    attr = ((raw.get("dataset_param") or {}).get("attr") or {}) if isinstance(raw, dict) else {}
+    videos = attr.get("videos") if isinstance(attr, dict) else None
+    return videos if isinstance(videos, str) and videos else None
 
 
 def _megatron_core_installed() -> bool:

@@ -16,7 +16,6 @@ from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
 from mmrun.engines.base import ParallelLayout, ShardState
-from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig
 from mmrun.models.vlm.mm_layout import VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
@@ -55,8 +54,8 @@ def _model_json(args: argparse.Namespace) -> Any:
     from mmrun.models.vlm.model_json import read_model_json
 
     if not getattr(args, "mm_model", None):
-        raise CheckpointError("a Qwen2-VL checkpoint loads into the VLM entry only (models/pretrain_vlm.py with "
-                              "--mm-model model.json); pass the model.json it was trained with")
+        raise CheckpointError("a Qwen2-VL or Qwen3-VL checkpoint loads into the VLM entry only (models/pretrain_vlm.py "
+                              "with --mm-model model.json); pass the model.json it was trained with")
     return read_model_json(args.mm_model)
 
 
@@ -64,7 +63,7 @@ def run_layout(args: argparse.Namespace, layout: ParallelLayout) -> VLMLayout:
     """The run's split as its engine builds it: model.json's model and pipeline_num_layers per module (where
     they give one count per stage), else the default split for the run's TP and PP sizes."""
     spec = _model_json(args)
-    config = Qwen2VLConfig.from_hf_config(spec.hf_config)
+    config = checkpoint_vlm.config_class(spec.hf_config).from_hf_config(spec.hf_config)
     lists = getattr(spec, "pipeline_layers", None) or {}
 
     def fitting(layers: Any) -> Any:  # model.json's list where it is written for this run's stages and chunks

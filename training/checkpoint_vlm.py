@@ -141,7 +141,7 @@ def _stage_layers(names: Iterable[str], prefix: str) -> int:
     return len({name[len(prefix):].split(".", 1)[0] for name in names if name.startswith(prefix)})
 
 
-def _config_class(hf_config: Mapping[str, Any]) -> Any:
+def config_class(hf_config: Mapping[str, Any]) -> Any:
     """The config class of a config.json's family (the family table, models/families.py)."""
     from mmrun.models import families
 
@@ -152,13 +152,13 @@ def _config_of(meta: Mapping[str, Any], given: Qwen2VLConfig | None) -> Qwen2VLC
     if given is not None:
         return given
     if isinstance(meta.get("hf_config"), dict):
-        return _config_class(meta["hf_config"]).from_hf_config(meta["hf_config"])
+        return config_class(meta["hf_config"]).from_hf_config(meta["hf_config"])
     model_json = (meta.get("args") or {}).get("mm_model")
     if model_json and Path(model_json).is_file():
         from mmrun.models.vlm.model_json import read_model_json
 
         spec = read_model_json(model_json)
-        return _config_class(spec.hf_config).from_hf_config(spec.hf_config)
+        return config_class(spec.hf_config).from_hf_config(spec.hf_config)
     raise UsageError("the checkpoint does not record its model's config (no hf_config in its meta.json, and its "
                      f"--mm-model {model_json or '(none)'} is not here); pass --cfg.hf_config.hf_dir, the model's "
                      "Hugging Face directory")

@@ -311,8 +311,11 @@ def load_checkpoint(args: argparse.Namespace, engine: Any, scheduler: Any, log: 
         return checkpoint_dcp.load(args, dcp_dir, engine, scheduler, log)
     ckpt = _find(args, root, log)
     if ckpt is None:
+        # Megatron's words, unless the entry's model already holds weights (pretrain_transformers.py's
+        # init_from_hf_path): then the run starts from those, and says so.
+        start = getattr(args, "initial_weights", None) or "random"
         message = (f"could not find the metadata file {root / TRACKER_FILE}; will not load any checkpoint "
-                   "and will start from random")
+                   f"and will start from {start}")
         if args.exit_on_missing_checkpoint:
             raise CheckpointError(f"--exit-on-missing-checkpoint: no checkpoint to load in {root} "
                                   f"({TRACKER_FILE} is missing). Received: --load {args.load}")

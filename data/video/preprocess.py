@@ -9,8 +9,9 @@ order, as WanTextVideoDataset does: `video_and_first_frame` (ResizeVideo shortsi
 frame is kept, then `video_only` (CenterCropResizeVideo to max_height x max_width, norm_fun mean 0.5 std 0.5:
 pixels in [-1, 1]). Clips are (T, C, H, W) while transformed, as there, and returned (C, T, H, W).
 
-Resizing follows torch.nn.functional.interpolate (within 4e-6 on floats, 1 on uint8): bilinear in numpy with
-its source-index rule; antialiased downscaling with Pillow's filters, which torch's antialias path reproduces.
+Resizing follows torch.nn.functional.interpolate (within 4e-6 on floats, 1 on uint8): bilinear and plain bicubic
+(a = -0.75, edge taps repeated) in numpy with its source-index rules; antialiased downscaling with Pillow's filters,
+which torch's antialias path reproduces.
 One deliberate difference: a clip shorter than `num_frames` is refused (one line) where MindSpeed-MM would
 shorten it silently when `drop_short_ratio` < 1.
 """
@@ -122,6 +123,40 @@ def _bilinear(clip: np.ndarray, height: int, width: int, align_corners: bool) ->
     return data[..., j0] * (1 - lam) + data[..., j1] * lam
 
 
+CUBIC_A = -0.75  # torch's plain (not antialiased) bicubic: Keys' cubic convolution with a = -0.75 (Pillow: -0.5)
+
+
+def _cubic_weights(t: np.ndarray) -> np.ndarray:
+    """The four cubic-convolution weights (n, 4) of the taps at floor(src) - 1 .. floor(src) + 2, t = src - floor."""
+    a = CUBIC_A
+    d = np.stack([t + 1, t, 1 - t, 2 - t], axis=-1)  # each tap's distance from the source point
+    near = ((a + 2) * d - (a + 3)) * d * d + 1  # |d| <= 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a  # 1 < |d| < 2
+    return np.where(d <= 1, near, far)
+
+
+def _bicubic_axis(data: np.ndarray, size_out: int, axis: int, align_corners: bool) -> np.ndarray:
+    """One axis of interpolate(mode="bicubic", antialias=False): its source-index rule without the clamp at 0
+    that bilinear has (cubic=True), taps outside the image take the edge pixel."""
+    size_in = data.shape[axis]
+    dst = np.arange(size_out, dtype=np.float64)
+    if align_corners:
+        src = dst * ((size_in - 1) / (size_out - 1)) if size_out > 1 else np.zeros_like(dst)
+    else:
+        src = (dst + 0.5) * (size_in / size_out) - 0.5
+    base = np.floor(src)
+    weights = _cubic_weights(src - base).astype(np.float32)
+    taps = np.clip(base.astype(int)[:, None] + np.arange(-1, 3), 0, size_in - 1)
+    moved = np.moveaxis(data, axis, -1)
+    out = (moved[..., taps] * weights).sum(axis=-1)
+    return np.moveaxis(out, -1, axis)
+
+
+def _bicubic(clip: np.ndarray, height: int, width: int, align_corners: bool) -> np.ndarray:
+    data = _bicubic_axis(clip.astype(np.float32), height, -2, align_corners)
+    return _bicubic_axis(data, width, -1, align_corners)
+
+
 PILLOW_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 
 
@@ -141,11 +176,16 @@ def resize(clip: np.ndarray, size: tuple[int, int], mode: str = "bilinear", alig
     downscale = height < clip.shape[-2] or width < clip.shape[-1]
     if mode == "bilinear" and not (antialias and downscale):
         out = _bilinear(clip, height, width, align_corners)
-    elif not align_corners and antialias:
+    elif mode == "bicubic" and not antialias:
+        if clip.dtype == np.uint8:  # torch's uint8 kernel is another algorithm (it differs from its float one)
+            raise VideoDataError("resize bicubic with antialias=False on uint8 frames: mmrun follows torch's float "
+                                 "kernel; put ToTensorVideo before this step (MindSpeed-MM's jsons do)")
+        out = _bicubic(clip, height, width, align_corners)
+    elif not align_corners:  # antialiased: torch's antialias path is Pillow's filters (bicubic a = -0.5)
         out = _pillow(clip, height, width, mode)
-    else:  # torch's plain bicubic uses a = -0.75, Pillow's -0.5: only the antialiased one is the same
-        raise VideoDataError(f"resize {mode} with align_corners={align_corners}, antialias={antialias}: "
-                             "mmrun offers bilinear, or bicubic with antialias true and align_corners false")
+    else:
+        raise VideoDataError(f"resize {mode} with align_corners=True, antialias=True: torch's interpolate refuses "
+                             "it too; set align_corners false or antialias false")
     if clip.dtype == np.uint8:
         return np.clip(np.rint(out), 0, 255).astype(np.uint8)
     return out.astype(np.float32)

@@ -94,11 +94,68 @@ def build_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
     for config_part in (model.config, getattr(model.config, "text_config", None)):
         if config_part is not None and hasattr(config_part, "use_cache"):
             config_part.use_cache = False
+    run_vision_tower_on_every_batch(model)
     for prefix in model_cfg.get("freeze") or ():
         for name, param in model.named_parameters():
             if name == prefix or name.startswith(prefix + "."):
                 param.requires_grad_(False)
     return model
+
+
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a model output (a ModelOutput, tuple, list or dict, nested), in order."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors_of(item)]
+    return []
+
+
+def _dummy_image(vision_config: Any, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest image the Qwen-VL vision towers take: one frame of merge x merge patches, all zeros
+    (pixel_values (patches, channels * temporal_patch * patch**2), image_grid_thw [[1, merge, merge]])."""
+    merge = int(getattr(vision_config, "spatial_merge_size", 2))
+    width = (int(getattr(vision_config, "in_channels", getattr(vision_config, "in_chans", 3)))
+             * int(getattr(vision_config, "temporal_patch_size", 2)) * int(vision_config.patch_size) ** 2)
+    return (torch.zeros(merge * merge, width, dtype=dtype, device=device),
+            torch.tensor([[1, merge, merge]], dtype=torch.long, device=device))
+
+
+def run_vision_tower_on_every_batch(model: torch.nn.Module) -> bool:
+    """Make a vision-language model run its vision tower on every forward, also on a text-only batch: there it
+    runs on a dummy image (_dummy_image) right before the language model, and its outputs join the language
+    model's input embeddings multiplied by zero. So every rank runs the same collectives whatever its data
+    (FSDP2 all-gathers the tower's shards, DDP waits for its gradients): a rank with a text-only micro-batch
+    beside one with an image no longer aborts gloo (sizes differ) or hangs NCCL. The result is unchanged (the
+    tower's gradients of such a batch are zeros, where they would be absent), as MindSpeed-MM's collator adds
+    a fake image for the same reason. Returns whether the model has such a tower (transformers' Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL layout: a module with .visual, .language_model and get_image_features)."""
+    inner = next((m for m in model.modules() if all(hasattr(m, a) for a in ("visual", "language_model",
+                                                                             "get_image_features"))), None)
+    if inner is None or getattr(getattr(inner, "config", None), "vision_config", None) is None:
+        return False
+    state = {"has_vision_input": False}
+
+    def note_inputs(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        state["has_vision_input"] = any(kwargs.get(k) is not None for k in ("pixel_values", "pixel_values_videos"))
+
+    def add_dummy(_module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        embeds = kwargs.get("inputs_embeds")
+        if state["has_vision_input"] or embeds is None:
+            return None
+        if not inner.training and not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return None  # one process evaluating or generating: no other rank to keep in step
+        weight = next(inner.visual.parameters())
+        pixels, grid = _dummy_image(inner.config.vision_config, weight.dtype, embeds.device)
+        outputs = _tensors_of(inner.get_image_features(pixels, grid, return_dict=True))
+        zero = sum(t.float().sum() for t in outputs if t.is_floating_point()) * 0.0
+        return args, {**kwargs, "inputs_embeds": embeds + zero.to(embeds.dtype)}
+
+    inner.register_forward_pre_hook(note_inputs, with_kwargs=True)
+    inner.language_model.register_forward_pre_hook(add_dummy, with_kwargs=True)
+    return True
 
 
 def save_hf_directory(config_dict: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor], out: str | Path) -> Path:

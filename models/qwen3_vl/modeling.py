@@ -302,6 +302,9 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             unit = self.config.vision.spatial_merge_size ** 2
             images = 0 if pixel_values is None else int(vision_layout.patch_counts(image_grid).sum()) // unit
             injection = (deepstack_index(self.config, input_ids, images), deepstack)
+        elif deepstack:  # merge_vision's blank ViT run: its DeepStack mergers count zero times too, so that they
+            # have gradients (zeros) on every rank, as the ViT has: DDP and FSDP2 then reduce the same tensors
+            embeds = embeds + tensors.cast(sum(ops.sum(f) for f in deepstack), embeds.dtype) * 0.0
         return embeds, injection
 
     def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:

@@ -76,6 +76,12 @@ def rotary_of_positions(positions: Any, inv_freq: np.ndarray) -> tuple[Any, Any]
     return ops.reshape(ops.cos(full), (n, 1, -1)), ops.reshape(ops.sin(full), (n, 1, -1))
 
 
+def _world_size() -> int:
+    from mmrun.backend import distributed
+
+    return distributed.get_world_size()
+
+
 def merge_vision(config: Any, visual: Any, training: bool, input_ids, embeds, pixel_values, image_grid,
                  pixel_values_videos, video_grid):
     """Put the ViT's features where the image / video pad tokens are (sequence length unchanged). `visual`:
@@ -104,11 +110,12 @@ def merge_vision(config: Any, visual: Any, training: bool, input_ids, embeds, pi
         grids.append(grid)
         counts.append((is_token, features))
     if not parts:
-        if not training:
+        if not training and _world_size() == 1:
             return embeds
         # Training without images still runs the ViT, on one blank 2x2 image whose result counts zero times:
         # every data-parallel / FSDP rank then runs the same collectives and reduces the same gradients
         # (MindSpeed-MM's fake image, megatron-core's dummy ViT input); the loss and the weights are unchanged.
+        # Evaluation too when there are several ranks: FSDP2 all-gathers the ViT's shards in every forward.
         merge = config.vision.spatial_merge_size
         blank = visual(ops.zeros((unit, config.vision.patch_dim), like=embeds), np.array([[1, merge, merge]]))
         return embeds + tensors.cast(ops.sum(blank), embeds.dtype) * 0.0

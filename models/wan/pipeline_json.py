@@ -49,10 +49,19 @@ def block(config: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
 
 
 def dtype_name(value: Any, where: str) -> str | None:
+    """mmrun.backend's name of a json's dtype; one line, before any weight is read, for a dtype the framework has
+    no kernels for on this device (bf16 on MindSpore's CPU: its Conv3D, Gather and MatMul would fail inside)."""
     if value is None:
         return None
     if value not in DTYPES:
         raise UsageError(f"{where}.dtype {value!r}: use one of {sorted(DTYPES)}")
+    from mmrun import backend
+    from mmrun.backend import tensors
+
+    info = backend.current()
+    if not tensors.supports_compute_dtype(DTYPES[value], info.device_kind):
+        raise UsageError(f"{where}.dtype {value!r} cannot run with the {info.framework} backend on "
+                         f"{info.device_kind} (no {DTYPES[value]} kernels there); set it to fp16 or fp32")
     return DTYPES[value]
 
 

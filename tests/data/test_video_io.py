@@ -124,6 +124,43 @@ def test_resize_equals_torch_interpolate():
         assert np.abs(preprocess.resize(x, size, mode, False, antialias) - expected).max() < 1e-5
 
 
+# MindSpeed-MM's examples/wan2.1/feature_extract/data.json (Ascend/MindSpeed-MM, Apache-2.0, commit
+# 57069cd55a8ab16d5affe379a2e2c5f0a4d962b9): train_pipeline.first_frame_clip as written (i2v's CLIP input).
+REAL_FIRST_FRAME_CLIP = [
+    {"trans_type": "ResizeVideo", "param": {"transform_size": {"max_height": 224, "max_width": 224},
+                                            "mode": "resize", "interpolation_mode": "bicubic",
+                                            "align_corners": False, "antialias": False}},
+    {"trans_type": "norm_fun", "param": {"mean": [0.48145466, 0.4578275, 0.40821073],
+                                         "std": [0.26862954, 0.26130258, 0.27577711]}}]
+
+
+def test_plain_bicubic_equals_torch_interpolate_and_the_real_first_frame_clip_runs():
+    """interpolate(mode="bicubic", antialias=False), up and down, both align_corners, within 3e-5 (measured
+    2.6e-5 at most: float32 sums in another order); the real i2v data.json's first_frame_clip list on a frame after
+    ToTensorVideo equals torch's interpolate then the normalisation."""
+    import torch
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(4)
+    for shape, size in (((2, 3, 37, 53), (224, 224)), ((1, 3, 300, 260), (224, 224)), ((1, 3, 20, 20), (7, 31))):
+        x = rng.random(shape).astype(np.float32)
+        for align_corners in (False, True):
+            expected = F.interpolate(torch.from_numpy(x), size=size, mode="bicubic", align_corners=align_corners,
+                                     antialias=False).numpy()
+            assert np.abs(preprocess.resize(x, size, "bicubic", align_corners, False) - expected).max() < 3e-5
+    frame = (rng.random((1, 3, 90, 160)) * 255).astype(np.uint8)
+    after_to_tensor = preprocess.run_pipeline(frame, [{"trans_type": "ToTensorVideo"}], {})
+    out = preprocess.run_pipeline(after_to_tensor, REAL_FIRST_FRAME_CLIP, {})
+    resized = F.interpolate(torch.from_numpy(frame).float() / 255, size=(224, 224), mode="bicubic",
+                            align_corners=False, antialias=False)
+    param = REAL_FIRST_FRAME_CLIP[1]["param"]
+    expected = (resized - torch.tensor(param["mean"]).view(1, 3, 1, 1)) / torch.tensor(param["std"]).view(1, 3, 1, 1)
+    assert out.shape == (1, 3, 224, 224) and out.dtype == np.float32
+    assert np.abs(out - expected.numpy()).max() < 1e-4
+    with pytest.raises(VideoDataError, match="on uint8 frames: .* put ToTensorVideo before this step"):
+        preprocess.run_pipeline(frame, REAL_FIRST_FRAME_CLIP, {})
+
+
 def test_data_txt_joins_folders_and_names_bad_lines(tmp_path):
     (tmp_path / "anno.json").write_text(json.dumps([{"path": "a.mp4", "cap": "a red square moves right"},
                                                     {"path": "sub/b.gif", "cap": ["one", "two"], "fps": 8}]))

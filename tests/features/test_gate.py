@@ -129,6 +129,9 @@ def test_known_facts(tokens, fw, dev, layer, status):
     (["--ckpt-format", "torch"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
     (["--ckpt-format", "torch_dcp"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
     (["--ms-jit"], "pytorch", "cpu", "trainer", []),
+    # memory, not results: every msrun twin of MindSpeed-MM passes it (issue 37)
+    (["--use-distributed-optimizer"], "mindspore", "cpu", "trainer", []),
+    (["--use-distributed-optimizer"], "mindspore", "npu", "trainer", []),
 ])
 def test_substitutions_carry_their_replacement(tokens, fw, dev, layer, replacement):
     (decision,) = ft.check_flags(tokens, fw, dev, layers=(layer,))
@@ -304,3 +307,15 @@ def test_importing_the_feature_table_imports_no_framework():
             "print(sorted(m for m in ('torch', 'mindspore', 'torch_npu') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_distributed_optimizer_on_mindspore_runs_with_one_notice_under_both_policies():
+    """MindSpeed-MM's msrun twins pass --use-distributed-optimizer; mmrun's MindSpore engines keep the whole AdamW
+    state on every rank (more memory, the same updates): the job runs with it off and one notice line."""
+    for policy in ft.POLICIES:
+        stream = io.StringIO()
+        result = ft.gate({"use_distributed_optimizer": True}, "mindspore", "cpu", policy, stream=stream)
+        assert result.overrides == {"use_distributed_optimizer": False} and not result.warnings
+        lines = stream.getvalue().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("notice: [mmrun trainer] --use-distributed-optimizer"), lines
+        assert "changes memory, not results" in lines[0]

@@ -88,6 +88,23 @@ def test_bad_input_is_one_line_and_exit_2(job, capsys, change, message):
     assert code == 2 and out == "" and len(lines) == 1 and lines[0].startswith(message), err
 
 
+def test_a_bf16_json_on_mindspore_cpu_is_refused_in_one_line_as_training_is(job):
+    """MindSpore has no bf16 CPU kernels: the json's dtype bf16 stops before the model is built (issue 37: a
+    TypeError inside Gather), exit 2, one line naming the dtype and what to set."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    entry = Path(__file__).resolve().parents[2] / "models" / "inference_vlm.py"
+    done = subprocess.run([sys.executable, str(entry), "--mm-model", write_json(job, dtype="bf16"), "--load",
+                           str(job[0] / "hf"), "--ai-framework", "mindspore"], capture_output=True, text=True,
+                          timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
+    assert len(lines) == 1 and "dtype 'bf16' cannot run with the mindspore backend on cpu" in lines[0], done.stderr
+    assert lines[0].endswith("set dtype to fp16 or fp32 in the json") and "Traceback" not in done.stderr
+
+
 def test_an_image_that_will_not_decode_is_one_line_and_exit_2(job, capsys):
     root = job[0]
     broken = root / "broken.png"

@@ -84,6 +84,45 @@ def test_peft_loads_the_adapter_into_diffusers_model_and_merges_the_same(models,
         np.testing.assert_allclose(ours_merged[name], value.numpy(), rtol=0, atol=1e-6, err_msg=name)
 
 
+def test_diffusers_wan_pipeline_loads_the_adapter_in_its_own_layout(models, tmp_path):
+    """The adapter also in diffusers' own LoRA layout (pytorch_lora_weights.safetensors, keys `transformer.<module>
+    .lora_A.weight`, the LoraConfig in its metadata), beside PEFT's: WanPipeline.load_lora_weights(directory) takes
+    it and its transformer computes our output; the keys are those diffusers' own save_lora_weights writes."""
+    import copy
+
+    from diffusers import WanPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+    from safetensors import safe_open
+
+    from diffusers import WanTransformer3DModel as Reference
+
+    _, ours, adapted, inputs = models
+    reference = Reference(**TINY).eval()  # the base weights (the fixture's reference may hold a merged adapter)
+    reference.load_state_dict({k: v for k, v in ours.state_dict().items() if ".lora_" not in k})
+    lora.save_adapter(ours, tmp_path / "adapter", diffusers_component="transformer")
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "pytorch_lora_weights.safetensors"]
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=copy.deepcopy(reference),
+                       scheduler=None)
+    pipe.load_lora_weights(str(tmp_path / "adapter"))
+    with torch.no_grad():
+        expected = ours(*inputs).numpy()
+        got = pipe.transformer(hidden_states=inputs[0], timestep=inputs[1], encoder_hidden_states=inputs[2],
+                               return_dict=False)[0].numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+    assert np.abs(got - reference(*inputs, return_dict=False)[0].detach().numpy()).max() > 0.1  # the adapter acts
+    theirs = copy.deepcopy(reference)  # diffusers' own save of the same adapters
+    theirs.add_adapter(LoraConfig(r=4, lora_alpha=8.0, target_modules=adapted))
+    WanPipeline.save_lora_weights(tmp_path / "theirs", transformer_lora_layers=get_peft_model_state_dict(theirs))
+    keys = {}
+    for name in ("adapter", "theirs"):
+        with safe_open(tmp_path / name / "pytorch_lora_weights.safetensors", "pt") as f:
+            keys[name] = sorted(f.keys())
+    assert keys["adapter"] == keys["theirs"] and keys["adapter"][0].startswith("transformer.blocks.0.")
+
+
 def test_merge_in_the_model_keeps_the_output(models):
     reference, ours, _, inputs = models
     copy = WanTransformer3DModel(WanTransformerConfig(**TINY))

@@ -130,6 +130,14 @@ def test_ignored_megatron_flags_warn_once_per_reason(capsys):
     assert args.logging_level == "20"  # still readable by a callback that wants it
 
 
+def test_the_fsdp2_flags_warning_names_no_single_example_file(capsys):
+    """--optimizer-selection and --init-model-with-meta-device come with every Qwen3-VL single-YAML job of
+    MindSpeed-MM (8B, 30B, 32B, 235B): the warning names them all, not the 8B file for the 30B one (issue 37)."""
+    parse_args(TINY + ["--optimizer-selection", "fused_torch_adamw", "--init-model-with-meta-device"], world_size=1)
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "--init-model-with-meta-device" in line]
+    assert "examples/qwen3vl/qwen3vl_*.yaml" in line and "8B" not in line
+
+
 @pytest.mark.parametrize("flags, names", [
     (["--train-samples", "1000"], "--train-samples is not supported by mmrun: mmrun trains for a number of iterations"),
     (["--swiglu"], "--swiglu is not supported by mmrun: mmrun's GPT is GPT-2 style"),

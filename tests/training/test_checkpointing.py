@@ -163,6 +163,23 @@ def test_a_missing_or_empty_directory_starts_fresh(tmp_path, root):
     assert _find(tmp_path / root) == (None, [])
 
 
+def test_a_missing_load_directory_says_what_the_run_starts_from(tmp_path):
+    """Megatron's "will start from random", unless the entry's model already holds weights (issue 37:
+    pretrain_transformers.py's init_from_hf_path was used while the line said random)."""
+    import argparse
+
+    args = argparse.Namespace(load=str(tmp_path / "missing"), ckpt_step=None, exit_on_missing_checkpoint=False)
+    for initial, expected in ((None, "random"), ("the Hugging Face weights of init_from_hf_path hf/Qwen2-VL",
+                                                 "the Hugging Face weights of init_from_hf_path hf/Qwen2-VL")):
+        lines: list[str] = []
+        args.initial_weights = initial
+        progress = ck.load_checkpoint(args, engine=None, scheduler=None, log=lines.append)
+        assert progress.iteration == 0
+        assert lines == [f"WARNING: could not find the metadata file {tmp_path / 'missing'}/"
+                         f"latest_checkpointed_iteration.txt; will not load any checkpoint and will start from "
+                         f"{expected}"]
+
+
 @pytest.mark.parametrize("tracker, reason", [
     ("directory", "is a directory, not the tracker file"),
     (b"\xff\xfe1\x000\x00", "is not text (not UTF-8). Received: b'\\xff\\xfe1"),

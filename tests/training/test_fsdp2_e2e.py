@@ -14,7 +14,8 @@ One slow test, many variants folded into few runs (each start costs seconds on 2
   multimodal:    the offline demo (mllm_format JSON + images, MindSpeed-MM's data.json), 4 iterations each
                  F: a tiny transformers Qwen2VLForConditionalGeneration (saved offline, init_from_hf_path) through
                     pretrain_transformers.py, 2 ranks FSDP2 (model.visual.blocks, model.language_model.layers)
-                    vs one process                                                   -> losses 1-4 equal
+                    vs one process, on a mixed batch (a rank with text only beside one with images: the
+                    vision tower runs on a dummy image there)                        -> losses 1-4 equal
   (mmrun's own Qwen2-VL, pretrain_vlm.py, under FSDP2: tests/training/test_pretrain_vlm.py, sharing its runs)
 """
 from __future__ import annotations
@@ -153,9 +154,18 @@ def tiny_hf_qwen2_vl(tokenizer_dir: str, out: Path) -> Path:
 
 @pytest.mark.slow
 def test_fsdp2_trains_vision_language_models_on_the_multimodal_data(tmp_path):
-    from mmrun.data.multimodal.demo import make_demo
+    from mmrun.data.multimodal.demo import TEXT_ONLY, make_demo
 
-    demo = make_demo(str(tmp_path / "demo"), num_samples=16, seed=7)  # in file order: every micro-batch has an image
+    demo = make_demo(str(tmp_path / "demo"), num_samples=16, seed=7)  # read in file order (shuffle false)
+    # A mixed data mix: samples 2, 3, 10, 11 text-only, so in each step's first micro-batch rank 0 has images and
+    # rank 1 none (Megatron's sampler: rank r takes [2r, 2r + 2) of each 4), and 7, 15 text-only beside an image.
+    # The vision tower must run on every rank all the same (a dummy image times zero), else FSDP2's all-gathers
+    # of model.visual.blocks run on rank 0 only and gloo aborts.
+    samples = json.loads(Path(demo["dataset"]).read_text())
+    for index, (question, answer) in zip((2, 3, 10, 11), TEXT_ONLY):
+        samples[index] = {"messages": [{"role": "user", "content": question},
+                                       {"role": "assistant", "content": answer}], "images": []}
+    Path(demo["dataset"]).write_text(json.dumps(samples))
     hf = tiny_hf_qwen2_vl(demo["model_dir"], tmp_path / "hf_qwen2_vl")
     (tmp_path / "model.json").write_text(json.dumps({"init_from_hf_path": str(hf)}))
     (tmp_path / "hf.yaml").write_text("sharding_size: auto\nsub_modules_to_wrap: ['model.visual.blocks.{*}', "

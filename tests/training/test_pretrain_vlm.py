@@ -228,3 +228,31 @@ def test_bad_inputs_stop_with_one_line_and_exit_2(vlm, tk, tmp_path):
         errors = [line for line in run.output.splitlines() if line.startswith("error:")]
         assert run.returncode == 2 and len(errors) == 1 and message in errors[0], (name, run.output[-2000:])
         assert "Traceback" not in run.output, name
+
+
+@pytest.mark.slow
+def test_mindspore_trains_video_batches_eagerly_with_one_notice_from_mindspeed_mm_flags_alone(tk, tmp_path):
+    """A data.json whose samples have videos (attr.videos set, MindSpeed-MM's video form) on MindSpore without
+    --no-ms-jit (issue 37: the fixed-shape collate stopped on the first video batch): one notice, PyNative, it
+    trains on the video batches."""
+    from mmrun.data.multimodal.demo import make_demo
+
+    demo = make_demo(str(tmp_path / "demo"), num_samples=4, seed=7)
+    samples = json.loads(Path(demo["dataset"]).read_text())
+    for sample in samples[:2]:  # step 1's two samples: a two-frame clip each instead of their picture
+        sample["messages"][0]["content"] = sample["messages"][0]["content"].replace("<image>", "<video>")
+        sample["videos"], sample["images"] = [[sample["images"][0]] * 2], []
+    Path(demo["dataset"]).write_text(json.dumps(samples))
+    config = json.loads(Path(demo["data_json"]).read_text())
+    config["dataset_param"]["attr"]["videos"] = "videos"
+    Path(demo["data_json"]).write_text(json.dumps(config))
+    run = tk.run_training(tmp_path / "run", ["--micro-batch-size", "1", "--global-batch-size", "2", "--seq-length",
+                                             "256", "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0",
+                                             "--train-iters", "2", "--mm-data", demo["data_json"], "--mm-model",
+                                             str(MODEL_JSON)], framework="mindspore", nproc=None, entry=VLM_ENTRY)
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.output.count("reads videos (attr.videos 'videos'): MindSpore's compiled step takes fixed-shape "
+                            "image batches only, so this job runs eagerly") == 1, run.output[-3000:]
+    assert "MindSpore train step: PyNative" in run.output
+    losses = run.losses()
+    assert sorted(losses) == [1, 2] and all(np.isfinite(v) for v in losses.values())

@@ -120,3 +120,27 @@ def test_is_vlm_decides_from_the_model_json(tmp_path):
                            (None, False)):
         assert is_vlm({}, argparse.Namespace(mm_model=None if path is None else str(path))) is expected, path
     assert is_vlm({"model_names": "mindspeed-mm"}, argparse.Namespace(mm_model=str(wan)))
+
+
+def test_a_converted_qwen3_vl_checkpoint_loads_into_the_one_process_run(tmp_path):
+    """`mmrun convert Qwen3VLMegatronConverter hf_to_mm` at TP=2, PP=2, then a one-process Qwen3-VL run's --load
+    (issue 37: the reshard read its model.json with the Qwen2-VL reader and refused model_id qwen3_vl): the whole
+    model back in Hugging Face names, every tensor equal."""
+    from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
+    from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
+
+    model_json = ROOT / "scripts" / "qwen3vl" / "model_tiny.json"
+    config = Qwen3VLConfig.from_hf_config(read_vlm_model_json(str(model_json)).hf_config)
+    rng = np.random.default_rng(3)
+    arrays = {n: rng.standard_normal(s).astype(np.float32) for n, s in mm_layout.hf_shapes(config).items()}
+    hf_checkpoint.save_hf_directory(tmp_path / "hf", config, arrays)
+    assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm"),
+                 "--cfg.hf_config.hf_dir", str(tmp_path / "hf"), "--cfg.parallel_config.tp_size", "2",
+                 "--cfg.parallel_config.llm_pp_layers", "[[1,1]]", "--cfg.parallel_config.vit_pp_layers",
+                 "[[2,0]]"]) == 0
+    probe = read_checkpoint(tmp_path / "mm", "release")
+    whole = checkpoint_reshard.reshard(probe, tmp_path / "mm", argparse.Namespace(mm_model=str(model_json)),
+                                       "mmrun-gpt", ParallelLayout())
+    assert sorted(whole.model) == sorted(arrays) and whole.meta["resharded"]
+    assert any("deepstack_merger_list" in n for n in arrays)
+    assert all(np.array_equal(whole.model[n], arrays[n]) for n in arrays)

@@ -225,4 +225,8 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
                            for k, features in enumerate(deepstack[0])}
         else:  # a blank ViT run: its features count zero times, the carried messages hold zeros
             self.levels = {k: sequence(torch.zeros_like(merged)) for k in self.carried}
+            if deepstack and len(deepstack[0]):  # its DeepStack mergers count zero times too: gradients (zeros)
+                # on every rank, so megatron-core's DDP buckets (--overlap-grad-reduce waits for every parameter)
+                # fill alike
+                merged = merged + sum(f.float().sum() for f in deepstack[0]).to(merged.dtype) * 0.0
         return merged
