@@ -127,10 +127,10 @@ def test_a_converted_qwen3_vl_checkpoint_loads_into_the_one_process_run(tmp_path
     (issue 37: the reshard read its model.json with the Qwen2-VL reader and refused model_id qwen3_vl): the whole
     model back in Hugging Face names, every tensor equal."""
     from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
-    from mmrun.models.qwen3_vl.model_json import read_vlm_model_json
+    from mmrun.models.vlm.model_json import read_model_json
 
     model_json = ROOT / "scripts" / "qwen3vl" / "model_tiny.json"
-    config = Qwen3VLConfig.from_hf_config(read_vlm_model_json(str(model_json)).hf_config)
+    config = Qwen3VLConfig.from_hf_config(read_model_json(str(model_json)).hf_config)
     rng = np.random.default_rng(3)
     arrays = {n: rng.standard_normal(s).astype(np.float32) for n, s in mm_layout.hf_shapes(config).items()}
     hf_checkpoint.save_hf_directory(tmp_path / "hf", config, arrays)
