@@ -1,0 +1,139 @@
+"""The table of MindSpeed-MM's example-file keys (features/mindspeed_mm_keys.yaml): what mmrun does with each.
+
+    table = load_key_table()
+    table.entry("fsdp2", "expert_parallel_size")      # Entry(verdict="refused", accept=(1,), why=...)
+    table.keys_of("fsdp2", "refused")                 # the keys a reader refuses
+    table.refusal("fsdp2", "expert_parallel_size", 2, where="fsdp2_config.yaml")   # the one-line message, or None
+    list(walk_keys({"a": {"b": [{"c": 1}]}}))        # ["a", "a.b", "a.b[].c"]
+
+No framework is imported; the readers (model / data / FSDP2 files) and the docs page take their verdicts here.
+"""
+from __future__ import annotations
+
+import fnmatch
+import functools
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from mmrun.common.yaml_tables import TableError, check_keys, load_yaml
+
+TABLE = Path(__file__).with_name("mindspeed_mm_keys.yaml")
+VERDICTS = ("honoured", "refused", "no_effect", "flag")
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    verdict: str
+    why: str
+    accept: tuple = ()  # for "refused": values that are accepted (no effect)
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    title: str
+    files: tuple[str, ...]
+    readers: tuple[str, ...]
+    includes: tuple[tuple[str, str], ...]  # (prefix, kind)
+    entries: dict[str, Entry]
+
+
+def expand(pattern: str) -> list[str]:
+    """`a.{b,c}.d` -> [a.b.d, a.c.d]; several braces give every combination."""
+    parts = _BRACES.split(pattern)
+    literals, choices = parts[0::2], [p.split(",") for p in parts[1::2]]
+    out = []
+    for combo in itertools.product(*choices):
+        text = literals[0]
+        for choice, literal in zip(combo, literals[1:]):
+            text += choice.strip() + literal
+        out.append(text)
+    return out
+
+
+def walk_keys(value: Any, prefix: str = "") -> Iterator[str]:
+    """Every key path of a parsed json/yaml value: `.` between levels, `[]` for the items of a list."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path
+            yield from walk_keys(item, path)
+    elif isinstance(value, list):
+        for item in value:
+            yield from walk_keys(item, prefix + "[]")
+
+
+@dataclass(frozen=True)
+class KeyTable:
+    kinds: dict[str, Kind]
+
+    def entry(self, kind: str, key: str) -> Entry | None:
+        """The verdict on `key` in a file of `kind` (its includes searched after its own groups)."""
+        own = self.kinds[kind]
+        if key in own.entries:
+            return own.entries[key]
+        for prefix, other in own.includes:
+            if key.startswith(prefix):
+                found = self.entry(other, key[len(prefix):])
+                if found is not None:
+                    return found
+        return None
+
+    def keys_of(self, kind: str, verdict: str) -> tuple[str, ...]:
+        return tuple(k for k, e in self.kinds[kind].entries.items() if e.verdict == verdict)
+
+    def kind_of_file(self, relative: str) -> str | None:
+        """The kind whose `files` patterns match a path relative to tests/fixtures/mindspeed_mm/."""
+        hits = [k.name for k in self.kinds.values() if any(fnmatch.fnmatch(relative, p) for p in k.files)]
+        if len(hits) > 1:
+            raise TableError(f"{TABLE}: {relative} matches the files of several kinds: {', '.join(hits)}")
+        return hits[0] if hits else None
+
+    def refusal(self, kind: str, key: str, value: Any, where: str) -> str | None:
+        """The one-line message that stops a job for `key: value`, or None when the table accepts the value."""
+        found = self.entry(kind, key)
+        if found is None or found.verdict != "refused" or (found.accept and value in found.accept):
+            return None
+        accepted = f" (accepted: {', '.join(map(repr, found.accept))})" if found.accept else ""
+        return f"{where}: {key}: {value!r} is refused{accepted}: {found.why}"
+
+
+def _load(path: Path) -> KeyTable:
+    data = check_keys(str(path), load_yaml(path), required=("verdicts", "kinds"))
+    if set(data["verdicts"]) != set(VERDICTS):
+        raise TableError(f"{path}: verdicts must be exactly {', '.join(VERDICTS)}")
+    kinds = {}
+    for name, raw in data["kinds"].items():
+        where = f"{path}: kinds.{name}"
+        check_keys(where, raw, required=("title", "files", "readers", "groups"), optional=("includes",))
+        entries: dict[str, Entry] = {}
+        for index, group in enumerate(raw["groups"]):
+            at = f"{where}.groups[{index}]"
+            check_keys(at, group, required=("verdict", "why", "keys"), optional=("accept",))
+            if group["verdict"] not in VERDICTS:
+                raise TableError(f"{at}: verdict {group['verdict']!r} is not one of {', '.join(VERDICTS)}")
+            if "accept" in group and group["verdict"] != "refused":
+                raise TableError(f"{at}: accept goes only with verdict refused")
+            for pattern in group["keys"]:
+                for key in expand(str(pattern)):
+                    if key in entries:
+                        raise TableError(f"{at}: key {key!r} is listed twice in kind {name}")
+                    entries[key] = Entry(key, group["verdict"], " ".join(str(group["why"]).split()),
+                                         tuple(group.get("accept") or ()))
+        includes = tuple((str(i["prefix"]), str(i["kind"])) for i in raw.get("includes") or ())
+        kinds[name] = Kind(name, raw["title"], tuple(raw["files"]), tuple(raw["readers"]), includes, entries)
+    for kind in kinds.values():
+        for _, other in kind.includes:
+            if other not in kinds:
+                raise TableError(f"{path}: kinds.{kind.name} includes unknown kind {other!r}")
+    return KeyTable(kinds)
+
+
+@functools.lru_cache(maxsize=None)
+def load_key_table(path: str | None = None) -> KeyTable:
+    return _load(Path(path) if path else TABLE)
