@@ -31,6 +31,7 @@ class Entry:
     verdict: str
     why: str
     accept: tuple = ()  # for "refused": values that are accepted (no effect)
+    when: str = ""  # for "refused": the condition, where the reader decides it (not the value alone)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class KeyTable:
     def refusal(self, kind: str, key: str, value: Any, where: str) -> str | None:
         """The one-line message that stops a job for `key: value`, or None when the table accepts the value."""
         found = self.entry(kind, key)
-        if found is None or found.verdict != "refused" or (found.accept and value in found.accept):
+        if found is None or found.verdict != "refused" or found.when or (found.accept and value in found.accept):
             return None
         accepted = f" (accepted: {', '.join(map(repr, found.accept))})" if found.accept else ""
         return f"{where}: {key}: {value!r} is refused{accepted}: {found.why}"
@@ -114,17 +115,17 @@ def _load(path: Path) -> KeyTable:
         entries: dict[str, Entry] = {}
         for index, group in enumerate(raw["groups"]):
             at = f"{where}.groups[{index}]"
-            check_keys(at, group, required=("verdict", "why", "keys"), optional=("accept",))
+            check_keys(at, group, required=("verdict", "why", "keys"), optional=("accept", "when"))
             if group["verdict"] not in VERDICTS:
                 raise TableError(f"{at}: verdict {group['verdict']!r} is not one of {', '.join(VERDICTS)}")
-            if "accept" in group and group["verdict"] != "refused":
-                raise TableError(f"{at}: accept goes only with verdict refused")
+            if ("accept" in group or "when" in group) and group["verdict"] != "refused":
+                raise TableError(f"{at}: accept and when go only with verdict refused")
             for pattern in group["keys"]:
                 for key in expand(str(pattern)):
                     if key in entries:
                         raise TableError(f"{at}: key {key!r} is listed twice in kind {name}")
                     entries[key] = Entry(key, group["verdict"], " ".join(str(group["why"]).split()),
-                                         tuple(group.get("accept") or ()))
+                                         tuple(group.get("accept") or ()), str(group.get("when", "")))
         includes = tuple((str(i["prefix"]), str(i["kind"])) for i in raw.get("includes") or ())
         kinds[name] = Kind(name, raw["title"], tuple(raw["files"]), tuple(raw["readers"]), includes, entries)
     for kind in kinds.values():
@@ -137,3 +138,115 @@ def _load(path: Path) -> KeyTable:
 @functools.lru_cache(maxsize=None)
 def load_key_table(path: str | None = None) -> KeyTable:
     return _load(Path(path) if path else TABLE)
+
+
+def check_values(kind: str, data: Any, where: str, table: KeyTable | None = None) -> list[str]:
+    """The one-line refusals for the refused keys of a parsed file whose values the table does not accept
+    (empty: nothing stops). Keys inside lists are judged per item."""
+    table = table or load_key_table()
+    out = []
+    for key, value in _key_values(data):
+        message = table.refusal(kind, key, value, where)
+        if message:
+            out.append(message)
+    return out
+
+
+def _key_values(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path, item
+            yield from _key_values(item, path)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _key_values(item, prefix + "[]")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_tables(table: KeyTable | None = None) -> str:
+    """docs/mindspeed-mm-keys.md's tables: one section per kind of file, one row per key."""
+    table = table or load_key_table()
+    parts = []
+    for kind in table.kinds.values():
+        files = ", ".join(f"`{f}`" for f in kind.files)
+        readers = ", ".join(f"`{r}`" for r in kind.readers) or "none (see the rows)"
+        lines = [f"### `{kind.name}`: {kind.title}", "", f"Files: {files}. Read by: {readers}."]
+        for prefix, other in kind.includes:
+            lines.append(f"Keys not listed here are judged as in `{other}`"
+                         + (f" under `{prefix}`" if prefix else "") + ".")
+        lines += ["", "| key | mmrun | why |", "|---|---|---|"]
+        for entry in kind.entries.values():
+            verdict = entry.verdict.replace("_", " ")
+            if entry.accept:
+                verdict += " (accepted: " + ", ".join(_json(v) for v in entry.accept) + ")"
+            if entry.when:
+                verdict += f" when {entry.when}"
+            lines.append(f"| `{_cell(entry.key)}` | {verdict} | {_cell(entry.why)} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def report(kind: str, data: Any, where: str, table: KeyTable | None = None) -> tuple[list[str], int]:
+    """(lines, exit code) for `python -m mmrun.features.mindspeed_keys`: each key of a file and what mmrun does
+    with it at the file's value; exit 2 when a value would stop the job."""
+    table = table or load_key_table()
+    seen: dict[str, str] = {}
+    for key, value in _key_values(data):
+        entry = table.entry(kind, key)
+        if entry is None:
+            verdict = "not in the table (see docs/mindspeed-mm-keys.md)"
+        elif entry.verdict == "refused" and entry.when:
+            verdict = f"refused when {entry.when}"
+        elif entry.verdict == "refused" and entry.accept and value in entry.accept:
+            verdict = f"no effect at {_json(value)} (other values are refused)"
+        else:
+            verdict = entry.verdict.replace("_", " ")
+        seen.setdefault(key, verdict)
+    refusals = check_values(kind, data, where, table)
+    lines = [f"{key}: {verdict}" for key, verdict in seen.items()] + [f"refused: {line}" for line in refusals]
+    counts = {name: sum(1 for v in seen.values() if v.startswith(name))
+              for name in ("honoured", "flag", "no effect", "refused", "not in the table")}
+    lines.append(f"{where}: {len(seen)} keys: " + ", ".join(f"{n} {name}" for name, n in counts.items() if n)
+                 + ("; the job would stop" if refusals else ""))
+    return lines, 2 if refusals else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    table = load_key_table()
+    parser = argparse.ArgumentParser(prog="python -m mmrun.features.mindspeed_keys",
+                                     description="Say what mmrun does with each key of MindSpeed-MM json/yaml files "
+                                                 "(features/mindspeed_mm_keys.yaml; docs/mindspeed-mm-keys.md).")
+    parser.add_argument("kind", choices=sorted(table.kinds), help="the kind of file")
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    args = parser.parse_args(argv)
+    code = 0
+    for name in args.files:
+        path = Path(name)
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = json.loads(text) if path.suffix == ".json" else load_yaml(path)
+        except (OSError, ValueError) as err:
+            print(f"{name}: cannot be read ({err})", file=sys.stderr)
+            return 2
+        lines, status = report(args.kind, data, name, table)
+        print("\n".join(lines))
+        code = max(code, status)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
