@@ -100,8 +100,10 @@ class KeyTable:
         found = self.entry(kind, key)
         if found is None or found.verdict != "refused" or found.when or (found.accept and value in found.accept):
             return None
-        accepted = f" (accepted: {', '.join(map(repr, found.accept))})" if found.accept else ""
-        return f"{where}: {key}: {value!r} is refused{accepted}: {found.why}"
+        accepted = f" (accepted: {', '.join(map(_json, found.accept))})" if found.accept else ""
+        shown = _json(value)
+        shown = shown if len(shown) <= 60 else ("a section" if isinstance(value, dict) else shown[:57] + "...")
+        return f"{where + ': ' if where else ''}{key}: {shown} is refused{accepted}: {found.why}"
 
 
 def _load(path: Path) -> KeyTable:
