@@ -92,3 +92,17 @@ def test_the_command_says_what_each_key_does_and_stops_on_moe(tmp_path, capsys):
     assert main(["fsdp2", str(changed)]) == 2
     out = capsys.readouterr().out
     assert "expert_parallel_size: 2 is refused (accepted: 1): expert parallelism of a mixture-of-experts model" in out
+
+
+def test_the_wan_extraction_refuses_a_sample_filter_it_does_not_build():
+    """The real data.json (nothing dropped: cfg 0.0, drop_short_ratio 0.0) passes the table; caption dropout does not,
+    in one line, before any model loads."""
+    from mmrun.backend.errors import UsageError
+    from mmrun.models.get_wan_feature import Extractor
+
+    data = _read(FIXTURES / "wan2.1" / "feature_extract" / "data.json")
+    data["dataset_param"]["preprocess_parameters"]["cfg"] = 0.1
+    with pytest.raises(UsageError) as err:
+        Extractor(data, {}, "data.json", "model_t2v.json", seed=0)
+    assert str(err.value).startswith("data.json: dataset_param.preprocess_parameters.cfg: 0.1 is refused (accepted: "
+                                     "0, 0.0, false): filtering or dropping samples")
