@@ -75,6 +75,13 @@ def test_the_readers_lists_agree_with_the_table():
         for key in keys:
             entry = TABLE.entry("vlm_data", f"dataset_param.{section}.{key}" if section else f"dataset_param.{key}")
             assert entry is None or entry.verdict in ("no_effect", "refused"), (section, key, entry)
+    from mmrun.models.wan.configuration import MINDSPEED_IGNORED, MINDSPEED_KEYS
+    for key in MINDSPEED_IGNORED:
+        entry = TABLE.entry("wan_model", f"predictor.{key}")
+        assert entry is None or entry.verdict == "no_effect", (key, entry)
+    for key in MINDSPEED_KEYS:
+        entry = TABLE.entry("wan_model", f"predictor.{key}")
+        assert entry is None or entry.verdict == "honoured", (key, entry)
     fsdp2 = TABLE.kinds["fsdp2"].entries
     for key in KEYS:
         assert key not in fsdp2 or fsdp2[key].verdict == "honoured", key
