@@ -210,14 +210,14 @@ def report(kind: str, data: Any, where: str, table: KeyTable | None = None) -> t
         elif entry.verdict == "refused" and entry.when:
             verdict = f"refused when {entry.when}"
         elif entry.verdict == "refused" and entry.accept and value in entry.accept:
-            verdict = f"no effect at {_json(value)} (other values are refused)"
+            verdict = f"accepted at {_json(value)} (other values are refused)"
         else:
             verdict = entry.verdict.replace("_", " ")
         seen.setdefault(key, verdict)
     refusals = check_values(kind, data, where, table)
     lines = [f"{key}: {verdict}" for key, verdict in seen.items()] + [f"refused: {line}" for line in refusals]
     counts = {name: sum(1 for v in seen.values() if v.startswith(name))
-              for name in ("honoured", "flag", "no effect", "refused", "not in the table")}
+              for name in ("honoured", "flag", "no effect", "accepted", "refused", "not in the table")}
     lines.append(f"{where}: {len(seen)} keys: " + ", ".join(f"{n} {name}" for name, n in counts.items() if n)
                  + ("; the job would stop" if refusals else ""))
     return lines, 2 if refusals else 0

@@ -92,8 +92,8 @@ def test_the_command_says_what_each_key_does_and_stops_on_moe(tmp_path, capsys):
     real = FIXTURES / "qwen3vl" / "fsdp2_config.yaml"
     assert main(["fsdp2", str(real)]) == 0
     out = capsys.readouterr().out
-    assert "expert_parallel_size: no effect at 1 (other values are refused)" in out
-    assert "12 keys: 8 honoured, 3 no effect, 1 refused" in out
+    assert "expert_parallel_size: accepted at 1 (other values are refused)" in out
+    assert "12 keys: 8 honoured, 2 no effect, 1 accepted, 1 refused" in out
     changed = tmp_path / "fsdp2_config.yaml"
     changed.write_text(real.read_text().replace("expert_parallel_size: 1", "expert_parallel_size: 2"))
     assert main(["fsdp2", str(changed)]) == 2
