@@ -37,6 +37,7 @@ FREEZE_SWITCHES: dict[str, dict[tuple[str, ...], tuple[str, ...]]] = {
                  ("image_encoder", "vision_projector"): ("visual.merger",),
                  ("text_decoder",): ("language_model", "lm_head")},
 }
+FREEZE_SWITCHES["qwen3_vl_moe"] = FREEZE_SWITCHES["qwen3_vl"]  # the same mixin's freeze() in MindSpeed-MM
 
 
 def frozen_name_pieces(model_cfg: Mapping[str, Any]) -> tuple[str, ...]:
@@ -62,6 +63,11 @@ def frozen_name_pieces(model_cfg: Mapping[str, Any]) -> tuple[str, ...]:
 def check_model_section(model_cfg: Mapping[str, Any]) -> str | None:
     """None, or the one notice naming the MindSpeed-MM keys that are ignored; raises ModelConfigError for any
     other unknown key, with a did-you-mean where a read key is close."""
+    from mmrun.features.mindspeed_keys import check_values  # what features/mindspeed_mm_keys.yaml refuses
+
+    refused = check_values("hf_yaml", {"model": dict(model_cfg)}, "")
+    if refused:
+        raise ModelConfigError(refused[0])
     unknown = [key for key in model_cfg if key not in READ_KEYS]
     foreign = [key for key in unknown if key in MINDSPEED_MM_KEYS]
     wrong = [key for key in unknown if key not in MINDSPEED_MM_KEYS]

@@ -70,3 +70,19 @@ def test_mindspeed_mms_freeze_switches_freeze_what_its_qwen3_vl_freezes():
     with pytest.raises(ModelConfigError, match=r"^model: image_encoder.vision_encoder.freeze is true for model_id "
                                                r"'qwen2_5vl'; mmrun knows MindSpeed-MM's freeze switches of qwen3_vl"):
         frozen_name_pieces({**QWEN25_MODEL_JSON, "image_encoder": {"vision_encoder": {"freeze": True}}})
+
+
+def test_the_real_30b_yamls_loss_keys_pass_and_a_router_loss_stops():
+    """qwen3vl_full_sft_30B.yaml (MoE): its freeze switches are the same mixin's as 8B's, router_aux_loss_coef 0.0
+    adds nothing; a router loss mmrun does not add stops in one line (features/mindspeed_mm_keys.yaml)."""
+    import yaml
+    from pathlib import Path
+
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "mindspeed_mm" / "qwen3vl" / "qwen3vl_full_sft_30B.yaml"
+    section = yaml.safe_load(real.read_text())["model"]
+    assert "applied as MindSpeed-MM's qwen3_vl_moe applies them" in check_model_section(section)
+    assert frozen_name_pieces(section) == ("visual.patch_embed", "visual.blocks", "visual.pos_embed", "visual.merger")
+    section["loss_cfg"]["router_aux_loss_coef"] = 0.01
+    with pytest.raises(ModelConfigError, match=r"^model.loss_cfg.router_aux_loss_coef: 0.01 is refused \(accepted: "
+                                               r"0, 0.0\): a MoE router's auxiliary loss is not added"):
+        check_model_section(section)
