@@ -42,6 +42,7 @@ class Kind:
     readers: tuple[str, ...]
     includes: tuple[tuple[str, str], ...]  # (prefix, kind)
     entries: dict[str, Entry]
+    fixed: dict[str, dict[str, Any]]  # model_id -> key -> the only value mmrun builds (refused keys with `when`)
 
 
 def expand(pattern: str) -> list[str]:
@@ -113,7 +114,7 @@ def _load(path: Path) -> KeyTable:
     kinds = {}
     for name, raw in data["kinds"].items():
         where = f"{path}: kinds.{name}"
-        check_keys(where, raw, required=("title", "files", "readers", "groups"), optional=("includes",))
+        check_keys(where, raw, required=("title", "files", "readers", "groups"), optional=("includes", "fixed"))
         entries: dict[str, Entry] = {}
         for index, group in enumerate(raw["groups"]):
             at = f"{where}.groups[{index}]"
@@ -129,7 +130,12 @@ def _load(path: Path) -> KeyTable:
                     entries[key] = Entry(key, group["verdict"], " ".join(str(group["why"]).split()),
                                          tuple(group.get("accept") or ()), str(group.get("when", "")))
         includes = tuple((str(i["prefix"]), str(i["kind"])) for i in raw.get("includes") or ())
-        kinds[name] = Kind(name, raw["title"], tuple(raw["files"]), tuple(raw["readers"]), includes, entries)
+        fixed = {str(model): dict(values) for model, values in (raw.get("fixed") or {}).items()}
+        for model, values in fixed.items():
+            for key in values:
+                if key not in entries or not entries[key].when:
+                    raise TableError(f"{where}.fixed.{model}: {key!r} is not a refused key with a `when` of the kind")
+        kinds[name] = Kind(name, raw["title"], tuple(raw["files"]), tuple(raw["readers"]), includes, entries, fixed)
     for kind in kinds.values():
         for _, other in kind.includes:
             if other not in kinds:
@@ -151,6 +157,19 @@ def check_values(kind: str, data: Any, where: str, table: KeyTable | None = None
         message = table.refusal(kind, key, value, where)
         if message:
             out.append(message)
+    return out
+
+
+def fixed_refusals(kind: str, data: Any, model_id: str, where: str, table: KeyTable | None = None) -> list[str]:
+    """The one-line refusals for family-fixed keys (the kind's `fixed` for `model_id`) whose value is another."""
+    table = table or load_key_table()
+    fixed = table.kinds[kind].fixed.get(model_id, {})
+    out = []
+    for key, value in _key_values(data):
+        if key in fixed and value != fixed[key]:
+            out.append(f"{where + ': ' if where else ''}{key}: {_json(value)} describes another model: mmrun builds "
+                       f"{model_id}'s architecture, where it is {_json(fixed[key])} (every MindSpeed-MM example); "
+                       "set it so or leave it out")
     return out
 
 
@@ -188,6 +207,13 @@ def markdown_tables(table: KeyTable | None = None) -> str:
             if entry.when:
                 verdict += f" when {entry.when}"
             lines.append(f"| `{_cell(entry.key)}` | {verdict} | {_cell(entry.why)} |")
+        if kind.fixed:
+            models = list(kind.fixed)
+            keys = list(dict.fromkeys(k for values in kind.fixed.values() for k in values))
+            lines += ["", f"The fixed values of `{kind.name}` by model_id (another value stops the job):", "",
+                      "| key | " + " | ".join(f"`{m}`" for m in models) + " |", "|---|" + "---|" * len(models)]
+            lines += [f"| `{k}` | " + " | ".join(_json(kind.fixed[m][k]) if k in kind.fixed[m] else "-" for m in models)
+                      + " |" for k in keys]
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 

@@ -121,10 +121,11 @@ def _in_key_table(where: str, key: str) -> bool:
 
 
 def refuse_from_key_table(path: str, raw: Mapping[str, Any]) -> None:
-    """The values features/mindspeed_mm_keys.yaml refuses (an audio encoder, a MoE decoder): one line, exit 2."""
-    from mmrun.features.mindspeed_keys import check_values
+    """The values features/mindspeed_mm_keys.yaml refuses (an audio encoder, a MoE decoder, a key that describes
+    another architecture than model_id's family): one line, exit 2."""
+    from mmrun.features.mindspeed_keys import check_values, fixed_refusals
 
-    refused = check_values("vlm_model", raw, path)
+    refused = check_values("vlm_model", raw, path) + fixed_refusals("vlm_model", raw, str(raw.get("model_id")), path)
     if refused:
         raise UsageError(refused[0])
 

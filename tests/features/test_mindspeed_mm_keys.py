@@ -113,3 +113,28 @@ def test_the_wan_extraction_refuses_a_sample_filter_it_does_not_build():
         Extractor(data, {}, "data.json", "model_t2v.json", seed=0)
     assert str(err.value).startswith("data.json: dataset_param.preprocess_parameters.cfg: 0.1 is refused (accepted: "
                                      "0, 0.0, false): filtering or dropping samples")
+
+
+def test_a_key_that_describes_another_architecture_stops_the_reader():
+    """The family-fixed keys (the table's `fixed`, the values of every MindSpeed-MM example): the real model and
+    inference files pass; a Qwen3-VL ViT given RMSNorm, or a Qwen2.5-VL decoder given biases, stops in one line."""
+    from mmrun.backend.errors import UsageError
+    from mmrun.features.mindspeed_keys import fixed_refusals
+    from mmrun.models.qwen2_vl.model_json import parse_model_json as parse_qwen2
+    from mmrun.models.qwen3_vl.model_json import parse_model_json as parse_qwen3
+
+    for path in FILES:
+        if _kind(path) in ("vlm_model", "vlm_infer"):
+            raw = _read(path)
+            assert fixed_refusals("vlm_model", raw, raw.get("model_id") or "qwen2_5vl", path.name) == []
+    qwen3 = _read(FIXTURES / "mindspore" / "qwen3vl" / "model_8B.json")
+    qwen3["image_encoder"]["vision_encoder"]["normalization"] = "RMSNorm"
+    with pytest.raises(UsageError) as err:
+        parse_qwen3(qwen3, "model_8B.json")
+    assert str(err.value) == ("model_8B.json: image_encoder.vision_encoder.normalization: \"RMSNorm\" describes another "
+                              "model: mmrun builds qwen3_vl's architecture, where it is \"LayerNorm\" (every "
+                              "MindSpeed-MM example); set it so or leave it out")
+    qwen25 = _read(FIXTURES / "qwen2.5vl" / "model_7b.json")
+    qwen25["text_decoder"]["add_bias_linear"] = True
+    with pytest.raises(UsageError, match=r"^model_7b.json: text_decoder.add_bias_linear: true describes another model"):
+        parse_qwen2(qwen25, "model_7b.json")
