@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from mmrun.common.yaml_tables import TableError, load_yaml
 from mmrun.engines.base import ArgumentsError
+from mmrun.features.mindspeed_keys import check_values, load_key_table
 
 
 class FSDP2ConfigError(ArgumentsError):
@@ -92,6 +93,8 @@ class FSDP2Config:
     pin_memory: bool = False
     num_to_forward_prefetch: int = 0
     num_to_backward_prefetch: int = 1
+    # MindSpeed-MM's MoE keys (features/mindspeed_mm_keys.yaml): patterns of expert modules; a match is refused
+    moe_modules: tuple[str, ...] = ()
     source: str = "<fsdp2 config>"
 
     def shard_size(self, world_size: int) -> int:
@@ -156,13 +159,18 @@ def config_from_mapping(data: Any, source: str = "<fsdp2 config>") -> FSDP2Confi
         data = {}
     if not isinstance(data, dict):
         raise FSDP2ConfigError(f"{source}: must be a mapping of the FSDP2 keys. Received: {type(data).__name__}")
+    table = load_key_table()
     for key in data:
-        if str(key) not in KEYS:
+        if str(key) not in KEYS and table.entry("fsdp2", str(key)) is None:
             close = difflib.get_close_matches(str(key), KEYS, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]}?" if close else f"the keys are {', '.join(KEYS)}"
             raise FSDP2ConfigError(f"{source}: unknown key {key!r}; {hint}")
+    refused = check_values("fsdp2", data, source, table)  # MindSpeed-MM's MoE keys at values that need MoE
+    if refused:
+        raise FSDP2ConfigError(refused[0])
     values = {key: _value(source, key, spec, data.get(key)) for key, spec in KEYS.items()}
-    config = FSDP2Config(**values, source=source)
+    moe = _value(source, "moe_modules", Key("modules", (), ""), data.get("moe_modules"))
+    config = FSDP2Config(**values, moe_modules=moe, source=source)
     if config.pin_memory and not config.offload_to_cpu:
         raise FSDP2ConfigError(f"{source}: pin_memory: true applies only with offload_to_cpu: true; "
                                "set offload_to_cpu: true or drop pin_memory")
@@ -355,6 +363,12 @@ def _check_static_overlap(config: FSDP2Config) -> None:
 def plan_modules(config: FSDP2Config, module_names: Sequence[str], classes: Mapping[str, str] | None = None) -> ModulePlan:
     """Resolve the three lists against one model's module tree; errors name the pattern and what exists."""
     names = [n for n in module_names if n]
+    for pattern in config.moe_modules:
+        hits = match_pattern(parse_pattern(pattern, f"{config.source}: moe_modules"), names, classes)
+        if hits:
+            raise FSDP2ConfigError(f"{config.source}: moe_modules: {pattern!r} matches {hits[0]!r}: sharding the "
+                                   "experts of a mixture-of-experts (MoE) model on their own is not built yet; train "
+                                   "a dense model, or take the MoE model's experts out of moe_modules")
     plan = ModulePlan()
     for key, target in (("sub_modules_to_wrap", plan.wrap), ("ignored_modules", plan.ignore),
                         ("recompute_modules", plan.recompute)):

@@ -29,9 +29,45 @@ MINDSPEED_MM_KEYS = (
 )
 
 
+# MindSpeed-MM's freeze switches of the model file's sections (`image_encoder.vision_encoder.freeze`, ...) -> the
+# pieces of parameter names its transformers model then freezes (every parameter whose name contains one), per
+# model_id: mindspeed_mm/models/transformers/qwen3vl/qwen3vl.py's freeze() at 57069cd5 (features/mindspeed_mm_keys.yaml).
+FREEZE_SWITCHES: dict[str, dict[tuple[str, ...], tuple[str, ...]]] = {
+    "qwen3_vl": {("image_encoder", "vision_encoder"): ("visual.patch_embed", "visual.blocks", "visual.pos_embed"),
+                 ("image_encoder", "vision_projector"): ("visual.merger",),
+                 ("text_decoder",): ("language_model", "lm_head")},
+}
+FREEZE_SWITCHES["qwen3_vl_moe"] = FREEZE_SWITCHES["qwen3_vl"]  # the same mixin's freeze() in MindSpeed-MM
+
+
+def frozen_name_pieces(model_cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    """The name pieces of the parameters that MindSpeed-MM's freeze switches in `model_cfg` freeze; a switch set
+    true for a model_id whose switches mmrun does not know stops in one line (never dropped)."""
+    on = []
+    for section in {path for switches in FREEZE_SWITCHES.values() for path in switches}:
+        value: Any = model_cfg
+        for part in section:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if isinstance(value, Mapping) and value.get("freeze") is True:
+            on.append(section)
+    if not on:
+        return ()
+    model_id = model_cfg.get("model_id")
+    if model_id not in FREEZE_SWITCHES:
+        raise ModelConfigError(f"model: {'.'.join(sorted(on)[0])}.freeze is true for model_id {model_id!r}; mmrun "
+                               f"knows MindSpeed-MM's freeze switches of {', '.join(FREEZE_SWITCHES)} only: list the "
+                               "parameter prefixes to freeze in model.freeze, or set the switch false")
+    return tuple(piece for section in sorted(on) for piece in FREEZE_SWITCHES[model_id][section])
+
+
 def check_model_section(model_cfg: Mapping[str, Any]) -> str | None:
     """None, or the one notice naming the MindSpeed-MM keys that are ignored; raises ModelConfigError for any
     other unknown key, with a did-you-mean where a read key is close."""
+    from mmrun.features.mindspeed_keys import check_values  # what features/mindspeed_mm_keys.yaml refuses
+
+    refused = check_values("hf_yaml", {"model": dict(model_cfg)}, "")
+    if refused:
+        raise ModelConfigError(refused[0])
     unknown = [key for key in model_cfg if key not in READ_KEYS]
     foreign = [key for key in unknown if key in MINDSPEED_MM_KEYS]
     wrong = [key for key in unknown if key not in MINDSPEED_MM_KEYS]
@@ -43,6 +79,8 @@ def check_model_section(model_cfg: Mapping[str, Any]) -> str | None:
         raise ModelConfigError(f"model: unknown key(s) {', '.join(hints)}; mmrun reads {', '.join(READ_KEYS)}, and "
                                "accepts (ignoring) MindSpeed-MM's model-file keys")
     if foreign:
-        return (f"model: MindSpeed-MM key(s) {', '.join(foreign)} ignored: the transformers model is built from "
-                "its config.json (init_from_hf_path / hf_config)")
+        switches = (f" but their freeze switches, applied as MindSpeed-MM's {model_cfg.get('model_id')} applies them"
+                    if model_cfg.get("model_id") in FREEZE_SWITCHES else "")
+        return (f"model: MindSpeed-MM key(s) {', '.join(foreign)} ignored{switches}: the transformers model is built "
+                "from its config.json (init_from_hf_path / hf_config)")
     return None

@@ -20,6 +20,7 @@ decode, a generation_config value of the wrong type, a prompt past the model's p
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -45,7 +46,13 @@ def read_evaluation_keys(raw: dict[str, Any], path: str) -> tuple[Any, str, Path
     model_name = raw.get("evaluation_model") or "model"
     if not isinstance(model_name, str):
         raise UsageError(f"--mm-model {path}: evaluation_model must be a string; received {model_name!r}")
-    return DATASETS[name], raw["dataset_path"], Path(raw["result_output_path"]), model_name
+    custom = raw.get("use_custom_prompt", True)  # MindSpeed-MM's default; false: the dataset's own prompt
+    if not isinstance(custom, bool) or (not custom and name.startswith("mmmu")):
+        raise UsageError(f"--mm-model {path}: use_custom_prompt {custom!r} for {name}: "
+                         + ("MMMU's own prompt (images split into the question) is not built; set it true"
+                            if isinstance(custom, bool) else "use true or false"))
+    return (dataclasses.replace(DATASETS[name], custom=custom), raw["dataset_path"], Path(raw["result_output_path"]),
+            model_name)
 
 
 def answer_rows(pipeline: Qwen2VlPipeline, rows: list[Any], dataset: Any, rank: int) -> dict[str, str]:

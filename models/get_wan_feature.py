@@ -93,6 +93,11 @@ class Extractor:
         from mmrun.models.wan import pipeline_json
 
         dataset = pipeline_json.block(data, "dataset_param", data_flag)
+        from mmrun.features.mindspeed_keys import check_values  # sample filters not built (features/mindspeed_mm_keys.yaml)
+
+        refused = check_values("wan_extract_data", data, data_flag)
+        if refused:
+            raise UsageError(refused[0])
         basic = pipeline_json.block(dataset, "basic_parameters", f"{data_flag} dataset_param")
         mode = basic.get("data_storage_mode", "combine")
         if mode != "combine":

@@ -340,6 +340,11 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     if unknown:
         say_rank0("warning", f"{args.mm_data}: unknown top-level key(s) {', '.join(unknown)} "
                   "(mmrun does not read them)")
+    from mmrun.features.mindspeed_keys import check_values  # what features/mindspeed_mm_keys.yaml refuses
+
+    refused = check_values("vlm_data", data, args.mm_data)
+    if refused:
+        raise UsageError(refused[0])
     loader = data.get("dataloader_param") or {}
     print_rank_0("> building the multimodal dataset ...")
     dataset = mllm_dataset.MultimodalDataset(data["dataset_param"], seq_length=args.seq_length,

@@ -56,6 +56,11 @@ def dist_backends_table() -> str:
     return "\n".join(rows)
 
 
+def _mindspeed_keys_table() -> str:
+    from mmrun.features.mindspeed_keys import markdown_tables
+    return markdown_tables()
+
+
 def _analyse_tables(text: str) -> str:
     from mmrun.analyse.docgen import render_page
     return render_page(text)
@@ -78,6 +83,8 @@ GENERATED: list[Generated] = [
               _between("<!-- dist-backends:start -->\n", "<!-- dist-backends:end -->", dist_backends_table)),
     Generated("docs/analyse.md", "rule and limit tables (analyse/rules.yaml, analyse/limits.py)", _analyse_tables),
     Generated("docs/features.md", "the whole page (features/*.yaml)", _features_page),
+    Generated("docs/mindspeed-mm-keys.md", "key table (features/mindspeed_mm_keys.yaml)",
+              _between("<!-- keys-table:start -->\n", "<!-- keys-table:end -->", _mindspeed_keys_table)),
 ]
 
 

@@ -22,6 +22,7 @@ class Dataset:
     kind: str  # "MCQ" (accuracy of the extracted letter) or "VQA" (per-answer score)
     metric: str  # accuracy | relaxed_accuracy | anls
     required: tuple[str, ...]  # TSV columns this dataset needs
+    custom: bool = True  # use_custom_prompt: the model's prompt (Qwen2-VL's), or false: the dataset's own
 
 
 # MindSpeed-MM's datasets_type, with the metric VLMEvalKit reports for each.
@@ -42,7 +43,26 @@ def options(row: Row) -> dict[str, str]:
     return {letter: row.get(letter) for letter in string.ascii_uppercase if row.get(letter) is not None}
 
 
+DATASET_VQA_SUFFIX = "\nAnswer the question using a single word or phrase."
+
+
+def dataset_prompt(row: Row, dataset: Dataset) -> str:
+    """The dataset's own prompt (MindSpeed-MM's eval_datasets build_prompt, used with use_custom_prompt false):
+    VQA: the question and a short-answer instruction; multiple choice: hint, question, options and the English
+    instruction, its trailing " \n" kept."""
+    if dataset.kind == "VQA":
+        return row.fields["question"] + DATASET_VQA_SUFFIX
+    choices = options(row)
+    prompt = f"Hint: {row.get('hint')}\n" if row.get("hint") is not None else ""
+    prompt += f"Question: {row.fields['question']}\n"
+    if choices:
+        prompt += "Options:\n" + "".join(f"{k}. {v}\n" for k, v in choices.items()) + MCQ_EN + " \n"
+    return prompt
+
+
 def build_prompt(row: Row, dataset: Dataset) -> str:
+    if not dataset.custom:
+        return dataset_prompt(row, dataset)
     if dataset.kind == "VQA":
         return row.fields["question"] + VQA_SUFFIX
     choices = options(row)

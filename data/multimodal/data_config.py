@@ -151,6 +151,11 @@ def parse_dataset_param(dataset_param: Any, where: str = "dataset_param") -> Mul
     if missing:
         raise DatasetConfigError(f"{where}.{missing[0]} is missing; MindSpeed-MM's data.json needs "
                                  "preprocess_parameters and basic_parameters (attr is optional).")
+    from mmrun.features.mindspeed_keys import check_values  # what features/mindspeed_mm_keys.yaml refuses (audio)
+
+    refused = check_values("vlm_data", {"dataset_param": dataset_param}, "")
+    if refused:
+        raise DatasetConfigError(refused[0])
     sections = {name: _check_section(name, dataset_param.get(name, {}), where) for name in SCHEMA}
     top = {k: v for k, v in dataset_param.items() if k not in SCHEMA}
     _warn_extra("", top, where)

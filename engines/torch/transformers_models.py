@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from mmrun.engines.base import ModelConfigError  # noqa: F401 - raised here, caught by the entry
-from mmrun.engines.model_section import check_model_section
+from mmrun.engines.model_section import check_model_section, frozen_name_pieces
 
 MODEL_HUB: dict[str, type] = {}
 
@@ -99,6 +99,10 @@ def build_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
         for name, param in model.named_parameters():
             if name == prefix or name.startswith(prefix + "."):
                 param.requires_grad_(False)
+    pieces = frozen_name_pieces(model_cfg)  # MindSpeed-MM's switches (image_encoder.vision_encoder.freeze, ...)
+    for name, param in model.named_parameters():
+        if any(piece in name for piece in pieces):
+            param.requires_grad_(False)
     return model
 
 

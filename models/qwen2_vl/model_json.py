@@ -16,7 +16,8 @@ import json
 from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.vlm.model_json import DEFAULT_TOKEN_IDS, ModelJson, check_section, read_pipeline_layers, require
+from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, ModelJson, check_section, read_pipeline_layers,
+                                         refuse_from_key_table, require)
 
 # model.json's model_id -> the Hugging Face model_type it describes.
 MODEL_TYPES = {"qwen2vl": "qwen2_vl", "qwen2_5vl": "qwen2_5_vl"}
@@ -58,6 +59,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
     if not isinstance(raw, Mapping):
         raise UsageError(f"{path}: the top level must be a JSON object. Received: {type(raw).__name__}")
     check_section(path, "top", raw, "the top level", warnings)
+    refuse_from_key_table(path, raw)
     model_id = raw.get("model_id")
     if model_id not in MODEL_TYPES:
         raise UsageError(f"{path}: model_id must be one of {', '.join(MODEL_TYPES)} (Qwen2-VL, Qwen2.5-VL). "

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
 from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, check_section, read_pipeline_layers,
-                                         require)
+                                         refuse_from_key_table, require)
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_REFUSAL
 
 MODEL_IDS = ("qwen3_vl",)
@@ -53,6 +53,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
         check_section(path, section, values, where, warnings, SCHEMA3)
     if text.get("num_moe_experts"):
         raise UsageError(f"{path}: text_decoder.num_moe_experts {text['num_moe_experts']}: {MOE_REFUSAL}")
+    refuse_from_key_table(path, raw)
     if text.get("qk_layernorm") is False:
         raise UsageError(f"{path}: text_decoder.qk_layernorm is false, but Qwen3-VL's decoder normalises q and k "
                          "per head; set it true (or leave it out)")

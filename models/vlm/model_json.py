@@ -91,7 +91,7 @@ class ModelJson:
 def check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str],
                    schemas: Mapping[str, Mapping[str, tuple[type, ...]]] = SCHEMA) -> None:
     schema = schemas[section]
-    unknown = sorted(set(values) - set(schema))
+    unknown = sorted(key for key in set(values) - set(schema) if not _in_key_table(where, key))
     if unknown:
         warnings.append(f"{path}: unknown key(s) in {where}: {', '.join(unknown)} (mmrun does not read them)")
     for key, value in values.items():
@@ -102,6 +102,25 @@ def check_section(path: str, section: str, values: Mapping[str, Any], where: str
         if wrong:
             names = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
             raise UsageError(f"{path}: {where}.{key} must be {names}. Received: {json.dumps(value)}")
+
+
+def _in_key_table(where: str, key: str) -> bool:
+    """Whether features/mindspeed_mm_keys.yaml says what mmrun does with `key` of section `where` (then it is no
+    unknown key: docs/mindspeed-mm-keys.md gives the reason it has no effect)."""
+    from mmrun.features.mindspeed_keys import load_key_table
+
+    path = key if where == "the top level" else f"{where}.{key}"
+    return any(load_key_table().entry(kind, path) is not None for kind in ("vlm_model", "vlm_infer"))
+
+
+def refuse_from_key_table(path: str, raw: Mapping[str, Any]) -> None:
+    """The values features/mindspeed_mm_keys.yaml refuses (an audio encoder, a MoE decoder, a key that describes
+    another architecture than model_id's family): one line, exit 2."""
+    from mmrun.features.mindspeed_keys import check_values, fixed_refusals
+
+    refused = check_values("vlm_model", raw, path) + fixed_refusals("vlm_model", raw, str(raw.get("model_id")), path)
+    if refused:
+        raise UsageError(refused[0])
 
 
 def require(path: str, values: Mapping[str, Any], where: str, keys: tuple[str, ...]) -> None:

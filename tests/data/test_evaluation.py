@@ -94,3 +94,30 @@ def test_relaxed_accuracy_anls_and_summary(tmp_path):
     open_row = read_tsv(write_tsv(tmp_path / "m.tsv", ["index", "image", "question", "A", "answer"],
                                   [[0, png_base64(), "Name it", "", "Paris"]]), mmmu.required)[0]
     assert metrics.score_row(open_row, "It is Paris.", mmmu) == {"score": 1.0, "extracted": "A", "truth": "A"}
+
+
+def test_use_custom_prompt_false_gives_the_datasets_own_prompt(tmp_path):
+    """examples/qwen2.5vl/evaluate_qwen2_5_vl_72b.json says use_custom_prompt false: MindSpeed-MM then asks its
+    eval dataset's build_prompt (datasets_ai2d.py / datasets_vqa.py at 57069cd5): the English instruction with its
+    " \\n" kept, whatever the language; VQA's own short-answer line. MMMU's (images split into the text) is refused."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from mmrun.backend.errors import UsageError
+    from mmrun.models.evaluate_vlm import read_evaluation_keys
+
+    real = Path(__file__).resolve().parents[1] / "fixtures" / "mindspeed_mm" / "qwen2.5vl" / "evaluate_qwen2_5_vl_72b.json"
+    raw = json.loads(real.read_text())
+    dataset, *_ = read_evaluation_keys(raw, "evaluate_qwen2_5_vl_72b.json")
+    assert dataset.name == "ai2d_test" and dataset.custom is False
+    cn = read_tsv(write_tsv(tmp_path / "cn.tsv", ["index", "image", "question", "hint", "A", "B", "answer"],
+                            [[1, png_base64(), "哪个?", "看左边", "甲", "乙", "A"]]), dataset.required)
+    assert build_prompt(cn[0], dataset) == ("Hint: 看左边\nQuestion: 哪个?\nOptions:\nA. 甲\nB. 乙\n"
+                                            "Please select the correct answer from the options above. \n")
+    vqa = read_tsv(write_tsv(tmp_path / "c.tsv", ["index", "image", "question", "answer"],
+                             [[0, png_base64(), "What is the peak?", "12"]]), DATASETS["chartqa_test"].required)
+    chart = dataclasses.replace(DATASETS["chartqa_test"], custom=False)
+    assert build_prompt(vqa[0], chart) == "What is the peak?\nAnswer the question using a single word or phrase."
+    with pytest.raises(UsageError, match="use_custom_prompt False for mmmu_dev_val: MMMU's own prompt"):
+        read_evaluation_keys({**raw, "evaluation_dataset": "mmmu_dev_val"}, "e.json")

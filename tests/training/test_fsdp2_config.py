@@ -25,7 +25,7 @@ def test_defaults_are_the_user_guides():
     assert config.sharding_size == 1 and config.use_reentrant is True and config.offload_to_cpu is False
     assert config.pin_memory is False and config.num_to_backward_prefetch == 1 and config.cast_forward_inputs
     assert config.reshard_after_forward is None and config.param_dtype is None
-    assert set(KEYS) == {f for f in config.__dataclass_fields__ if f != "source"}
+    assert set(KEYS) == {f for f in config.__dataclass_fields__ if f not in ("source", "moe_modules")}
 
 
 def test_the_user_guides_example_file_parses():
@@ -199,3 +199,28 @@ def test_fp16_is_refused_by_the_torch_engines(tmp_path):
     assert run.returncode == 2 and errors == [
         "error: --fp16 is not supported by the torch-fsdp2 engine (no loss scaling, no fp32 main params). Received: "
         "--fp16; use --bf16 (MindSpeed-MM's FSDP2 configs train in bf16) or fp32"], run.stderr[-2000:]
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mindspeed_mm"
+
+
+def test_mindspeed_mms_real_files_load_and_their_moe_keys_stop_only_a_moe_model():
+    """examples/qwen3vl/fsdp2_config.yaml (57069cd5) as it is: align_fsdp_param_groups (communication only),
+    expert_parallel_size 1, reshard_local_experts, and moe_modules that match no module of the dense Qwen3-VL 8B
+    have no effect; expert parallelism, or a moe_modules pattern that matches experts, stops in one line naming MoE
+    (features/mindspeed_mm_keys.yaml)."""
+    from mmrun.engines.fsdp2_config import load_fsdp2_config
+
+    config = load_fsdp2_config(FIXTURES / "qwen3vl" / "fsdp2_config.yaml")
+    assert config.summary(8) == "full shard, ZeRO-3, param bf16, reduce fp32, prefetch fwd 1 bwd 1"
+    assert plan_modules(config, VLM).wrap == []  # the dense model: no experts, nothing refused
+    moe = [*VLM, "model.language_model.layers.0.mlp", "model.language_model.layers.0.mlp.experts"]
+    with pytest.raises(FSDP2ConfigError) as err:
+        plan_modules(config, moe)
+    assert str(err.value).startswith(f"{config.source}: moe_modules: 'model.language_model.layers.{{*}}.mlp.experts'"
+                                     " matches 'model.language_model.layers.0.mlp.experts': sharding the experts of a "
+                                     "mixture-of-experts (MoE) model on their own is not built yet")
+    with pytest.raises(FSDP2ConfigError, match=r"^f.yaml: expert_parallel_size: 2 is refused \(accepted: 1\): expert "
+                                               "parallelism of a mixture-of-experts model"):
+        config_from_mapping({"expert_parallel_size": 2}, "f.yaml")
+    assert load_fsdp2_config(FIXTURES / "qwen2.5vl" / "fsdp2_config.yaml").ignored_modules == ("image_encoder",)
