@@ -35,6 +35,7 @@ class OmniRopeConfig:
     audio_start_token_id: int
     position_id_per_seconds: float = 25
     seconds_per_chunk: float = 2
+    use_audio_in_video: bool = False  # the data's setting (the collator passes it to get_rope_index)
 
     @classmethod
     def from_model_config(cls, config) -> "OmniRopeConfig":
