@@ -1,7 +1,6 @@
-"""A tiny Qwen2.5-Omni fine-tuning job from MindSpeed-MM's own files (Ascend/MindSpeed-MM, commit
-57069cd55a8ab16d5affe379a2e2c5f0a4d962b9): examples/qwen2.5omni/model_7b.json with its sizes shrunk (every key kept,
-vocab_size and the token ids as they are) and examples/qwen2.5omni/data_7b.json with its paths pointed at a
-synthetic dataset (every key kept): WAV tones with captions, a few with a video (frames) and its sound track.
+"""A tiny Qwen2.5-Omni fine-tuning job from MindSpeed-MM's own files (scripts/qwen2_5omni/: Ascend/MindSpeed-MM's
+examples/qwen2.5omni/model_7b.json with its sizes shrunk, every key kept, and data_7b.json as it is) with its paths
+pointed at a synthetic dataset: WAV tones with captions, a few with a video (frames) and its sound track.
 The tokenizer is a small byte-level BPE with the Omni tokenizer's special tokens at their real ids (151643...).
 """
 from __future__ import annotations
@@ -13,41 +12,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-MIRROR = Path("/work/.mirror/Ascend+MindSpeed-MM/repo")
 SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|AUDIO|>": 151646,
            "<|audio_bos|>": 151647, "<|audio_eos|>": 151648, "<|vision_bos|>": 151652, "<|vision_eos|>": 151653,
            "<|IMAGE|>": 151655, "<|VIDEO|>": 151656}
 TONES = {"low": 220.0, "middle": 440.0, "high": 880.0}
 
-# examples/qwen2.5omni/model_7b.json, sizes shrunk (the rest as it is)
-MODEL_SIZES = {
-    ("image_encoder", "vision_encoder"): dict(num_layers=2, hidden_size=32, ffn_hidden_size=48, llm_hidden_size=64,
-                                              num_attention_heads=2, intermediate_size=48, pipeline_num_layers=[2, 0],
-                                              fullatt_block_indexes=[1]),
-    ("image_encoder", "vision_projector"): dict(input_size=32, hidden_size=64, ffn_hidden_size=128),
-    ("audio_encoder", "audio_encoder"): dict(num_layers=2, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2,
-                                             pipeline_num_layers=[2, 0], d_model=32, num_mel_bins=16, output_dim=64),
-    ("text_decoder",): dict(num_layers=2, pipeline_num_layers=[1, 1], hidden_size=64, ffn_hidden_size=128,
-                            num_attention_heads=4, num_query_groups=2, mrope_section=[4, 2, 2]),
-}
-
-
-def _mirror_json(path: str) -> dict:
-    import subprocess
-    return json.loads(subprocess.run(["git", "-C", str(MIRROR), "show", f"HEAD:{path}"], check=True,
-                                     capture_output=True, text=True).stdout)
-
-
-def model_json(out: Path) -> Path:
-    raw = _mirror_json("examples/qwen2.5omni/model_7b.json")
-    for keys, sizes in MODEL_SIZES.items():
-        section = raw
-        for key in keys:
-            section = section[key]
-        assert set(sizes) <= set(section), sorted(set(sizes) - set(section))
-        section.update(sizes)
-    out.write_text(json.dumps(raw, indent=1))
-    return out
+FILES = Path(__file__).resolve().parents[2] / "scripts" / "qwen2_5omni"
 
 
 def _tokenizer_json(texts: list[str]) -> str:
@@ -109,12 +79,12 @@ def make_job(root: Path, samples: int = 8, use_audio_in_video: bool = False) -> 
                     "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 16, "sampling_rate": 16000,
                     "hop_length": 160, "n_fft": 400, "chunk_length": 300, "return_attention_mask": True}
     (model_dir / "preprocessor_config.json").write_text(json.dumps(preprocessor))
-    data = _mirror_json("examples/qwen2.5omni/data_7b.json")
+    data = json.loads((FILES / "data_7b.json").read_text())
     data["dataset_param"]["preprocess_parameters"]["model_name_or_path"] = str(model_dir)
     data["dataset_param"]["basic_parameters"].update(dataset_dir=str(data_dir), dataset=str(data_dir / "omni.json"),
                                                      cache_dir=str(root / "cache"))
     if use_audio_in_video:
         data["dataset_param"]["preprocess_parameters"]["use_audio_in_video"] = True
     (root / "data.json").write_text(json.dumps(data, indent=1))
-    return {"model_json": model_json(root / "model.json"), "data_json": root / "data.json", "model_dir": model_dir,
+    return {"model_json": FILES / "model_tiny.json", "data_json": root / "data.json", "model_dir": model_dir,
             "dataset": data_dir / "omni.json"}
