@@ -44,8 +44,8 @@ def _wav(path: Path, hertz: float, seconds: float, rate: int = 16000) -> None:
         f.writeframes(samples.tobytes())
 
 
-def make_job(root: Path, samples: int = 8, use_audio_in_video: bool = False) -> dict[str, Path]:
-    """Write the job's files under `root`: model.json, data.json, the model directory, the dataset."""
+def make_job(root: Path, samples: int = 8, use_audio_in_video: bool = False, files: Path = FILES) -> dict[str, Path]:
+    """Write the job's files under `root`: data.json, the model directory, the dataset (model.json: `files`'s)."""
     root.mkdir(parents=True, exist_ok=True)
     data_dir, model_dir = root / "data", root / "model"
     (data_dir / "audio").mkdir(parents=True, exist_ok=True)
@@ -79,12 +79,12 @@ def make_job(root: Path, samples: int = 8, use_audio_in_video: bool = False) -> 
                     "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 16, "sampling_rate": 16000,
                     "hop_length": 160, "n_fft": 400, "chunk_length": 300, "return_attention_mask": True}
     (model_dir / "preprocessor_config.json").write_text(json.dumps(preprocessor))
-    data = json.loads((FILES / "data_7b.json").read_text())
+    data = json.loads((files / "data_7b.json").read_text())
     data["dataset_param"]["preprocess_parameters"]["model_name_or_path"] = str(model_dir)
     data["dataset_param"]["basic_parameters"].update(dataset_dir=str(data_dir), dataset=str(data_dir / "omni.json"),
                                                      cache_dir=str(root / "cache"))
     if use_audio_in_video:
         data["dataset_param"]["preprocess_parameters"]["use_audio_in_video"] = True
     (root / "data.json").write_text(json.dumps(data, indent=1))
-    return {"model_json": FILES / "model_tiny.json", "data_json": root / "data.json", "model_dir": model_dir,
+    return {"model_json": files / "model_tiny.json", "data_json": root / "data.json", "model_dir": model_dir,
             "dataset": data_dir / "omni.json"}
