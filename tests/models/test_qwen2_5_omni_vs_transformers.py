@@ -144,3 +144,32 @@ def test_mindspore_equals_pytorch(tiny_omni, run, thinker_dir, tmp_path):
         assert len(grads) > 100
         for key in grads:
             np.testing.assert_allclose(ms[key], torch_out[key], rtol=0, atol=1e-5, err_msg=key)
+
+
+def test_mindspeed_mm_model_json_is_the_thinker_transformers_builds(tmp_path):
+    """scripts/qwen2_5omni/model_tiny.json (MindSpeed-MM's model_7b.json shrunk) -> the thinker config; transformers
+    builds that model from to_hf_config(), and its save_pretrained directory reads back as the same config with
+    the same parameter names and shapes (what pretrain_vlm's --load of an HF directory checks)."""
+    import dataclasses
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from mmrun.models.qwen2_5_omni.configuration import OmniConfig
+    from mmrun.models.qwen2_5_omni.hf_checkpoint import load_hf_directory
+    from mmrun.models.qwen2_5_omni.model_json import parse_model_json
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "qwen2_5omni" / "model_tiny.json"
+    spec = parse_model_json(json.loads(path.read_text()), str(path))
+    config = OmniConfig.from_hf_config(spec.hf_config)
+    assert (config.audio.num_mel_bins, config.audio.n_window, config.vision.window_size, config.text.vocab_size,
+            config.image_token_id, config.audio_token_id) == (16, 100, 112, 152064, 151655, 151646)
+    assert spec.freeze == {"vision_encoder": True, "vision_projector": True, "text_decoder": False,
+                           "audio_encoder": True}
+    hf = transformers.Qwen2_5OmniThinkerForConditionalGeneration(
+        transformers.Qwen2_5OmniThinkerConfig(**config.to_hf_config()))
+    hf.save_pretrained(tmp_path)
+    loaded, arrays = load_hf_directory(tmp_path)
+    assert dataclasses.replace(loaded, torch_dtype=None) == config
+    shapes = {name: tuple(p.shape) for name, p in hf.named_parameters()}
+    assert len(arrays) == len(shapes)
+    assert arrays["audio_tower.conv1.weight"].shape == (32, 16 * 3)
