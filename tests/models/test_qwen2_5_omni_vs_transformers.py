@@ -121,6 +121,14 @@ def test_audio_tokens_that_do_not_fit_the_features_are_one_line_error(tiny_omni,
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("name", ["audio_batch", "video_audio_batch", "image_batch"])
+def test_greedy_generation_equals_transformers_generate(tiny_omni, thinker, ours, run, name):
+    prompt = tiny_omni.prompt(name)
+    expected = tiny_omni.hf_generate(thinker, prompt, 6)
+    assert run.generate(ours, prompt).tolist() == expected
+    assert run.generate(ours, prompt, use_cache=False).tolist() == expected  # re-running the prompt: the same
+
+
 @pytest.mark.slow
 def test_mindspore_equals_pytorch(tiny_omni, run, thinker_dir, tmp_path):
     pytest.importorskip("mindspore")
@@ -129,6 +137,9 @@ def test_mindspore_equals_pytorch(tiny_omni, run, thinker_dir, tmp_path):
     for name in names:
         cases.update({f"{name}/{k}": v for k, v in getattr(tiny_omni, name)().items()})
         cases[f"{name}/dir"] = np.array(str(thinker_dir))
+    for name in ("audio_batch", "video_audio_batch"):  # greedy generation: the same tokens
+        cases.update({f"generate-{name}/{k}": v for k, v in tiny_omni.prompt(name).items()})
+        cases[f"generate-{name}/dir"], cases[f"generate-{name}/kind"] = np.array(str(thinker_dir)), np.array("generate")
     np.savez(tmp_path / "cases.npz", **cases)
     env = {**os.environ, "MMRUN_AI_FRAMEWORK": "mindspore", "GLOG_v": "3"}
     done = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "cases.npz"), str(tmp_path / "ms.npz")],
@@ -136,6 +147,8 @@ def test_mindspore_equals_pytorch(tiny_omni, run, thinker_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     ms, torch_out = dict(np.load(tmp_path / "ms.npz")), run.run_cases(cases)
     assert sorted(ms) == sorted(torch_out)
+    for name in ("audio_batch", "video_audio_batch"):
+        np.testing.assert_array_equal(ms[f"generate-{name}/tokens"], torch_out[f"generate-{name}/tokens"])
     for name in names:
         real = cases[f"{name}/attention_mask"] == 1
         np.testing.assert_allclose(ms[f"{name}/logits"][real], torch_out[f"{name}/logits"][real], rtol=0, atol=1e-5)

@@ -192,3 +192,27 @@ def hf_forward_backward(model, batch) -> dict:
         grad = torch.zeros_like(param) if param.grad is None else param.grad.detach()
         grads[name] = grad.reshape(param.shape[0], -1).numpy() if name in FLATTENED else grad.numpy()
     return {"logits": out.logits.detach().numpy(), "loss": out.loss.detach().numpy(), "grads": grads}
+
+
+def prompt(name: str) -> dict:
+    """The first row of a batch as one generation prompt (its real tokens and its own media), numpy."""
+    batch = globals()[name]()
+    ids = batch["input_ids"][:1, batch["attention_mask"][0] == 1]
+    media = {"audio_batch": ("input_features", "feature_attention_mask"),
+             "video_audio_batch": ("input_features", "feature_attention_mask", "pixel_values_videos", "video_grid_thw",
+                                   "video_second_per_grid", "use_audio_in_video"),
+             "image_batch": ("pixel_values", "image_grid_thw")}[name]
+    out = {"input_ids": ids, **{k: batch[k] for k in media}}
+    if name == "audio_batch":  # the first row holds the first two audios
+        out = {**out, "input_features": batch["input_features"][:2], "feature_attention_mask": batch["feature_attention_mask"][:2]}
+    return out
+
+
+def hf_generate(model, prompt: dict, new_tokens: int) -> list[int]:
+    """transformers' greedy generate on the prompt: the new token ids."""
+    import torch
+
+    inputs = {k: (bool(v) if k == "use_audio_in_video" else torch.from_numpy(v)) for k, v in prompt.items()}
+    out = model.generate(**inputs, attention_mask=torch.ones_like(inputs["input_ids"]), max_new_tokens=new_tokens,
+                         do_sample=False)
+    return out[0, prompt["input_ids"].shape[1]:].tolist()

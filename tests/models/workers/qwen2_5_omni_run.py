@@ -26,6 +26,17 @@ def forward_backward(model, batch: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return result
 
 
+def generate(model, prompt: dict[str, np.ndarray], new_tokens: int = 6, use_cache: bool = True) -> np.ndarray:
+    """Greedy new tokens of mmrun's generation loop for one prompt (tiny_omni.prompt's keys)."""
+    from mmrun.models.qwen2_5_omni.generation import OmniPrompt
+    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator
+
+    fields = {("second_per_grid_ts" if k == "video_second_per_grid" else k): (bool(v) if k == "use_audio_in_video"
+                                                                             else v) for k, v in prompt.items()}
+    return np.array(Generator(model).generate(OmniPrompt(**fields),
+                                              GenerationConfig(max_new_tokens=new_tokens, use_cache=use_cache)))
+
+
 def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     from mmrun.models.qwen2_5_omni import from_pretrained
 
@@ -33,10 +44,12 @@ def run_cases(cases: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     models = {}
     for case in sorted({k.split("/", 1)[0] for k in cases}):
         fields = {k.split("/", 1)[1]: v for k, v in cases.items() if k.startswith(case + "/")}
-        path = str(fields.pop("dir"))
+        path, kind = str(fields.pop("dir")), str(fields.pop("kind", "forward"))
         if path not in models:
             models[path] = from_pretrained(path)
-        out.update({f"{case}/{k}": v for k, v in forward_backward(models[path], fields).items()})
+        result = ({"tokens": generate(models[path], fields)} if kind == "generate"
+                  else forward_backward(models[path], fields))
+        out.update({f"{case}/{k}": v for k, v in result.items()})
     return out
 
 
