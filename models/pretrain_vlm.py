@@ -195,10 +195,9 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
 def _omni_model(args: Any) -> Any:
     """Qwen2.5-Omni's thinker from model.json, --load's Hugging Face weights (a thinker or a whole Omni directory)
     when it is one, frozen as model.json says (audio encoder included)."""
-    import dataclasses
-
     from mmrun.models.qwen2_5_omni import hf_checkpoint
-    from mmrun.models.qwen2_5_omni.configuration import OmniConfig
+    from mmrun.models.qwen2_5_omni.configuration import OmniConfig, network_dict
+    from mmrun.models.qwen2_vl.hf_checkpoint import _config_difference
     from mmrun.models.qwen2_5_omni.modeling import (Qwen2_5OmniThinkerForConditionalGeneration, init_weights,
                                                      load_hf_weights)
 
@@ -208,9 +207,10 @@ def _omni_model(args: Any) -> Any:
     init_weights(model, args.seed, args.init_method_std)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
         loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
-        if dataclasses.replace(loaded, torch_dtype=None) != config:
-            raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path}; "
-                             "make model.json match the checkpoint")
+        difference = _config_difference(network_dict(loaded), network_dict(config))
+        if difference:
+            raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path} "
+                             f"({difference}); make model.json match the checkpoint")
         load_hf_weights(model, arrays)
         _loaded_hf(len(arrays))
     frozen = model.freeze(**_MODEL_JSON.freeze)

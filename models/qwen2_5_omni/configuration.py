@@ -179,3 +179,17 @@ def _to_hf(config: OmniConfig) -> dict[str, Any]:
     if config.torch_dtype:
         out["torch_dtype"] = config.torch_dtype
     return out
+
+
+# config.json keys that do not change the network's weights or what it computes from a sequence that fits
+NOT_NETWORK = ("torch_dtype", "dtype", "architectures", "max_position_embeddings", "initializer_range", "bos_token_id",
+               "eos_token_id", "pad_token_id")
+
+
+def network_dict(config: OmniConfig) -> dict[str, Any]:
+    """The thinker config.json without NOT_NETWORK's keys, at every level: two models whose network_dicts are equal
+    load each other's weights and compute the same (a downloaded config.json's max_position_embeddings may be
+    another than MindSpeed-MM's model.json's)."""
+    def strip(d: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: strip(v) if isinstance(v, Mapping) else v for k, v in d.items() if k not in NOT_NETWORK}
+    return strip(config.to_hf_config())

@@ -183,6 +183,11 @@ def test_mindspeed_mm_model_json_is_the_thinker_transformers_builds(tmp_path):
     hf.save_pretrained(tmp_path)
     loaded, arrays = load_hf_directory(tmp_path)
     assert dataclasses.replace(loaded, torch_dtype=None) == config
+    # a downloaded config.json may give max_position_embeddings 32768 where model.json says 128000: the same network
+    from mmrun.models.qwen2_5_omni.configuration import network_dict
+    downloaded = dataclasses.replace(loaded, text=dataclasses.replace(loaded.text, max_position_embeddings=32768))
+    assert network_dict(downloaded) == network_dict(config) != network_dict(
+        dataclasses.replace(loaded, audio=dataclasses.replace(loaded.audio, n_window=50)))
     shapes = {name: tuple(p.shape) for name, p in hf.named_parameters()}
     assert len(arrays) == len(shapes)
     assert arrays["audio_tower.conv1.weight"].shape == (32, 16 * 3)
