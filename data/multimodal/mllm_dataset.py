@@ -193,6 +193,10 @@ class MultimodalDataset:
             raise DatasetConfigError(f"basic_parameters.template {name!r} is not supported; use one of "
                                      f"{', '.join(TEMPLATES)}.")
         self.template = TEMPLATES[name]
+        if self.config.attr["audios"] and name != omni.TEMPLATE_NAME:
+            raise DatasetConfigError(f"attr.audios is {self.config.attr['audios']!r} but the {name} template takes no "
+                                     f"audio; use the {omni.TEMPLATE_NAME} template (Qwen2.5-Omni) or set attr.audios "
+                                     "to null")
         self.tokenizer = HuggingFaceTokenizer(model_dir)
         if self.tokenizer.tokenize(""):
             raise DatasetConfigError(f"{model_dir}/tokenizer.json adds tokens to every text (its post-processor); "

@@ -40,7 +40,7 @@ class OmniDecoding(Qwen2VLDecoding):
         embeds = merge_vision(model.vision_config, model.visual, False, ids, self.text.embed_tokens(ids),
                               _device(prompt.pixel_values), image_grid, _device(prompt.pixel_values_videos), video_grid)
         features, mask = getattr(prompt, "input_features", None), getattr(prompt, "feature_attention_mask", None)
-        embeds = model._merge_audio(ids, embeds, _device(features), mask)
+        embeds = model.merge_audio(ids, embeds, _device(features), mask)
         positions, deltas = get_rope_index(
             model.rope_config, prompt.input_ids, image_grid, video_grid, None,
             bool(getattr(prompt, "use_audio_in_video", False)), None if mask is None else np.asarray(mask).sum(axis=1),

@@ -239,7 +239,7 @@ class Qwen2_5OmniThinkerForConditionalGeneration(nn.Module):
         embeds = merge_vision(self.vision_config, self.visual, self.training, input_ids, embeds, pixel_values,
                               image_grid, pixel_values_videos, video_grid)
         lengths = None if feature_attention_mask is None else _host(feature_attention_mask).sum(axis=1)
-        embeds = self._merge_audio(input_ids, embeds, input_features, feature_attention_mask)
+        embeds = self.merge_audio(input_ids, embeds, input_features, feature_attention_mask)
         if position_ids is None:
             positions, _ = get_rope_index(self.rope_config, _host(input_ids), image_grid, video_grid,
                                           _host(attention_mask), bool(_host(use_audio_in_video)), lengths,
@@ -251,7 +251,7 @@ class Qwen2_5OmniThinkerForConditionalGeneration(nn.Module):
         loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
         return {"logits": logits, "loss_dict": loss_dict}
 
-    def _merge_audio(self, input_ids, embeds, input_features, feature_attention_mask):
+    def merge_audio(self, input_ids, embeds, input_features, feature_attention_mask):
         """embeds with the <|AUDIO|> tokens' rows replaced by the audio encoder's features, in order."""
         batch, seq, _ = embeds.shape
         ids = ops.reshape(input_ids, (batch * seq,))

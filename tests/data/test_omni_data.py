@@ -96,3 +96,14 @@ def test_bad_audio_is_a_one_line_error_naming_the_sample(tmp_path):
     with pytest.raises(SampleError, match=r"sample 3: with use_audio_in_video each <video> must be followed by an "
                                           r"<audio>"):
         dataset[3]
+
+
+def test_audio_with_a_template_that_takes_none_is_refused(tmp_path):
+    from mmrun.data.gpt_dataset import DatasetConfigError
+
+    pytest.importorskip("av")
+    paths = _job_module().make_job(tmp_path, samples=2)
+    param = json.loads(paths["data_json"].read_text())["dataset_param"]
+    param["basic_parameters"]["template"] = "qwen2vl"
+    with pytest.raises(DatasetConfigError, match=r"attr.audios is 'audios' but the qwen2vl template takes no audio"):
+        MultimodalDataset(param, seq_length=1024)
