@@ -76,7 +76,7 @@ def _grid_positions(start: int, grid, merge: int, times: np.ndarray) -> np.ndarr
     return np.stack([tt, hh, ww]).reshape(3, -1) + start
 
 
-def _video_times(grid_t: int, seconds: float, per_second: float) -> np.ndarray:
+def video_times(grid_t: int, seconds: float, per_second: float) -> np.ndarray:
     # float32 (arange * seconds) * per_second, truncated: what torch computes there
     return ((np.arange(grid_t, dtype=np.float32) * np.float32(seconds)) * np.float32(per_second)).astype(np.int64)
 
@@ -154,7 +154,7 @@ def get_rope_index(config: OmniRopeConfig, input_ids, image_grid_thw=None, video
                 image_i += 1
             else:
                 grid = videos[video_i]
-                video = _grid_positions(start, grid, merge, _video_times(int(grid[0]), seconds[video_i],
+                video = _grid_positions(start, grid, merge, video_times(int(grid[0]), seconds[video_i],
                                                                          c.position_id_per_seconds))
                 block = int(np.prod(grid)) // merge ** 2
                 if kind == "video":
