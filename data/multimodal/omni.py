@@ -17,8 +17,7 @@ import numpy as np
 
 from mmrun.data.audio.features import AudioInputError, WhisperFeatures
 from mmrun.data.audio.reader import read_audio
-from mmrun.data.multimodal.omni_rope_index import (OmniRopeConfig, video_times, audio_token_count,
-                                                   chunk_bounds)
+from mmrun.data.multimodal.omni_rope_index import OmniRopeConfig, audio_token_count, chunk_bounds, video_times
 from mmrun.data.multimodal.templates import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, ChatTemplate
 
 AUDIO_PLACEHOLDER = "<audio>"
@@ -43,9 +42,9 @@ def interleaved_block(grid, seconds: float, audio_tokens: int, template: ChatTem
     """A video and its audio track as one block, chunk by chunk (MindSpeed-MM's placeholder string)."""
     merge = rope.spatial_merge_size
     per_frame = (int(grid[1]) // merge) * (int(grid[2]) // merge)
-    video_times = np.repeat(video_times(int(grid[0]), seconds, rope.position_id_per_seconds), per_frame)
+    times = np.repeat(video_times(int(grid[0]), seconds, rope.position_id_per_seconds), per_frame)
     per_chunk = int(rope.position_id_per_seconds * rope.seconds_per_chunk)
-    video = chunk_bounds(video_times, per_chunk)
+    video = chunk_bounds(times, per_chunk)
     audio = chunk_bounds(np.arange(audio_tokens), per_chunk)
     body = ""
     for j in range(max(len(video), len(audio))):
