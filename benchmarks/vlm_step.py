@@ -18,6 +18,11 @@ never builds a patches x patches mask; transformers 5.x does the same per chunk 
     python benchmarks/vlm_step.py                   # the small size, 20 steps
     python benchmarks/vlm_step.py --size tiny --steps 10 --markdown out.md
     python benchmarks/vlm_step.py --threads 1      # one CPU thread each side (steadier on a busy machine)
+    python benchmarks/vlm_step.py --model qwen2_5_omni --steps 8 --rounds 1   # Qwen2.5-Omni's thinker (audio)
+
+--model qwen2_5_omni: MindSpeed-MM's Omni model.json shrunk (scripts/qwen2_5omni/model_tiny.json, everything
+trainable) on the synthetic audio job of tests/training/omni_job.py, against transformers'
+Qwen2_5OmniThinkerForConditionalGeneration built from the same config (--size is Qwen2-VL's only).
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = ROOT / "models" / "pretrain_vlm.py"
 TINY_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+OMNI_JSON = ROOT / "scripts" / "qwen2_5omni" / "model_tiny.json"
+OMNI_JOB = ROOT / "tests" / "training" / "omni_job.py"
 
 # size -> changes to the demo's model.json (text decoder, vision encoder, projector)
 SIZES = {
@@ -60,6 +67,23 @@ def model_json(size: str, out: Path) -> Path:
     path = out / f"model_{size}.json"
     path.write_text(json.dumps(raw, indent=2))
     return path
+
+
+def omni_files(out: Path) -> tuple[Path, str]:
+    """(model.json with every part trainable, data.json) of the Omni job."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("omni_job", OMNI_JOB)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    paths = job.make_job(out / "omni", samples=16)
+    raw = json.loads(OMNI_JSON.read_text())
+    for section in (raw["image_encoder"]["vision_encoder"], raw["image_encoder"]["vision_projector"],
+                    raw["audio_encoder"]["audio_encoder"]):
+        section["freeze"] = False
+    path = out / "model_omni.json"
+    path.write_text(json.dumps(raw, indent=2))
+    return path, str(paths["data_json"])
 
 
 def _env(threads: int | None) -> dict[str, str]:
@@ -98,13 +122,24 @@ def baseline_worker(model: str, data_json: str, steps: int, result: str) -> None
     from mmrun.models.vlm.model_json import read_model_json
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    hf = read_model_json(model).hf_config
-    torch.manual_seed(0)
-    net = Qwen2VLForConditionalGeneration(Qwen2VLConfig(**hf)).to(device).train()
+    omni = "audio_encoder" in json.loads(Path(model).read_text())
+    if omni:
+        from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
+
+        from mmrun.models.qwen2_5_omni.configuration import OmniConfig
+        from mmrun.models.qwen2_5_omni.model_json import parse_model_json
+
+        hf = OmniConfig.from_hf_config(parse_model_json(json.loads(Path(model).read_text())).hf_config).to_hf_config()
+        torch.manual_seed(0)
+        net = Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5OmniThinkerConfig(**hf)).to(device).train()
+    else:
+        hf = read_model_json(model).hf_config
+        torch.manual_seed(0)
+        net = Qwen2VLForConditionalGeneration(Qwen2VLConfig(**hf)).to(device).train()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.01)
     dataset = MultimodalDataset(json.loads(Path(data_json).read_text())["dataset_param"], seq_length=SEQ_LENGTH)
-    rope = RopeConfig.from_model_config(hf)
-    video = hf["video_token_id"]
+    rope = dataset.rope_config if omni else RopeConfig.from_model_config(hf)
+    video = hf.get("video_token_id")
     times, tokens, labels, images = [], [], [], []
     for step in range(steps):
         first = step * MICRO_BATCH % len(dataset)
@@ -112,9 +147,15 @@ def baseline_worker(model: str, data_json: str, steps: int, result: str) -> None
                         pad_token_id=dataset.token_ids["pad"], rope_config=rope, max_length=SEQ_LENGTH)
         ids = torch.from_numpy(batch["input_ids"])
         kwargs = {"input_ids": ids, "attention_mask": torch.from_numpy(batch["attention_mask"]),
-                  "labels": torch.from_numpy(batch["labels"]),
-                  # transformers 5.x asks for the modality of every token when images are passed
-                  "mm_token_type_ids": (ids == hf["image_token_id"]).long() + 2 * (ids == video).long()}
+                  "labels": torch.from_numpy(batch["labels"])}
+        if omni:  # the thinker's own names for the collated arrays (position_ids: mmrun's TMRoPE, transformers')
+            kwargs.update({k: torch.from_numpy(batch[k]) for k in ("input_features", "feature_attention_mask",
+                                                                    "pixel_values_videos", "video_grid_thw")
+                           if k in batch})
+            if "second_per_grid_ts" in batch:
+                kwargs["video_second_per_grid"] = torch.from_numpy(batch["second_per_grid_ts"])
+        else:  # transformers 5.x asks for the modality of every token when images are passed
+            kwargs["mm_token_type_ids"] = (ids == hf["image_token_id"]).long() + 2 * (ids == video).long()
         if "pixel_values" in batch:
             kwargs["pixel_values"] = torch.from_numpy(batch["pixel_values"])
             kwargs["image_grid_thw"] = torch.from_numpy(batch["image_grid_thw"])
@@ -151,6 +192,8 @@ def run_baseline(model: Path, data_json: str, steps: int, out: Path, threads: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--model", choices=("qwen2_vl", "qwen2_5_omni"), default="qwen2_vl",
+                        help="the model family (qwen2_vl: the demo's pictures; qwen2_5_omni: the audio job)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per side (20)")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the median (3)")
     parser.add_argument("--rounds", type=int, default=3, help="transformers-then-mmrun rounds (3)")
@@ -169,9 +212,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="vlm_step_") as tmp:
         out = Path(tmp)
-        data_json = make_demo(str(out / "demo"), num_samples=64, seed=3)["data_json"]
-        model = model_json(args.size, out)
-        print(f"size {args.size}: {args.steps} steps of {MICRO_BATCH} samples, seq <= {SEQ_LENGTH}, "
+        if args.model == "qwen2_5_omni":
+            model, data_json = omni_files(out)
+        else:
+            data_json = make_demo(str(out / "demo"), num_samples=64, seed=3)["data_json"]
+            model = model_json(args.size, out)
+        size = args.size if args.model == "qwen2_vl" else "tiny"
+        print(f"{args.model} size {size}: {args.steps} steps of {MICRO_BATCH} samples, seq <= {SEQ_LENGTH}, "
               f"{args.rounds} round(s) ...", flush=True)
         rounds = []
         for _ in range(args.rounds):  # alternate the sides, so that a change in the machine's load hits both

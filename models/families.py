@@ -24,6 +24,9 @@ class Family:
     chat_template: str = ""       # the data template its prompts use (data/multimodal/templates)
     # role -> "module" or "module:attribute", relative to the family's package
     parts: Mapping[str, str] = field(default_factory=dict)
+    # The family it is built on, whose public modules it may import (as transformers' modular Qwen2.5-Omni is
+    # built on Qwen2.5-VL's classes); None for most. Nothing else crosses family folders (tests/test_layers.py).
+    base: str | None = None
 
     @property
     def package(self) -> str:
@@ -37,6 +40,12 @@ _VLM_PARTS = {"configuration": "configuration", "modeling": "modeling", "hf_chec
 FAMILIES: tuple[Family, ...] = (
     Family("qwen2_vl", ("qwen2_vl", "qwen2_5_vl"), ("qwen2vl", "qwen2_5vl"), "Qwen2VLConfig",
            "Qwen2VLForConditionalGeneration", "qwen2vl", {**_VLM_PARTS, "decoding": "generation:Qwen2VLDecoding"}),
+    # Qwen2.5-Omni's thinker: Qwen2.5-VL's ViT and Qwen2 decoder plus an audio encoder. MindSpeed-MM's model.json
+    # says model_id qwen2_5vl with an audio_encoder section: its model_json's `claims` picks it out first.
+    Family("qwen2_5_omni", ("qwen2_5_omni_thinker", "qwen2_5_omni"), (), "OmniConfig",
+           "Qwen2_5OmniThinkerForConditionalGeneration", "qwen2_omni",
+           {"configuration": "configuration", "modeling": "modeling", "hf_checkpoint": "hf_checkpoint",
+            "model_json": "model_json", "decoding": "generation:OmniDecoding"}, base="qwen2_vl"),
     Family("qwen3_vl", ("qwen3_vl",), ("qwen3_vl", "qwen3vl"), "Qwen3VLConfig",
            "Qwen3VLForConditionalGeneration", "qwen3_vl_nothink", {**_VLM_PARTS, "decoding": "generation:Qwen3VLDecoding"}),
     # Wan2.1's DiT: diffusers names its class in config.json's _class_name; MindSpeed-MM's predictor model_id.
@@ -83,6 +92,16 @@ def part(family: Family | Any, role: str) -> Any:
 
 def config_class(family: Family) -> Any:
     return getattr(part(family, "configuration"), family.config_class)
+
+
+def by_model_json(raw: Mapping[str, Any]) -> Family:
+    """The family of a MindSpeed-MM model.json dict: one whose model_json module `claims` it, else by model_id."""
+    readers = [f for f in FAMILIES if "model_json" in f.parts]
+    for family in readers:
+        claims = getattr(part(family, "model_json"), "claims", None)
+        if claims is not None and claims(raw):
+            return family
+    return by_model_id(raw.get("model_id") if isinstance(raw, Mapping) else None)
 
 
 def vlm_families() -> tuple[Family, ...]:

@@ -95,6 +95,13 @@ def _model_source(argv: list[str]) -> ModelSource:
                          "scripts/finetune_qwen2vl.sh)")
     raw = read_mm_json(known.mm_model, "--mm-model")
     lora = any(token.split("=")[0] in LORA_FLAGS for token in argv)
+    from mmrun.models.qwen2_5_omni import model_json as omni_model_json
+    if omni_model_json.is_omni_model_json(raw):  # Qwen2.5-Omni's thinker: unsplit, data parallel
+        _MODEL_JSON = omni_model_json.parse_model_json(raw, known.mm_model)
+        omni_model_json.check_split(known.mm_model, any(
+            getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS) or lora)
+        omni_model_json.warn_all(_MODEL_JSON, partial(say_rank0, "warning"))
+        return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data", data_parallel_only=True)
     if qwen3_model_json.is_qwen3_model_json(raw):
         if lora:
             raise UsageError(f"--lora-target-modules: LoRA is built for Qwen2-VL / Qwen2.5-VL, not yet for "
@@ -166,6 +173,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from mmrun.models.vlm.blocks import init_weights
 
     args = get_args()
+    if _MODEL_JSON.hf_config["model_type"] == "qwen2_5_omni_thinker":
+        return _omni_model(args)
     if _MODEL_JSON.hf_config["model_type"] == "qwen3_vl":  # unsplit: _model_source checked its stage lists
         from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
         from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration
@@ -202,6 +211,32 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
                  text_decoder=freeze["text_decoder"])
     frozen = [name for name, on in freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
+    return model
+
+
+def _omni_model(args: Any) -> Any:
+    """Qwen2.5-Omni's thinker from model.json, --load's Hugging Face weights (a thinker or a whole Omni directory)
+    when it is one, frozen as model.json says (audio encoder included)."""
+    from mmrun.models.qwen2_5_omni import hf_checkpoint
+    from mmrun.models.qwen2_5_omni.configuration import OmniConfig, network_dict
+    from mmrun.models.vlm.hf_checkpoint import config_difference
+    from mmrun.models.qwen2_5_omni.modeling import (Qwen2_5OmniThinkerForConditionalGeneration, init_weights,
+                                                     load_hf_weights)
+
+    config = OmniConfig.from_hf_config(_MODEL_JSON.hf_config)
+    print_rank_0(f"building qwen2_5_omni_thinker model from {_MODEL_JSON.path} ...")
+    model = Qwen2_5OmniThinkerForConditionalGeneration(config)
+    init_weights(model, args.seed, args.init_method_std)
+    if args.load and hf_checkpoint.is_hf_directory(args.load):
+        loaded, arrays = hf_checkpoint.load_hf_directory(args.load)
+        difference = config_difference(network_dict(loaded), network_dict(config))
+        if difference:
+            raise UsageError(f"--load {args.load}: its config.json describes another model than {_MODEL_JSON.path} "
+                             f"({difference}); make model.json match the checkpoint")
+        load_hf_weights(model, arrays)
+        _loaded_hf(len(arrays))
+    frozen = model.freeze(**_MODEL_JSON.freeze)
+    print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(k for k, n in frozen.items() if n) or 'nothing'}")
     return model
 
 
@@ -427,6 +462,9 @@ def _rope_config(dataset: Any) -> Any:
     from mmrun.data.multimodal.rope_index import RopeConfig
 
     config = _MODEL_JSON.hf_config
+    if config["model_type"] == "qwen2_5_omni_thinker":
+        from mmrun.models.qwen2_5_omni.model_json import check_token_ids
+        return check_token_ids(_MODEL_JSON, dataset)
     rope = RopeConfig.from_model_config(config)
     ids = dataset.token_ids
     pairs = (("img_context_token_id", rope.image_token_id, "<|image_pad|>", ids["image_pad"]),

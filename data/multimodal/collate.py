@@ -14,6 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from mmrun.data.multimodal.omni_rope_index import OmniRopeConfig
+from mmrun.data.multimodal.omni_rope_index import get_rope_index as get_omni_rope_index
 from mmrun.data.multimodal.rope_index import RopeConfig, get_rope_index
 from mmrun.data.multimodal.templates import IGNORE_INDEX
 
@@ -54,7 +56,27 @@ def collate(samples: Sequence[dict], pad_token_id: int, rope_config: RopeConfig,
         parts = [s[key] for s in samples if key in s]
         if parts:
             out[key] = np.concatenate(parts)
+    if any("input_features" in s for s in samples):  # Qwen2.5-Omni's audio: frames padded to the batch's longest
+        out.update(_audio_batch(samples))
+    if isinstance(rope_config, OmniRopeConfig):
+        mask = out.get("feature_attention_mask")
+        out["position_ids"], _ = get_omni_rope_index(
+            rope_config, input_ids, out.get("image_grid_thw"), out.get("video_grid_thw"), attention_mask,
+            rope_config.use_audio_in_video, None if mask is None else mask.sum(axis=1), out.get("second_per_grid_ts"))
+        return out
     out["position_ids"], _ = get_rope_index(
         input_ids, out.get("image_grid_thw"), rope_config.video_grids(out.get("video_grid_thw")), attention_mask,
         second_per_grid_ts=out.get("second_per_grid_ts"), **rope_config.kwargs())
     return out
+
+
+def _audio_batch(samples: Sequence[dict]) -> dict[str, np.ndarray]:
+    """input_features (audios, mel, frames) and feature_attention_mask (audios, frames) of every sample's audios, in
+    sample order, zero-padded to the longest audio of the batch."""
+    parts = [s for s in samples if "input_features" in s]
+    longest = max(s["input_features"].shape[-1] for s in parts)
+    features = [np.pad(s["input_features"], ((0, 0), (0, 0), (0, longest - s["input_features"].shape[-1])))
+                for s in parts]
+    masks = [np.pad(s["feature_attention_mask"], ((0, 0), (0, longest - s["feature_attention_mask"].shape[-1])))
+             for s in parts]
+    return {"input_features": np.concatenate(features), "feature_attention_mask": np.concatenate(masks)}

@@ -24,6 +24,10 @@ SCHEMA: dict[str, dict[str, tuple[tuple, Any]]] = {
         "video_min_pixels": ((int,), 16 * 16),
         "video_fps": ((int, float), 2.0),
         "video_maxlen": ((int,), 128),
+        # Qwen2.5-Omni (template qwen2_omni): the audio rate the files are read at, and whether each <video> is
+        # followed by an <audio> of its sound track, interleaved with it in 2-second chunks
+        "audio_sampling_rate": ((int,), 16000),
+        "use_audio_in_video": ((bool,), False),
     },
     "basic_parameters": {
         "template": ((str,), "qwen2vl"),
@@ -36,6 +40,7 @@ SCHEMA: dict[str, dict[str, tuple[tuple, Any]]] = {
     "attr": {
         "images": ((str, None), None),
         "videos": ((str, None), None),
+        "audios": ((str, None), None),
         "system": ((str, None), None),
         "messages": ((str,), "conversations"),
         "role_tag": ((str,), "from"),
@@ -77,7 +82,6 @@ IGNORED: dict[str, dict[str, tuple[tuple, str]]] = {
     "attr": {
         "formatting": (("sharegpt",), "only the ShareGPT (messages) layout is read"),
         "ranking": ((False,), "preference (ranking) data is not supported"),
-        "audios": ((None,), "audio is not supported"),
         "chosen": ((None,), "preference (ranking) data is not supported"),
         "rejected": ((None,), "preference (ranking) data is not supported"),
     },

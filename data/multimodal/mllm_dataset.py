@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from mmrun.data.gpt_dataset import DatasetConfigError
+from mmrun.data.multimodal import omni
 from mmrun.data.multimodal.collate import collate
 from mmrun.data.multimodal.data_config import MultimodalDataConfig, parse_dataset_param
 from mmrun.data.multimodal.image_processing import (ImageProcessorConfig, preprocess_images, preprocess_video,
@@ -52,6 +53,7 @@ class Sample:
     system: str
     images: tuple[str, ...]
     videos: tuple[tuple[str, ...], ...]
+    audios: tuple[str, ...] = ()  # Qwen2.5-Omni (data/multimodal/omni.py)
 
     @property
     def where(self) -> str:
@@ -148,12 +150,16 @@ def parse_sample(record: object, config: MultimodalDataConfig, file: str, index:
             raise SampleError(f"{where}: a video must be a list of frame image paths. Received: {video!r}; "
                               "decode video files to frames first (mmrun reads no video containers).")
         videos.append(tuple(_resolve_media(p, dataset_dir, where, "video frame") for p in video))
-    for placeholder, media, kind in ((IMAGE_PLACEHOLDER, images, "images"), (VIDEO_PLACEHOLDER, videos, "videos")):
+    audios = [_resolve_media(p, dataset_dir, where, "audio") for p in _media_list(record, attr["audios"])]
+    checks = [(IMAGE_PLACEHOLDER, images, "images"), (VIDEO_PLACEHOLDER, videos, "videos")]
+    if attr["audios"]:
+        checks.append((omni.AUDIO_PLACEHOLDER, audios, "audios"))
+    for placeholder, media, kind in checks:
         count = sum(m["content"].count(placeholder) for m in mapped)
         if count != len(media):
             raise SampleError(f"{where}: {count} {placeholder} placeholders but {len(media)} {kind}; each "
                               f"{kind[:-1]} needs exactly one {placeholder} in the messages.")
-    return Sample(file, index, tuple(mapped), system or "", tuple(images), tuple(videos))
+    return Sample(file, index, tuple(mapped), system or "", tuple(images), tuple(videos), tuple(audios))
 
 
 def _open_image(path: str, where: str) -> Image.Image:
@@ -187,6 +193,10 @@ class MultimodalDataset:
             raise DatasetConfigError(f"basic_parameters.template {name!r} is not supported; use one of "
                                      f"{', '.join(TEMPLATES)}.")
         self.template = TEMPLATES[name]
+        if self.config.attr["audios"] and name != omni.TEMPLATE_NAME:
+            raise DatasetConfigError(f"attr.audios is {self.config.attr['audios']!r} but the {name} template takes no "
+                                     f"audio; use the {omni.TEMPLATE_NAME} template (Qwen2.5-Omni) or set attr.audios "
+                                     "to null")
         self.tokenizer = HuggingFaceTokenizer(model_dir)
         if self.tokenizer.tokenize(""):
             raise DatasetConfigError(f"{model_dir}/tokenizer.json adds tokens to every text (its post-processor); "
@@ -195,6 +205,10 @@ class MultimodalDataset:
         self.image_config = ImageProcessorConfig.from_pretrained(model_dir)
         self.video_config = ImageProcessorConfig.from_pretrained(model_dir, video=True)
         self.rope_config = self._rope_config(model_dir)
+        if name == omni.TEMPLATE_NAME:  # Qwen2.5-Omni: audio tokens and Whisper's features
+            self.token_ids.update(special_token_ids(self.tokenizer, omni.AUDIO_TOKENS_TEMPLATE,
+                                                    os.path.join(model_dir, "tokenizer.json")))
+            self.audio_settings = omni.WhisperFeatures.from_pretrained(model_dir)
         self.skipped: dict[int, str] = {}  # sample index -> why it was replaced (this process only)
         self._samples = self._read_samples()
         if not self._samples:
@@ -203,6 +217,9 @@ class MultimodalDataset:
 
     def _rope_config(self, model_dir: str) -> RopeConfig:
         """From the model's config.json when there is one (Qwen2.5-VL's tokens_per_second), else the tokenizer."""
+        if self.template.name == omni.TEMPLATE_NAME:
+            return omni.rope_config(model_dir, self.image_config.merge_size, self.tokenizer.vocab,
+                                    self.config.preprocess["use_audio_in_video"])
         if os.path.isfile(os.path.join(model_dir, "config.json")):
             rope = RopeConfig.from_pretrained(model_dir)
             ours = (self.token_ids["image_pad"], self.token_ids["video_pad"], self.token_ids["vision_start"])
@@ -294,13 +311,21 @@ class MultimodalDataset:
                 video_blocks = [[(seconds, tokens // int(g[0])) for seconds in frame_timestamps(
                     frames, pre["video_fps"], self.video_config.temporal_patch_size)]
                     for g, tokens, frames in zip(out["video_grid_thw"], video_tokens, counts)]
-        messages = expand_placeholders(sample.messages, self.template, image_tokens, video_blocks or video_tokens)
+        audio_tokens = 0
+        if self.template.name == omni.TEMPLATE_NAME:
+            try:
+                messages, audio_tokens = omni.encode_media(self, sample, out)
+            except omni.OmniSampleError as exc:
+                raise SampleError(str(exc)) from None
+        else:
+            messages = expand_placeholders(sample.messages, self.template, image_tokens, video_blocks or video_tokens)
         input_ids, labels = encode_conversation(
             self.tokenizer, messages, self.template, self.seq_length, system=sample.system,
             train_on_prompt=self.config.basic["train_on_prompt"], mask_history=self.config.basic["mask_history"])
         ids = np.asarray(input_ids, dtype=np.int64)
-        for kind, pad, needed in (("image", "image_pad", sum(image_tokens)), ("video", "video_pad", sum(video_tokens))):
-            kept = int((ids == self.token_ids[pad]).sum())
+        for kind, pad, needed in (("image", "image_pad", sum(image_tokens)), ("video", "video_pad", sum(video_tokens)),
+                                  ("audio", "audio_pad", audio_tokens)):
+            kept = int((ids == self.token_ids[pad]).sum()) if pad in self.token_ids else 0
             if kept != needed:
                 raise SampleError(f"{sample.where}: the cut-off --seq-length {self.seq_length} truncated the "
                                   f"{kind} tokens ({kept} of {needed} kept); raise --seq-length, lower "

@@ -105,8 +105,14 @@ QWEN3_VL_NOTHINK = ChatTemplate(
 )
 QWEN3_VL = dataclasses.replace(QWEN3_VL_NOTHINK, name="qwen3_vl", thought_words=("<think>", "</think>"))
 
+# Qwen2.5-Omni (MindSpeed-MM's "qwen2_omni"): Qwen3-VL's slots with Qwen2-VL's default system prompt, and the Omni
+# tokenizer's names for the vision tokens; audio blocks (<|audio_bos|> <|AUDIO|>* <|audio_eos|>): data/multimodal/omni.py
+QWEN2_OMNI = dataclasses.replace(QWEN3_VL_NOTHINK, name="qwen2_omni", default_system=QWEN2VL.default_system,
+                                 vision_start="<|vision_bos|>", vision_end="<|vision_eos|>", image_pad="<|IMAGE|>",
+                                 video_pad="<|VIDEO|>", timestamped_video=False)
+
 # MindSpeed-MM's `basic_parameters.template` names. Qwen2.5-VL's examples use "qwen2vl" too.
-TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (QWEN2VL, QWEN3_VL, QWEN3_VL_NOTHINK)}
+TEMPLATES: dict[str, ChatTemplate] = {t.name: t for t in (QWEN2VL, QWEN3_VL, QWEN3_VL_NOTHINK, QWEN2_OMNI)}
 
 
 class TextTokenizer(Protocol):

@@ -151,7 +151,7 @@ _VISION_DEFAULTS = {
                        tokens_per_second=4, window_size=112, out_hidden_size=3584,
                        fullatt_block_indexes=[7, 15, 23, 31]),
 }
-_TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps",
                 "attention_dropout", "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -172,7 +172,7 @@ def _from_hf(cls: type[Qwen2VLConfig], d: Mapping[str, Any]) -> Qwen2VLConfig:
     rope = (text_src.get("rope_parameters") or text_src.get("rope_scaling") or d.get("rope_parameters")
             or d.get("rope_scaling") or {})
     defaults = TextConfig()
-    text = TextConfig(**{key: text_value(key, getattr(defaults, key)) for key in _TEXT_FIELDS},
+    text = TextConfig(**{key: text_value(key, getattr(defaults, key)) for key in TEXT_FIELDS},
                       rope_theta=float(rope.get("rope_theta") or text_value("rope_theta", defaults.rope_theta)),
                       mrope_section=tuple(rope.get("mrope_section", defaults.mrope_section)))
     if text.num_key_value_heads is None:
@@ -206,7 +206,7 @@ def _from_hf(cls: type[Qwen2VLConfig], d: Mapping[str, Any]) -> Qwen2VLConfig:
 def _to_hf(config: Qwen2VLConfig) -> dict[str, Any]:
     text, vision = config.text, config.vision
     out: dict[str, Any] = {"architectures": [ARCHITECTURES[config.model_type]], "model_type": config.model_type}
-    out.update({key: getattr(text, key) for key in _TEXT_FIELDS})
+    out.update({key: getattr(text, key) for key in TEXT_FIELDS})
     out["rope_theta"] = text.rope_theta
     out["rope_scaling"] = {"type": "mrope", "mrope_section": list(text.mrope_section)}
     common = dict(depth=vision.depth, num_heads=vision.num_heads, hidden_act=vision.hidden_act,

@@ -47,8 +47,7 @@ class VisionAttention(nn.Module):
 
     def forward(self, x, cos, sin, cu_seqlens: np.ndarray):
         n = x.shape[0]
-        q, k, v = (ops.reshape(t, (n, self.num_heads, self.head_dim))
-                   for t in ops.split(self.qkv(x), x.shape[1], dim=-1))
+        q, k, v = (ops.reshape(t, (n, self.num_heads, self.head_dim)) for t in self.project_qkv(x))
         # transformers rotates the vision q/k in fp32 and casts back (apply_rotary_pos_emb_vision).
         dtype = q.dtype
         q = tensors.cast(apply_rotary(tensors.cast(q, "float32"), cos, sin), dtype)
@@ -58,6 +57,10 @@ class VisionAttention(nn.Module):
              if isinstance(cu_seqlens, np.ndarray) else
              ops.segment_attention(q, k, v, cu_seqlens, scale=self.head_dim ** -0.5))
         return self.proj(ops.reshape(y, (n, self.num_heads * self.head_dim)))
+
+    def project_qkv(self, x):
+        """(q, k, v), each (N, D): the fused projection split (Qwen2.5-Omni's ViT overrides it: three Linears)."""
+        return ops.split(self.qkv(x), x.shape[1], dim=-1)
 
 
 def vision_rotary(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[Any, Any]:

@@ -18,6 +18,7 @@ are not comparable with it, greedy ones are).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
@@ -294,8 +295,7 @@ class Generator:
     def rerun(self, prompt: Prompt, generated: Sequence[int]) -> np.ndarray:
         """No cache: the whole prompt + generated tokens through the model again; the last logits."""
         ids = np.concatenate([prompt.input_ids, np.asarray([generated], dtype=np.int64).reshape(1, -1)], axis=1)
-        return self.prefill(Prompt(ids, prompt.pixel_values, prompt.image_grid_thw, prompt.pixel_values_videos,
-                                   prompt.video_grid_thw, prompt.second_per_grid_ts), None)[0]
+        return self.prefill(dataclasses.replace(prompt, input_ids=ids), None)[0]  # the prompt's other inputs kept
 
     def generate(self, prompt: Prompt, config: GenerationConfig,
                  streamer: Callable[[int], None] | None = None,

@@ -102,7 +102,7 @@ def checked_for_model(weights: HFWeights, config: Any, described_by: str) -> HFW
     """A training run's --load of an HF directory (`weights`, read lazily: each rank reads only the tensors of its
     shard), after checking that its config.json describes `config`'s network (`described_by` names where that
     came from, e.g. model.json's path). The dtype it was saved in does not count."""
-    difference = _config_difference(_structure(weights.config.to_hf_config()), _structure(config.to_hf_config()))
+    difference = config_difference(_structure(weights.config.to_hf_config()), _structure(config.to_hf_config()))
     if difference:
         raise UsageError(f"--load {weights.path}: its config.json describes another model than {described_by} "
                          f"({difference}); make {described_by} match the checkpoint")
@@ -114,13 +114,13 @@ def _structure(hf_config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in hf_config.items() if k not in ("torch_dtype", "dtype", "architectures")}
 
 
-def _config_difference(theirs: dict[str, Any], ours: dict[str, Any], prefix: str = "") -> str:
+def config_difference(theirs: dict[str, Any], ours: dict[str, Any], prefix: str = "") -> str:
     """The first few keys where two HF config dicts differ, as `key: checkpoint X, model.json Y` ('' if none)."""
     found = []
     for key in sorted(set(theirs) | set(ours)):
         a, b = theirs.get(key), ours.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            inner = _config_difference(a, b, f"{prefix}{key}.")
+            inner = config_difference(a, b, f"{prefix}{key}.")
             found.extend([inner] if inner else [])
         elif a != b:
             found.append(f"{prefix}{key}: checkpoint {a!r}, model.json {b!r}")

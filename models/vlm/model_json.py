@@ -150,13 +150,13 @@ def read_pipeline_layers(path: str, where: str, section: Mapping[str, Any]) -> l
 
 
 def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJson:
-    """A model.json dict of any Qwen vision-language family -> ModelJson, read by its family's reader (found by
-    the top-level model_id)."""
+    """A model.json dict of any Qwen vision-language family -> ModelJson, read by its family's reader (the family
+    table's by_model_json: a family that claims the file, else the top-level model_id)."""
     from mmrun.models import families
 
     model_id = raw.get("model_id") if isinstance(raw, Mapping) else None
     try:
-        family = families.by_model_id(model_id)
+        family = families.by_model_json(raw)
     except families.UnknownFamilyError:
         known = ", ".join(i for f in families.vlm_families() for i in f.model_ids)
         raise UsageError(f"{path}: model_id {model_id!r} is not a vision-language model mmrun builds; use one of "

@@ -36,6 +36,12 @@ def tiny3() -> ModuleType:
 
 
 @pytest.fixture(scope="session")
+def tiny_omni() -> ModuleType:
+    """tests/models/tiny_omni.py: the tiny Qwen2.5-Omni thinker, its batches and transformers reference runs."""
+    return load_helper("mmrun_tests_tiny_omni", HERE / "tiny_omni.py")
+
+
+@pytest.fixture(scope="session")
 def worker() -> ModuleType:
     """tests/models/workers/qwen2_vl_run.py, imported into this (PyTorch) process."""
     from mmrun import backend

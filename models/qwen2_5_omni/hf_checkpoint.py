@@ -1,0 +1,118 @@
+"""Hugging Face Qwen2.5-Omni directories -> the thinker's config and weights in mmrun's names.
+
+The name table (checkpoint key -> mmrun parameter):
+
+| checkpoint key                                   | mmrun parameter                    | layout            |
+|--------------------------------------------------|------------------------------------|-------------------|
+| `thinker.X` (whole model as downloaded)          | `X`                                | as stored         |
+| `X` (a thinker's save_pretrained)                | `X`                                | as stored         |
+| `model.audio_tower.` / `model.visual.` / `model.language_model.` (transformers 5.x in memory) | `audio_tower.` / `visual.` / `model.` | as stored |
+| `audio_tower.conv1.weight`, `audio_tower.conv2.weight` | same                         | Conv1d (D, C, 3) -> (D, C*3) |
+| `visual.patch_embed.proj.weight`                 | same                               | Conv3d (D, 3, 2, 14, 14) -> (D, 1176) |
+| `talker.*`, `token2wav.*`                        | (not read: the thinker is trained) |                   |
+
+The flattenings keep the bytes and their order. BF16 tensors read as uint16 bits (checkpoint/formats/safetensors.py's
+rule); `modeling.load_hf_weights` widens them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mmrun.checkpoint.formats.hf_directory import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError
+from mmrun.checkpoint.formats.safetensors import SafetensorsFile
+from mmrun.models.vlm.hf_checkpoint import check_names
+from mmrun.models.qwen2_vl.hf_checkpoint import hf_parameter_names as qwen2_vl_names
+from mmrun.models.qwen2_5_omni.configuration import MODEL_TYPES, OmniConfig
+
+FLATTENED = ("audio_tower.conv1.weight", "audio_tower.conv2.weight", "visual.patch_embed.proj.weight")
+SKIPPED_PREFIXES = ("talker.", "token2wav.")
+_PREFIXES = (("thinker.", ""), ("model.audio_tower.", "audio_tower."), ("model.visual.", "visual."),
+             ("model.language_model.", "model."))
+
+
+def mmrun_name(key: str) -> str:
+    """A checkpoint key's mmrun name (the table above)."""
+    for stored, ours in _PREFIXES:
+        if key.startswith(stored):
+            key = ours + key[len(stored):]
+    return key
+
+
+def hf_parameter_names(config: OmniConfig) -> list[str]:
+    """Every parameter name of the thinker, without building it."""
+    names = []
+    for name in qwen2_vl_names(config.as_qwen2_5_vl()):
+        if name.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
+            block, kind = name.rsplit(".attn.qkv.", 1)
+            names += [f"{block}.attn.{p}.{kind}" for p in ("q", "k", "v")]
+        else:
+            names.append(name)
+    audio = "audio_tower."
+    names += [audio + f"{n}.{p}" for n in ("conv1", "conv2") for p in ("weight", "bias")]
+    for i in range(config.audio.num_layers):
+        layer = f"{audio}layers.{i}."
+        names += [layer + "self_attn.k_proj.weight"]
+        names += [layer + f"self_attn.{n}.{p}" for n in ("q_proj", "v_proj", "out_proj") for p in ("weight", "bias")]
+        names += [layer + f"{n}.{p}" for n in ("self_attn_layer_norm", "fc1", "fc2", "final_layer_norm")
+                  for p in ("weight", "bias")]
+    names += [audio + f"{n}.{p}" for n in ("ln_post", "proj") for p in ("weight", "bias")]
+    names.append(audio + "audio_bos_eos_token.weight")
+    return names
+
+
+def is_hf_directory(path: str | os.PathLike) -> bool:
+    """True when `path` holds a Qwen2.5-Omni (thinker or whole) config.json and safetensors weights."""
+    path = Path(path)
+    try:
+        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+
+
+def load_hf_config(path: str | os.PathLike) -> OmniConfig:
+    path = Path(path)
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise NotAnHFDirectoryError(f"{path} has no config.json; pass a Hugging Face Qwen2.5-Omni directory "
+                                    "(config.json + safetensors)")
+    try:
+        raw = json.loads(config_file.read_text())
+    except ValueError as error:
+        raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
+    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
+        found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+        raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not Qwen2.5-Omni; mmrun's qwen2_5_omni "
+                                    f"reads model_type {' or '.join(MODEL_TYPES)}")
+    return OmniConfig.from_hf_config(raw)
+
+
+def load_hf_directory(path: str | os.PathLike) -> tuple[OmniConfig, dict[str, np.ndarray]]:
+    """(config, {parameter name: array}) of a thinker directory or a whole Qwen2.5-Omni, in mmrun's layout;
+    the names are checked against the config (one error listing what is missing or unexpected)."""
+    path = Path(path)
+    config = load_hf_config(path)
+    if (path / INDEX_FILE).is_file():
+        files = sorted(set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values()))
+    elif (path / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors weights "
+                                    "only (re-save with save_pretrained(safe_serialization=True))")
+    arrays: dict[str, np.ndarray] = {}
+    for file in files:
+        opened = SafetensorsFile(path / file)
+        for key in opened:
+            if key.startswith(SKIPPED_PREFIXES) or key.endswith(".inv_freq"):
+                continue
+            name = mmrun_name(key)
+            array = opened[key]
+            arrays[name] = array.reshape(array.shape[0], -1) if name in FLATTENED else array
+    if config.tie_word_embeddings:
+        arrays.pop("lm_head.weight", None)
+    check_names(str(path), config.as_qwen2_5_vl(), set(arrays), hf_parameter_names(config))
+    return config, arrays
