@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from mmrun.models.qwen2_vl.configuration import TEXT_FIELDS, Qwen2VLConfig, TextConfig, VisionConfig, check
 
-MODEL_TYPES = ("qwen2_5_omni_thinker", "qwen2_5_omni")
+THINKER_MODEL_TYPE = "qwen2_5_omni_thinker"
+MODEL_TYPES = (THINKER_MODEL_TYPE, "qwen2_5_omni")
 THINKER_ARCHITECTURE = "Qwen2_5OmniThinkerForConditionalGeneration"
 
 
@@ -83,6 +84,11 @@ class OmniConfig:
         if audio.output_dim != self.text.hidden_size:
             raise ValueError(f"the audio encoder outputs {audio.output_dim} features but the text hidden_size is "
                              f"{self.text.hidden_size}; set audio_config.output_dim to the text hidden_size")
+
+    @property
+    def model_type(self) -> str:
+        """The thinker's config.json model_type: what the family table (models/families.py) knows it by."""
+        return THINKER_MODEL_TYPE
 
     def as_qwen2_5_vl(self) -> Qwen2VLConfig:
         """The Qwen2.5-VL config of this model's vision tower and decoder (what the Qwen2-VL family's blocks take)."""

@@ -29,7 +29,7 @@ def forward_backward(model, batch: dict[str, np.ndarray]) -> dict[str, np.ndarra
 def generate(model, prompt: dict[str, np.ndarray], new_tokens: int = 6, use_cache: bool = True) -> np.ndarray:
     """Greedy new tokens of mmrun's generation loop for one prompt (tiny_omni.prompt's keys)."""
     from mmrun.models.qwen2_5_omni.generation import OmniPrompt
-    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator
+    from mmrun.models.vlm.generation import GenerationConfig, Generator
 
     fields = {("second_per_grid_ts" if k == "video_second_per_grid" else k): (bool(v) if k == "use_audio_in_video"
                                                                              else v) for k, v in prompt.items()}
