@@ -1,4 +1,4 @@
-"""Hugging Face Qwen3-VL directories read into mmrun's names (= the checkpoint keys).
+"""Hugging Face Qwen3-VL directories (dense and MoE) read into mmrun's names (= the checkpoint keys).
 
 The safetensors reading, the bf16 handling and the error style are Qwen2-VL's (models/qwen2_vl/hf_checkpoint.py,
 imported): each tensor read lazily from its byte offsets, BF16 as uint16 bits. Qwen3-VL checkpoints already
@@ -17,7 +17,7 @@ from mmrun.backend.errors import UsageError
 from mmrun.models.qwen2_vl import hf_checkpoint as qwen2_checkpoint
 from mmrun.models.qwen2_vl.hf_checkpoint import (CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError,
                                                  SafetensorsFile)
-from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_MODEL_TYPE, MOE_REFUSAL, Qwen3VLConfig
+from mmrun.models.qwen3_vl.configuration import MODEL_TYPES, Qwen3VLConfig
 
 PATCH_EMBED = "model.visual.patch_embed.proj.weight"
 
@@ -42,7 +42,10 @@ def hf_parameter_names(config: Qwen3VLConfig) -> list[str]:
         names += [layer + f"self_attn.{n}.{p}" for n in ("q_proj", "k_proj", "v_proj", "o_proj") for p in bias]
         names += [layer + f"self_attn.{n}.weight" for n in ("q_norm", "k_norm")]
         names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
-        names += [layer + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
+        if t.moe is not None and t.moe.is_sparse(i):  # the MoE variant: router and fused experts (moe.py)
+            names += [layer + n for n in ("mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj")]
+        else:
+            names += [layer + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
     names.append(text + "norm.weight")
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -56,7 +59,7 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
         model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         return False
-    return model_type == MODEL_TYPE and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+    return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
 
 
 def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
@@ -71,11 +74,9 @@ def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
     except ValueError as error:
         raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
     found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
-    if found == MOE_MODEL_TYPE:
-        raise NotAnHFDirectoryError(f"{config_file}: {MOE_REFUSAL}")
-    if found != MODEL_TYPE:
+    if found not in MODEL_TYPES:
         raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not Qwen3-VL; mmrun's qwen3_vl reads "
-                                    f"model_type {MODEL_TYPE!r}")
+                                    f"model_type {' or '.join(map(repr, MODEL_TYPES))}")
     return Qwen3VLConfig.from_hf_config(raw)
 
 
@@ -102,6 +103,33 @@ class HFWeights(qwen2_checkpoint.HFWeights):
         if self.config.tie_word_embeddings:
             self._where.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
         qwen2_checkpoint._check_names(str(path), self.config, set(self._where), hf_parameter_names(self.config))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        array = super().__getitem__(name)
+        moe = self.config.text.moe
+        if moe is not None and name.endswith(EXPERT_SUFFIXES):
+            return experts_in_memory_layout(name, array, moe.moe_intermediate_size, self.config.text.hidden_size)
+        return array
+
+
+# The MoE variant's fused experts. The hub's Qwen3-VL MoE checkpoints store them as (experts, hidden, 2 x
+# moe_intermediate) and (experts, moe_intermediate, hidden); transformers 5 keeps (and save_pretrained writes)
+# their transpose, (experts, 2 x moe_intermediate, hidden) and (experts, hidden, moe_intermediate), the model's
+# layout here. As transformers' loader (conversion_mapping "qwen3_vl_moe", Transpose(1, 2, check_dims=True)):
+# a tensor already in the model's shape is kept, another is transposed.
+EXPERT_SUFFIXES = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def experts_in_memory_layout(name: str, array: np.ndarray, intermediate: int, hidden: int) -> np.ndarray:
+    experts = array.shape[0]
+    expected = ((experts, 2 * intermediate, hidden) if name.endswith("gate_up_proj")
+                else (experts, hidden, intermediate))
+    if array.shape == expected:
+        return array
+    if array.ndim == 3 and array.shape[::-1][:2] == expected[1:]:
+        return np.ascontiguousarray(array.transpose(0, 2, 1))
+    raise ValueError(f"{name} has shape {array.shape}, not {expected} (or its transpose, the hub's layout); the "
+                     "checkpoint does not match its config.json's num_experts / moe_intermediate_size / hidden_size")
 
 
 def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str, np.ndarray]]:
