@@ -152,7 +152,11 @@ SPLIT_FRAMEWORKS = ("mindspore", "pytorch")
 
 def check_split(spec: ModelJson, framework: str, split: bool) -> None:
     """An unsplit run needs model.json's pipeline_num_layers to say one stage (one line otherwise); a split run needs
-    a framework whose parallel engine builds Qwen3-VL."""
+    a framework whose parallel engine builds Qwen3-VL (the dense model: the MoE variant trains unsplit)."""
+    if split and spec.hf_config["model_type"] == MOE_MODEL_TYPE:
+        raise UsageError(f"{spec.path}: Qwen3-VL MoE (num_moe_experts) is built unsplit only: tensor/pipeline "
+                         "parallelism of its experts is not built yet. Received a --tensor-/--pipeline-model-parallel-"
+                         "size above 1; train it with both at 1 (data parallel), pipeline_num_layers one entry")
     if split and framework not in SPLIT_FRAMEWORKS:
         raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework "
                          f"{' or '.join(SPLIT_FRAMEWORKS)} only. Received: --ai-framework {framework} with a split; "
@@ -166,3 +170,29 @@ def check_split(spec: ModelJson, framework: str, split: bool) -> None:
                              f"{len(layers)} pipeline stages, but the run has one (no --pipeline-model-parallel-size);"
                              f" pass --pipeline-model-parallel-size {len(layers)}, or give one entry holding every "
                              "layer")
+
+
+# Megatron's MoE flags that only change speed (finetune_qwen3vl_30B.sh passes them): run without, said once.
+MOE_SPEED_FLAGS = ("--moe-grouped-gemm", "--moe-permutation-async-comm")
+
+
+def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str]) -> list[str]:
+    """--expert-model-parallel-size against model.json's experts (one-line UsageError), and the notices for the
+    speed-only MoE flags of argv (returned, one line each)."""
+    text = spec.hf_config["text_config"]
+    experts = text.get("num_experts") if spec.hf_config["model_type"] == MOE_MODEL_TYPE else None
+    if expert_parallel is not None and not expert_parallel.lstrip("-").isdigit():
+        return []  # not a number: the training arguments' parser says so
+    ep = 1 if expert_parallel is None else int(expert_parallel)
+    if experts is not None and (ep < 1 or experts % ep):
+        raise UsageError(f"--expert-model-parallel-size {ep} does not divide {spec.path}'s num_moe_experts {experts}; "
+                         "pass a divisor of the experts (each rank holds num_moe_experts / EP of them)")
+    if experts is not None and ep > 1:
+        raise UsageError(f"--expert-model-parallel-size {ep}: expert parallelism of Qwen3-VL MoE is not built in mmrun "
+                         "yet (every rank holds all the experts); pass --expert-model-parallel-size 1")
+    tokens = {token.split("=")[0] for token in argv}
+    given = [flag for flag in MOE_SPEED_FLAGS if {flag, "--" + flag[2:].replace("-", "_")} & tokens]
+    if experts is None or not given:
+        return []
+    return [f"{', '.join(given)}: speed flags of Megatron's MoE layer; mmrun's Qwen3-VL MoE runs each expert on its "
+            "gathered tokens instead (the same numbers)"]
