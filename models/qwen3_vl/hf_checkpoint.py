@@ -142,9 +142,19 @@ def open_for_model(path: str | os.PathLike, config: Qwen3VLConfig, described_by:
     """A training run's --load of a Qwen3-VL directory: its weights (read lazily), after checking that its
     config.json describes `config`'s network (`described_by`: where that came from, e.g. model.json's path)."""
     weights = HFWeights(path)
-    difference = qwen2_checkpoint._config_difference(qwen2_checkpoint._structure(weights.config.to_hf_config()),
-                                                     qwen2_checkpoint._structure(config.to_hf_config()))
+    difference = qwen2_checkpoint._config_difference(_network(weights.config), _network(config))
     if difference:
         raise UsageError(f"--load {path}: its config.json describes another model than {described_by} ({difference}); "
                          f"make {described_by} match the checkpoint")
     return weights
+
+
+# The MoE variant's settings that change how the network is trained or computed, not its weights: model.json's
+# router_gating_in_fp32 (transformers' config.json has no such key) or an aux loss may differ from the checkpoint's.
+RUN_SETTINGS = ("router_gating_in_fp32", "output_router_logits", "router_aux_loss_coef")
+
+
+def _network(config: Qwen3VLConfig) -> dict:
+    hf = qwen2_checkpoint._structure(config.to_hf_config())
+    hf["text_config"] = {k: v for k, v in hf["text_config"].items() if k not in RUN_SETTINGS}
+    return hf

@@ -125,3 +125,29 @@ def test_mindspore_equals_pytorch(moe_runs, tmp_path):
         assert sorted(grads) == sorted(k[len(name) + 1:] for k in ms if k.startswith(f"{name}/grad/"))
         for key in grads:
             np.testing.assert_allclose(ms[f"{name}/{key}"], torch_out[key], rtol=0, atol=TOL, err_msg=key)
+
+
+@pytest.mark.parametrize("which", ["image", "text"])
+def test_greedy_tokens_equal_transformers_generate(tiny3, moe_runs, which):
+    """Generation (qwen2_vl/generation.py's loop, the KV cache) with the MoE decoder: transformers' greedy tokens."""
+    import torch
+    import transformers
+
+    from mmrun.models.qwen2_vl.generation import GenerationConfig, Generator, Prompt
+    from mmrun.models.qwen3_vl import from_pretrained
+
+    path = moe_runs["plain"][0]
+    batch = tiny3.image_batch() if which == "image" else tiny3.text_batch()
+    keys = ("input_ids", "pixel_values", "image_grid_thw") if which == "image" else ("input_ids",)
+    prompt = {k: batch[k][:1, :11] if k == "input_ids" and which == "text" else batch[k] for k in keys}
+    ours = from_pretrained(str(path))
+    ours.eval()
+    tokens = Generator(ours).generate(Prompt(**prompt), GenerationConfig(max_new_tokens=8, eos_token_id=(2,)))
+    hf = transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(path).eval()
+    ids = prompt["input_ids"]
+    kwargs = {k: torch.from_numpy(v) for k, v in prompt.items()}
+    kwargs.update(attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                  mm_token_type_ids=torch.from_numpy(np.where(ids == tiny3.IMAGE, 1, 0)))
+    with torch.no_grad():
+        expected = hf.generate(**kwargs, max_new_tokens=8, do_sample=False, eos_token_id=[2])[0, ids.shape[1]:]
+    assert tokens == expected.tolist() and len(set(tokens)) > 2
