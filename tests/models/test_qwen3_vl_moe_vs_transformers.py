@@ -151,3 +151,26 @@ def test_greedy_tokens_equal_transformers_generate(tiny3, moe_runs, which):
     with torch.no_grad():
         expected = hf.generate(**kwargs, max_new_tokens=8, do_sample=False, eos_token_id=[2])[0, ids.shape[1]:]
     assert tokens == expected.tolist() and len(set(tokens)) > 2
+
+
+def test_inference_vlm_answers_as_transformers_moe(tmp_path, capsys):
+    """inference_vlm.py with model_30B.json's sections (shrunk, tests/training/qwen3_vl_moe_job.py) and a transformers
+    Qwen3VLMoeForConditionalGeneration directory (docs/examples/inference/make_tiny_qwen3_vl.py): transformers'
+    greedy answer."""
+    import importlib.util
+
+    from mmrun.data.tokenizers import HuggingFaceTokenizer
+    from mmrun.models import inference_vlm
+    from tests.training.qwen3_vl_moe_job import tiny_model_json
+
+    example_path = Path(__file__).resolve().parents[2] / "docs" / "examples" / "inference" / "make_tiny_qwen3_vl.py"
+    spec = importlib.util.spec_from_file_location("mmrun_docs_make_tiny_qwen3_vl_moe", example_path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    path, raw, model = example.write(tmp_path, str(tiny_model_json(tmp_path / "model_30B.json")))
+    assert type(model).__name__ == "Qwen3VLMoeForConditionalGeneration"
+    assert inference_vlm.main(["--mm-model", str(path)]) == 0
+    out, err = capsys.readouterr()
+    tokens = example.transformers_answer(raw, model)
+    answer = HuggingFaceTokenizer(raw["tokenizer"]["from_pretrained"]).detokenize([t for t in tokens if t > 6])
+    assert len(tokens) == 8 and answer.strip() and out.splitlines()[0] == answer
