@@ -93,10 +93,14 @@ class Experts(nn.Module):
         rows = ops.embedding(tensors.from_numpy((order // k).astype(np.int64)), x)  # (T*K, H), expert order
         hit = [int(e) for e in np.flatnonzero(counts)]
         chunks = ops.split(rows, [int(counts[e]) for e in hit], dim=0) if len(hit) > 1 else (rows,)
+        # One split of each fused tensor, not an index per expert: its backward writes the whole gradient once
+        # (an index's would allocate a full-size gradient per expert).
+        gate_up = ops.split(self.gate_up_proj, 1, dim=0)
+        down = ops.split(self.down_proj, 1, dim=0)
         outputs = []
         for expert, chunk in zip(hit, chunks):
-            gate, up = ops.split(ops.linear(chunk, self.gate_up_proj[expert]), [self.intermediate] * 2, dim=-1)
-            outputs.append(ops.linear(self.act(gate) * up, self.down_proj[expert]))
+            gate, up = ops.split(ops.linear(chunk, gate_up[expert][0]), [self.intermediate] * 2, dim=-1)
+            outputs.append(ops.linear(self.act(gate) * up, down[expert][0]))
         done = ops.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0]
         back = ops.embedding(tensors.from_numpy(np.argsort(order).astype(np.int64)), done)  # (token, k) order
         weighted = ops.reshape(back, (tokens, k, -1)) * ops.reshape(weights, (tokens, k, 1))
