@@ -6,7 +6,8 @@ Both sides hold the same weights (transformers' random model, saved and loaded b
 the same text batch (random token ids, no padding): forward with labels, backward, on PyTorch on the CPU (or CUDA
 when there is one). The config is tiny-wide: a small ViT (unused by text) and a text decoder of --layers sparse
 layers, --experts experts of width --expert-width, --top-k per token. Reported: the median step time of each after
---warmup steps, mmrun / transformers (target >= 1.0x: mmrun at least as fast), the two losses (equal to 1e-5),
+--warmup steps (the two sides alternate step by step), mmrun / transformers (target >= 1.0x: mmrun at least as
+fast), the two losses (equal to 1e-5),
 transformers' experts implementation, and a router sanity table: per sparse layer, the tokens routed to each expert
 (top-k assignments) by mmrun's router on this batch.
 
@@ -84,16 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         loss, _ = autograd.value_and_grad(lambda: ours(**inputs)["loss_dict"]["loss"], params)()
         return float(tensors.to_numpy(loss))
 
-    results = {}
-    for name, step in (("transformers", step_theirs), ("mmrun", step_ours)):
-        times, loss = [], None
-        for _ in range(args.warmup + args.steps):
+    steps = {"transformers": step_theirs, "mmrun": step_ours}
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    losses: dict[str, float] = {}
+    for _ in range(args.warmup + args.steps):  # the two alternate, so a change of machine load hits both
+        for name, step in steps.items():
             start = time.perf_counter()
-            loss = step()
+            losses[name] = step()
             if device == "cuda":
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        results[name] = (statistics.median(times[args.warmup:]), loss)
+            times[name].append(time.perf_counter() - start)
+    results = {name: (statistics.median(times[name][args.warmup:]), losses[name]) for name in steps}
     tokens = args.batch * args.seq
     print(f"Qwen3-VL MoE decoder step on {device} ({torch.get_num_threads()} threads): {args.layers} sparse layers, "
           f"hidden {args.hidden}, {args.experts} experts of {args.expert_width}, top {args.top_k}, {tokens} tokens; "

@@ -95,12 +95,15 @@ class Experts(nn.Module):
         chunks = ops.split(rows, [int(counts[e]) for e in hit], dim=0) if len(hit) > 1 else (rows,)
         # One split of each fused tensor, not an index per expert: its backward writes the whole gradient once
         # (an index's would allocate a full-size gradient per expert).
+        # (A reshape, not [0], drops the leading 1: its backward is a view, not a zero-filled scatter.)
+        hidden = self.gate_up_proj.shape[2]
         gate_up = ops.split(self.gate_up_proj, 1, dim=0)
         down = ops.split(self.down_proj, 1, dim=0)
         outputs = []
         for expert, chunk in zip(hit, chunks):
-            gate, up = ops.split(ops.linear(chunk, gate_up[expert][0]), [self.intermediate] * 2, dim=-1)
-            outputs.append(ops.linear(self.act(gate) * up, down[expert][0]))
+            weight = ops.reshape(gate_up[expert], (2 * self.intermediate, hidden))
+            gate, up = ops.split(ops.linear(chunk, weight), [self.intermediate] * 2, dim=-1)
+            outputs.append(ops.linear(self.act(gate) * up, ops.reshape(down[expert], (hidden, self.intermediate))))
         done = ops.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0]
         back = ops.embedding(tensors.from_numpy(np.argsort(order).astype(np.int64)), done)  # (token, k) order
         weighted = ops.reshape(back, (tokens, k, -1)) * ops.reshape(weights, (tokens, k, 1))
