@@ -1,4 +1,5 @@
-"""Qwen3-VL (dense) written once against the portable API (`mmrun.backend`): PyTorch and MindSpore.
+"""Qwen3-VL written once against the portable API (`mmrun.backend`): PyTorch and MindSpore. The MoE variant
+(config.text.moe) is this model with sparse decoder MLPs from models/qwen3_vl/moe.py.
 
 Equal to transformers' Qwen3VLForConditionalGeneration (fp32 logits, loss and gradients within 1e-5,
 tests/models/test_qwen3_vl_vs_transformers.py), with parameter names equal to its checkpoint keys:
