@@ -16,9 +16,9 @@ softmax in fp32, the top-k experts per token, their probabilities renormalised t
 cast to the hidden dtype. The choice of experts carries no gradient, so it is made on the host (numpy, stable
 order: the same experts on both frameworks, one device-to-host copy of the probabilities per layer, as
 transformers' own loop syncs on `nonzero`); the chosen probabilities are gathered on the device, so the router
-gets its gradient through them. The experts: tokens gathered in expert order (one gather), each expert with
-tokens runs its SwiGLU on its rows, the rows go back to (token, k) order (one gather) and are summed with their
-weights.
+gets its gradient through them. The experts: tokens gathered in expert order (one gather), the SwiGLU of every
+expert on its rows by `ops.grouped_linear` (torch's grouped GEMM where it serves, else one linear per expert),
+the rows back to (token, k) order (one gather), summed with their weights.
 
 The load-balancing loss (`load_balancing_loss`) is transformers' load_balancing_loss_func: over all sparse
 layers together, num_experts x sum_e (share of top-k assignments to e) x (mean router probability of e), padding
@@ -91,20 +91,8 @@ class Experts(nn.Module):
         order = np.argsort(flat, kind="stable")  # assignments grouped by expert
         counts = np.bincount(flat, minlength=self.num_experts)
         rows = ops.embedding(tensors.from_numpy((order // k).astype(np.int64)), x)  # (T*K, H), expert order
-        hit = [int(e) for e in np.flatnonzero(counts)]
-        chunks = ops.split(rows, [int(counts[e]) for e in hit], dim=0) if len(hit) > 1 else (rows,)
-        # One split of each fused tensor, not an index per expert: its backward writes the whole gradient once
-        # (an index's would allocate a full-size gradient per expert).
-        # (A reshape, not [0], drops the leading 1: its backward is a view, not a zero-filled scatter.)
-        hidden = self.gate_up_proj.shape[2]
-        gate_up = ops.split(self.gate_up_proj, 1, dim=0)
-        down = ops.split(self.down_proj, 1, dim=0)
-        outputs = []
-        for expert, chunk in zip(hit, chunks):
-            weight = ops.reshape(gate_up[expert], (2 * self.intermediate, hidden))
-            gate, up = ops.split(ops.linear(chunk, weight), [self.intermediate] * 2, dim=-1)
-            outputs.append(ops.linear(self.act(gate) * up, ops.reshape(down[expert], (hidden, self.intermediate))))
-        done = ops.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0]
+        gate, up = ops.split(ops.grouped_linear(rows, self.gate_up_proj, counts), [self.intermediate] * 2, dim=-1)
+        done = ops.grouped_linear(self.act(gate) * up, self.down_proj, counts)
         back = ops.embedding(tensors.from_numpy(np.argsort(order).astype(np.int64)), done)  # (token, k) order
         weighted = ops.reshape(back, (tokens, k, -1)) * ops.reshape(weights, (tokens, k, 1))
         return ops.sum(weighted, dim=1)
