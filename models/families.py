@@ -46,7 +46,7 @@ FAMILIES: tuple[Family, ...] = (
            "Qwen2_5OmniThinkerForConditionalGeneration", "qwen2_omni",
            {"configuration": "configuration", "modeling": "modeling", "hf_checkpoint": "hf_checkpoint",
             "model_json": "model_json", "decoding": "generation:OmniDecoding"}, base="qwen2_vl"),
-    Family("qwen3_vl", ("qwen3_vl",), ("qwen3_vl", "qwen3vl"), "Qwen3VLConfig",
+    Family("qwen3_vl", ("qwen3_vl", "qwen3_vl_moe"), ("qwen3_vl", "qwen3vl"), "Qwen3VLConfig",
            "Qwen3VLForConditionalGeneration", "qwen3_vl_nothink", {**_VLM_PARTS, "decoding": "generation:Qwen3VLDecoding"}),
     # Wan2.1's DiT: diffusers names its class in config.json's _class_name; MindSpeed-MM's predictor model_id.
     Family("wan", ("WanTransformer3DModel",), ("wandit",), "WanTransformerConfig", "WanTransformer3DModel", "",

@@ -261,7 +261,7 @@ def input_errors() -> tuple[type[Exception], ...]:
     """The errors that mean bad input (a file, a key, a value): one line and exit code 2."""
     from mmrun.data.gpt_dataset import DatasetConfigError
     from mmrun.data.tokenizers import TokenizerError
-    from mmrun.models.qwen2_vl.hf_checkpoint import NotAnHFDirectoryError
+    from mmrun.checkpoint.formats.hf_directory import NotAnHFDirectoryError
     from mmrun.training.checkpoint_layout import CheckpointError
 
     return UsageError, DatasetConfigError, TokenizerError, NotAnHFDirectoryError, CheckpointError

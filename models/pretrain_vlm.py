@@ -87,7 +87,7 @@ def _model_source(argv: list[str]) -> ModelSource:
     pre.add_argument("--mm-model", "--mm_model", dest="mm_model")
     pre.add_argument("--mm-data", "--mm_data", dest="mm_data")
     pre.add_argument("--no-ms-jit", "--no_ms_jit", dest="no_ms_jit", action="store_true")
-    for flag in SPLIT_FLAGS:  # as text: the training arguments' parser judges the values
+    for flag in (*SPLIT_FLAGS, "--expert-model-parallel-size"):  # as text: the training arguments' parser judges them
         pre.add_argument(flag, flag.replace("-", "_").replace("__", "--"), dest=flag[2:].replace("-", "_"))
     known, _ = pre.parse_known_args(argv)
     if known.mm_model is None:
@@ -112,6 +112,8 @@ def _model_source(argv: list[str]) -> ModelSource:
         from mmrun.backend.selection import resolve
 
         qwen3_model_json.check_split(_MODEL_JSON, resolve(argv).framework, split)
+        for line in qwen3_model_json.check_experts(_MODEL_JSON, known.expert_model_parallel_size, argv):
+            say_rank0("notice", line)
         for line in _MODEL_JSON.warnings:
             say_rank0("warning", line)
         return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
@@ -175,7 +177,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     args = get_args()
     if _MODEL_JSON.hf_config["model_type"] == "qwen2_5_omni_thinker":
         return _omni_model(args)
-    if _MODEL_JSON.hf_config["model_type"] == "qwen3_vl":  # unsplit: _model_source checked its stage lists
+    if _MODEL_JSON.hf_config["model_type"] in ("qwen3_vl", "qwen3_vl_moe"):  # unsplit: _model_source checked it
         from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
         from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration
 
@@ -247,7 +249,7 @@ def _hf_weights(config: Any) -> Any:
     from mmrun.models.qwen3_vl import hf_checkpoint as qwen3_checkpoint
 
     args = get_args()
-    if config.model_type == "qwen3_vl":
+    if config.model_type in ("qwen3_vl", "qwen3_vl_moe"):
         hf_checkpoint = qwen3_checkpoint
     if not (args.load and hf_checkpoint.is_hf_directory(args.load)):
         return None

@@ -50,3 +50,9 @@ def hash_dropout(x: Any, multiplier: int, offset: int, threshold: int, scale: fl
 def has_fused_hash_dropout(device: str) -> bool:
     """False: see `hash_dropout`."""
     return False
+
+
+def grouped_linear(x: Any, weight: Any, offsets: Any) -> Any:
+    """torch's grouped GEMM twin: None here (MindSpore's grouped_matmul runs on Ascend only; not built), so
+    `ops.grouped_linear` runs one linear per expert."""
+    return None

@@ -403,3 +403,17 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, segment_ids: Tensor, scal
     att = masked_fill(matmul(qs, transpose(ks, -2, -1)) * scale, apart, float("-inf"))
     out = matmul(softmax(att, dim=-1), vs)
     return transpose(mint.squeeze(out, 0), 0, 1)
+
+
+def grouped_linear(x: Tensor, weight: Tensor, counts: Sequence[int] | np.ndarray) -> Tensor:
+    """Mixture-of-experts GEMM, as torch's `ops.grouped_linear`: one linear per expert with rows (kernels has no
+    grouped GEMM here), each on a split of the weight (one gradient write, not one per expert)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    fused = kernels.grouped_linear(x, weight, np.cumsum(counts))
+    if fused is not None:
+        return fused
+    hit = [int(e) for e in np.flatnonzero(counts)]
+    pieces = split(weight, 1, dim=0)
+    rows = split(x, [int(counts[e]) for e in hit], dim=0) if len(hit) > 1 else (x,)
+    out = [linear(r, mint.squeeze(pieces[e], 0)) for e, r in zip(hit, rows)]
+    return cat(out, dim=0) if len(out) > 1 else out[0]

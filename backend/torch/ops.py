@@ -339,3 +339,17 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment
     out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=same, scale=scale,
                                          enable_gqa=ks.shape[1] != qs.shape[1])
     return out.squeeze(0).transpose(0, 1)
+
+
+def grouped_linear(x: Tensor, weight: Tensor, counts: Sequence[int] | np.ndarray) -> Tensor:
+    """Mixture-of-experts GEMM: x (N, in) holds counts[e] rows for expert e, in expert order; row r of group e
+    becomes x[r] @ weight[e].T, weight (E, out, in). torch's grouped GEMM where it serves (kernels.grouped_linear),
+    else one linear per expert with rows on a split of the weight (one gradient write, not one per expert)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    fused = kernels.grouped_linear(x, weight, np.cumsum(counts))
+    if fused is not None:
+        return fused
+    pieces = torch.split(weight, 1, dim=0)
+    rows = torch.split(x, counts.tolist(), dim=0)
+    out = [F.linear(rows[e], pieces[e].squeeze(0)) for e in np.flatnonzero(counts)]
+    return torch.cat(out, dim=0) if out else x.new_zeros((0, weight.shape[1]))

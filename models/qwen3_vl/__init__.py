@@ -1,11 +1,13 @@
-"""Qwen3-VL (dense) on mmrun's portable API (PyTorch and MindSpore), equal to transformers.
+"""Qwen3-VL (dense, and its MoE variant Qwen3-VL-30B-A3B / 235B-A22B) on mmrun's portable API (PyTorch and
+MindSpore), equal to transformers.
 
     from mmrun.models.qwen3_vl import from_pretrained
     model = from_pretrained("Qwen3-VL-8B-Instruct/")          # a Hugging Face directory
     out = model(**batch)                                       # {"logits", "loss_dict"}
 
 Modules: configuration (VisionConfig, TextConfig, Qwen3VLConfig), modeling (the model, freeze, loading),
-hf_checkpoint (reading Hugging Face directories). The MoE sibling (qwen3_vl_moe) is refused in one line.
+hf_checkpoint (reading Hugging Face directories), moe (the MoE variant's sparse blocks: a `qwen3_vl_moe` directory
+loads through the same from_pretrained).
 """
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig  # noqa: F401
 

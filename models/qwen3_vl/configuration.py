@@ -6,22 +6,22 @@ config.json nests the text fields in `text_config` with the rotary settings in `
 Qwen3-VL; the interleaved layout is the only one built). The vision rotary theta sits in
 `vision_config.rope_parameters` (default 10000).
 
-The MoE sibling (`qwen3_vl_moe`, Qwen3-VL-30B-A3B / 235B-A22B) is refused in one line: its text decoder's
-experts are not built.
+The MoE variant (`qwen3_vl_moe`, Qwen3-VL-30B-A3B / 235B-A22B) is the same config with `TextConfig.moe` set
+(`MoeConfig`: transformers' Qwen3VLMoeTextConfig fields); its decoder's sparse blocks are models/qwen3_vl/moe.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from mmrun.backend.errors import UsageError
 from mmrun.models.vlm.configuration import ACTIVATIONS, ViTShape
 
 MODEL_TYPE = "qwen3_vl"
 MOE_MODEL_TYPE = "qwen3_vl_moe"
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
-MOE_REFUSAL = ("model_type 'qwen3_vl_moe' (Qwen3-VL-30B-A3B / 235B-A22B, mixture of experts) is not built in "
-               "mmrun; use a dense Qwen3-VL (2B/4B/8B/32B, model_type 'qwen3_vl'), or train the MoE with "
-               "models/pretrain_transformers.py (transformers' own model)")
+MOE_ARCHITECTURE = "Qwen3VLMoeForConditionalGeneration"
+MODEL_TYPES = (MODEL_TYPE, MOE_MODEL_TYPE)
 
 
 @dataclass
@@ -49,6 +49,31 @@ class VisionConfig(ViTShape):
 
 
 @dataclass
+class MoeConfig:
+    """The mixture-of-experts part of the text decoder (Qwen3-VL-30B-A3B / 235B-A22B). Field names and defaults are
+    transformers' Qwen3VLMoeTextConfig's; `norm_topk_prob` (renormalise the top-k weights; transformers always does)
+    and `router_gating_in_fp32` (the gate's matmul in fp32 too; the softmax always is) are MindSpeed-MM's keys."""
+
+    num_experts: int = 60
+    num_experts_per_tok: int = 4
+    moe_intermediate_size: int = 1408
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    norm_topk_prob: bool = True
+    router_gating_in_fp32: bool = False
+    output_router_logits: bool = False  # add router_aux_loss_coef x the load-balancing loss to the loss
+    router_aux_loss_coef: float = 0.001
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has experts (transformers' rule) or a dense MLP."""
+        return (layer not in self.mlp_only_layers and self.num_experts > 0
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+
+MOE_FIELDS = tuple(MoeConfig.__dataclass_fields__)
+
+
+@dataclass
 class TextConfig:
     """The Qwen3 language model (QK-norm, explicit head_dim, interleaved M-RoPE). Defaults are transformers'."""
 
@@ -70,6 +95,7 @@ class TextConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+    moe: MoeConfig | None = None  # the MoE variant's experts (model_type qwen3_vl_moe); None: dense
 
 
 @dataclass
@@ -89,6 +115,8 @@ class Qwen3VLConfig:
     def __post_init__(self) -> None:
         self.text.mrope_section = tuple(int(s) for s in self.text.mrope_section)
         self.vision.deepstack_visual_indexes = tuple(int(i) for i in self.vision.deepstack_visual_indexes)
+        if self.text.moe is not None:
+            self.text.moe.mlp_only_layers = tuple(int(i) for i in self.text.moe.mlp_only_layers)
         check(self)
 
     @classmethod
@@ -104,10 +132,13 @@ class Qwen3VLConfig:
 def check(config: Qwen3VLConfig) -> None:
     """One clear error for the first inconsistency found."""
     text, vision = config.text, config.vision
-    if config.model_type == MOE_MODEL_TYPE:
-        raise ValueError(MOE_REFUSAL)
-    if config.model_type != MODEL_TYPE:
-        raise ValueError(f"model_type {config.model_type!r} is not Qwen3-VL; use {MODEL_TYPE!r}")
+    if config.model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type {config.model_type!r} is not Qwen3-VL; use {MODEL_TYPE!r} or {MOE_MODEL_TYPE!r}")
+    if (config.model_type == MOE_MODEL_TYPE) != (text.moe is not None):
+        raise ValueError(f"model_type {config.model_type!r} with text moe {text.moe}: {MOE_MODEL_TYPE!r} goes with "
+                         f"experts (num_experts), {MODEL_TYPE!r} without")
+    if text.moe is not None:
+        check_moe(text.moe)
     if text.num_attention_heads % text.num_key_value_heads:
         raise ValueError(f"num_attention_heads {text.num_attention_heads} is not divisible by num_key_value_heads "
                          f"{text.num_key_value_heads}; grouped-query attention needs whole groups")
@@ -132,6 +163,15 @@ def check(config: Qwen3VLConfig) -> None:
             raise ValueError(f"{name} hidden_act {act!r} is not implemented; use one of {ACTIVATIONS}")
 
 
+def check_moe(moe: MoeConfig) -> None:
+    """One line (UsageError, exit 2) for experts that cannot route."""
+    if moe.num_experts < 1 or not 1 <= moe.num_experts_per_tok <= moe.num_experts:
+        raise UsageError(f"num_experts_per_tok (moe_router_topk) {moe.num_experts_per_tok} must be between 1 and "
+                         f"num_experts (num_moe_experts) {moe.num_experts}; each token is routed to that many experts")
+    if moe.decoder_sparse_step < 1:
+        raise UsageError(f"decoder_sparse_step {moe.decoder_sparse_step} must be 1 or more (1: every layer has experts)")
+
+
 # ---------------------------------------------------------------------------------------- config.json
 
 _TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -146,11 +186,9 @@ _IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end
 
 def _from_hf(cls: type[Qwen3VLConfig], d: Mapping[str, Any]) -> Qwen3VLConfig:
     model_type = d.get("model_type")
-    if model_type == MOE_MODEL_TYPE:
-        raise ValueError(MOE_REFUSAL)
-    if model_type != MODEL_TYPE:
+    if model_type not in MODEL_TYPES:
         raise ValueError(f"config.json has model_type {model_type!r}, not Qwen3-VL; mmrun's qwen3_vl reads "
-                         f"model_type {MODEL_TYPE!r}")
+                         f"model_type {MODEL_TYPE!r} or {MOE_MODEL_TYPE!r}")
     t = dict(d.get("text_config") or {})
     rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
     if rope.get("mrope_interleaved") is False:
@@ -163,28 +201,41 @@ def _from_hf(cls: type[Qwen3VLConfig], d: Mapping[str, Any]) -> Qwen3VLConfig:
     text = TextConfig(**values, rope_theta=float(rope.get("rope_theta") or t.get("rope_theta")
                                                  or text_defaults.rope_theta),
                       mrope_section=tuple(rope.get("mrope_section") or text_defaults.mrope_section))
+    if model_type == MOE_MODEL_TYPE:
+        if t.get("num_experts") is None and t.get("num_local_experts") is not None:
+            t["num_experts"] = t["num_local_experts"]  # transformers 5 writes num_experts by that name
+        moe_defaults = MoeConfig()
+        text.moe = MoeConfig(**{key: t[key] if t.get(key) is not None else getattr(moe_defaults, key)
+                                for key in MOE_FIELDS})
     v = dict(d.get("vision_config") or {})
     vision_defaults = VisionConfig()
     vision = VisionConfig(
         **{key: v[key] if v.get(key) is not None else getattr(vision_defaults, key) for key in _VISION_FIELDS},
         deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", vision_defaults.deepstack_visual_indexes)),
         rope_theta=float((v.get("rope_parameters") or {}).get("rope_theta", vision_defaults.rope_theta)))
-    tie = bool(d.get("tie_word_embeddings", False) or t.get("tie_word_embeddings", False))
+    # transformers 5 ties by the top-level key; the text config's (default true for the MoE) only where it is absent
+    tie = bool(d["tie_word_embeddings"] if "tie_word_embeddings" in d else t.get("tie_word_embeddings", False))
     ids = {key: int(d.get(key, t.get(key, getattr(Qwen3VLConfig, key)))) for key in _IDS}
     dtype = d.get("torch_dtype") or d.get("dtype") or t.get("torch_dtype") or t.get("dtype")
-    return cls(vision=vision, text=text, tie_word_embeddings=tie, torch_dtype=str(dtype) if dtype else None, **ids)
+    return cls(vision=vision, text=text, tie_word_embeddings=tie, torch_dtype=str(dtype) if dtype else None,
+               model_type=model_type, **ids)
 
 
 def _to_hf(config: Qwen3VLConfig) -> dict[str, Any]:
     text, vision = config.text, config.vision
     text_config = {key: getattr(text, key) for key in _TEXT_FIELDS}
-    text_config.update(model_type="qwen3_vl_text", rope_parameters={
+    model_type = config.model_type
+    text_config.update(model_type=f"{model_type}_text", rope_parameters={
         "rope_type": "default", "rope_theta": text.rope_theta, "mrope_section": list(text.mrope_section),
         "mrope_interleaved": True})
+    if text.moe is not None:
+        text_config.update({key: getattr(text.moe, key) for key in MOE_FIELDS},
+                           mlp_only_layers=list(text.moe.mlp_only_layers))
     vision_config = {key: getattr(vision, key) for key in _VISION_FIELDS}
-    vision_config.update(model_type="qwen3_vl_vision", deepstack_visual_indexes=list(vision.deepstack_visual_indexes),
+    vision_config.update(model_type=f"{model_type}_vision", deepstack_visual_indexes=list(vision.deepstack_visual_indexes),
                          rope_parameters={"rope_type": "axial", "rope_theta": vision.rope_theta})
-    out: dict[str, Any] = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "text_config": text_config,
+    architecture = MOE_ARCHITECTURE if text.moe is not None else ARCHITECTURE
+    out: dict[str, Any] = {"architectures": [architecture], "model_type": model_type, "text_config": text_config,
                            "vision_config": vision_config, "tie_word_embeddings": config.tie_word_embeddings}
     out.update({key: getattr(config, key) for key in _IDS})
     if config.torch_dtype:

@@ -1,4 +1,4 @@
-"""Hugging Face Qwen3-VL directories read into mmrun's names (= the checkpoint keys).
+"""Hugging Face Qwen3-VL directories (dense and MoE) read into mmrun's names (= the checkpoint keys).
 
 The lazy reader, the --load check and the writer are the Qwen vision-language families' (models/vlm/hf_checkpoint.py): each tensor read lazily from its byte offsets, BF16 as uint16 bits. Qwen3-VL checkpoints already
 use transformers' in-memory names (`model.visual.*`, `model.language_model.*`, `lm_head.weight`), so no
@@ -14,7 +14,7 @@ import numpy as np
 
 from mmrun.checkpoint.formats.hf_directory import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError
 from mmrun.models.vlm import hf_checkpoint as vlm_checkpoint
-from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_MODEL_TYPE, MOE_REFUSAL, Qwen3VLConfig
+from mmrun.models.qwen3_vl.configuration import MODEL_TYPES, Qwen3VLConfig
 
 PATCH_EMBED = "model.visual.patch_embed.proj.weight"
 
@@ -39,7 +39,10 @@ def hf_parameter_names(config: Qwen3VLConfig) -> list[str]:
         names += [layer + f"self_attn.{n}.{p}" for n in ("q_proj", "k_proj", "v_proj", "o_proj") for p in bias]
         names += [layer + f"self_attn.{n}.weight" for n in ("q_norm", "k_norm")]
         names += [layer + "input_layernorm.weight", layer + "post_attention_layernorm.weight"]
-        names += [layer + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
+        if t.moe is not None and t.moe.is_sparse(i):  # the MoE variant: router and fused experts (moe.py)
+            names += [layer + n for n in ("mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj")]
+        else:
+            names += [layer + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
     names.append(text + "norm.weight")
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -53,7 +56,7 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
         model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         return False
-    return model_type == MODEL_TYPE and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+    return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
 
 
 def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
@@ -68,11 +71,9 @@ def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
     except ValueError as error:
         raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
     found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
-    if found == MOE_MODEL_TYPE:
-        raise NotAnHFDirectoryError(f"{config_file}: {MOE_REFUSAL}")
-    if found != MODEL_TYPE:
+    if found not in MODEL_TYPES:
         raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not Qwen3-VL; mmrun's qwen3_vl reads "
-                                    f"model_type {MODEL_TYPE!r}")
+                                    f"model_type {' or '.join(map(repr, MODEL_TYPES))}")
     return Qwen3VLConfig.from_hf_config(raw)
 
 
@@ -84,6 +85,33 @@ class HFWeights(vlm_checkpoint.HFWeights):
     load_config = staticmethod(lambda path: load_hf_config(path))
     parameter_names = staticmethod(lambda config: hf_parameter_names(config))
 
+    def __getitem__(self, name: str) -> np.ndarray:
+        array = super().__getitem__(name)
+        moe = self.config.text.moe
+        if moe is not None and name.endswith(EXPERT_SUFFIXES):
+            return experts_in_memory_layout(name, array, moe.moe_intermediate_size, self.config.text.hidden_size)
+        return array
+
+
+# The MoE variant's fused experts. The hub's Qwen3-VL MoE checkpoints store them as (experts, hidden, 2 x
+# moe_intermediate) and (experts, moe_intermediate, hidden); transformers 5 keeps (and save_pretrained writes)
+# their transpose, (experts, 2 x moe_intermediate, hidden) and (experts, hidden, moe_intermediate), the model's
+# layout here. As transformers' loader (conversion_mapping "qwen3_vl_moe", Transpose(1, 2, check_dims=True)):
+# a tensor already in the model's shape is kept, another is transposed.
+EXPERT_SUFFIXES = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def experts_in_memory_layout(name: str, array: np.ndarray, intermediate: int, hidden: int) -> np.ndarray:
+    experts = array.shape[0]
+    expected = ((experts, 2 * intermediate, hidden) if name.endswith("gate_up_proj")
+                else (experts, hidden, intermediate))
+    if array.shape == expected:
+        return array
+    if array.ndim == 3 and array.shape[::-1][:2] == expected[1:]:
+        return np.ascontiguousarray(array.transpose(0, 2, 1))
+    raise ValueError(f"{name} has shape {array.shape}, not {expected} (or its transpose, the hub's layout); the "
+                     "checkpoint does not match its config.json's num_experts / moe_intermediate_size / hidden_size")
+
 
 def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str, np.ndarray]]:
     """(config, {parameter name: array}) of a Hugging Face Qwen3-VL directory, in mmrun's layout."""
@@ -94,4 +122,15 @@ def load_hf_directory(path: str | os.PathLike) -> tuple[Qwen3VLConfig, dict[str,
 def open_for_model(path: str | os.PathLike, config: Qwen3VLConfig, described_by: str) -> HFWeights:
     """A training run's --load of a Qwen3-VL directory: its weights (read lazily), after checking that its
     config.json describes `config`'s network (`described_by`: where that came from, e.g. model.json's path)."""
-    return vlm_checkpoint.checked_for_model(HFWeights(path), config, described_by)
+    return vlm_checkpoint.checked_for_model(HFWeights(path), config, described_by, network=_network)
+
+
+# The MoE variant's settings that change how the network is trained or computed, not its weights: model.json's
+# router_gating_in_fp32 (transformers' config.json has no such key) or an aux loss may differ from the checkpoint's.
+RUN_SETTINGS = ("router_gating_in_fp32", "output_router_logits", "router_aux_loss_coef")
+
+
+def _network(config: Qwen3VLConfig) -> dict:
+    hf = vlm_checkpoint.structure(config.to_hf_config())
+    hf["text_config"] = {k: v for k, v in hf["text_config"].items() if k not in RUN_SETTINGS}
+    return hf

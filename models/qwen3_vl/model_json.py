@@ -6,7 +6,9 @@ qk_layernorm) and a "qwen3vit" vision encoder (deepstack_visual_indexes, max_pos
 learned position table). Checked key by key as Qwen2-VL's model.json is (models/qwen2_vl/model_json.py: an
 unknown key is one warning, a wrong type an error naming it); the result is a ModelJson whose `hf_config`
 is a Qwen3-VL config.json (`configuration.Qwen3VLConfig.from_hf_config` reads it). A MoE text decoder
-(num_moe_experts, Qwen3-VL-30B-A3B's model_30B.json) is refused in one line.
+(num_moe_experts, Qwen3-VL-30B-A3B's model_30B.json) gives the MoE variant's config.json (model_type qwen3_vl_moe,
+MOE_KEYS renamed to transformers' names); Megatron's moe_aux_loss_coeff (off in MindSpeed-MM's Qwen3-VL json) is
+refused when set.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Any, Mapping
 from mmrun.backend.errors import UsageError
 from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, check_section, read_pipeline_layers,
                                          refuse_from_key_table, require)
-from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_REFUSAL
+from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_MODEL_TYPE
 
 MODEL_IDS = ("qwen3_vl",)
 # The shared table with the keys Qwen3-VL's model.json adds (MoE keys are listed so that the refusal, not an
@@ -29,8 +31,13 @@ SCHEMA3: dict[str, dict[str, tuple[type, ...]]] = {
     "text_decoder": {**SCHEMA["text_decoder"], "qk_layernorm": (bool,), "use_qk_norm": (bool,),
                      "moe_grouped_gemm": (bool,), "sequence_parallel": (bool,), "use_te": (bool,),
                      "num_moe_experts": (int, type(None)), "moe_router_topk": (int,), "moe_intermediate_size": (int,),
-                     "norm_topk_prob": (bool,), "router_gating_in_fp32": (bool,)},
+                     "norm_topk_prob": (bool,), "router_gating_in_fp32": (bool,),
+                     "moe_aux_loss_coeff": (int, float)},
 }
+# MindSpeed-MM's MoE keys (model_30B.json) -> transformers' Qwen3VLMoeTextConfig names (configuration.MoeConfig)
+MOE_KEYS = {"num_moe_experts": "num_experts", "moe_router_topk": "num_experts_per_tok",
+            "moe_intermediate_size": "moe_intermediate_size", "norm_topk_prob": "norm_topk_prob",
+            "router_gating_in_fp32": "router_gating_in_fp32"}
 
 
 def is_qwen3_model_json(raw: Any) -> bool:
@@ -39,7 +46,7 @@ def is_qwen3_model_json(raw: Any) -> bool:
 
 def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJson:
     """A Qwen3-VL model.json dict -> ModelJson; one-line UsageError (exit 2) on a wrong type, a missing section
-    or what mmrun does not build (a MoE decoder, a decoder without QK-norm, a non-interleaved M-RoPE)."""
+    or what mmrun does not build (Megatron's MoE aux loss, a decoder without QK-norm, a non-interleaved M-RoPE)."""
     warnings: list[str] = []
     check_section(path, "top", raw, "the top level", warnings, SCHEMA3)
     require(path, raw, "the top level", ("image_encoder", "text_decoder"))
@@ -51,8 +58,10 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                                    ("vision_projector", proj, "image_encoder.vision_projector"),
                                    ("text_decoder", text, "text_decoder")):
         check_section(path, section, values, where, warnings, SCHEMA3)
-    if text.get("num_moe_experts"):
-        raise UsageError(f"{path}: text_decoder.num_moe_experts {text['num_moe_experts']}: {MOE_REFUSAL}")
+    if text.get("moe_aux_loss_coeff"):
+        raise UsageError(f"{path}: text_decoder.moe_aux_loss_coeff {text['moe_aux_loss_coeff']}: Megatron's per-layer "
+                         "load-balancing loss is not built for Qwen3-VL MoE (transformers' is: output_router_logits "
+                         "with router_aux_loss_coef in a Hugging Face config.json); set it 0 or leave it out")
     refuse_from_key_table(path, raw)
     if text.get("qk_layernorm") is False:
         raise UsageError(f"{path}: text_decoder.qk_layernorm is false, but Qwen3-VL's decoder normalises q and k "
@@ -98,7 +107,15 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
         "num_position_embeddings": enc.get("max_position_embeddings", 2304),
         "deepstack_visual_indexes": list(enc.get("deepstack_visual_indexes", [8, 16, 24])),
     }
-    hf_config = {"model_type": MODEL_TYPE, "architectures": ["Qwen3VLForConditionalGeneration"], **ids,
+    model_type = MODEL_TYPE
+    if text.get("num_moe_experts"):  # Qwen3-VL-30B-A3B / 235B-A22B: every decoder layer sparse, as transformers'
+        model_type = MOE_MODEL_TYPE
+        text_config.update({name: text[key] for key, name in MOE_KEYS.items() if key in text})
+        text_config.setdefault("num_experts_per_tok", 2)  # Megatron's moe_router_topk default
+        text_config.setdefault("moe_intermediate_size", text_config["intermediate_size"])  # Megatron: ffn_hidden_size
+        text_config.setdefault("router_gating_in_fp32", False)
+    architecture = "Qwen3VLMoeForConditionalGeneration" if model_type == MOE_MODEL_TYPE else "Qwen3VLForConditionalGeneration"
+    hf_config = {"model_type": model_type, "architectures": [architecture], **ids,
                  "tie_word_embeddings": not untied, "text_config": text_config, "vision_config": vision_config}
     try:  # the model's own checks (shapes, activations, DeepStack indexes), as one line naming the file
         from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
@@ -124,7 +141,11 @@ SPLIT_FRAMEWORKS = ("mindspore", "pytorch")
 
 def check_split(spec: ModelJson, framework: str, split: bool) -> None:
     """An unsplit run needs model.json's pipeline_num_layers to say one stage (one line otherwise); a split run needs
-    a framework whose parallel engine builds Qwen3-VL."""
+    a framework whose parallel engine builds Qwen3-VL (the dense model: the MoE variant trains unsplit)."""
+    if split and spec.hf_config["model_type"] == MOE_MODEL_TYPE:
+        raise UsageError(f"{spec.path}: Qwen3-VL MoE (num_moe_experts) is built unsplit only: tensor/pipeline "
+                         "parallelism of its experts is not built yet. Received a --tensor-/--pipeline-model-parallel-"
+                         "size above 1; train it with both at 1 (data parallel), pipeline_num_layers one entry")
     if split and framework not in SPLIT_FRAMEWORKS:
         raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework "
                          f"{' or '.join(SPLIT_FRAMEWORKS)} only. Received: --ai-framework {framework} with a split; "
@@ -138,3 +159,29 @@ def check_split(spec: ModelJson, framework: str, split: bool) -> None:
                              f"{len(layers)} pipeline stages, but the run has one (no --pipeline-model-parallel-size);"
                              f" pass --pipeline-model-parallel-size {len(layers)}, or give one entry holding every "
                              "layer")
+
+
+# Megatron's MoE flags that only change speed (finetune_qwen3vl_30B.sh passes them): run without, said once.
+MOE_SPEED_FLAGS = ("--moe-grouped-gemm", "--moe-permutation-async-comm")
+
+
+def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str]) -> list[str]:
+    """--expert-model-parallel-size against model.json's experts (one-line UsageError), and the notices for the
+    speed-only MoE flags of argv (returned, one line each)."""
+    text = spec.hf_config["text_config"]
+    experts = text.get("num_experts") if spec.hf_config["model_type"] == MOE_MODEL_TYPE else None
+    if expert_parallel is not None and not expert_parallel.lstrip("-").isdigit():
+        return []  # not a number: the training arguments' parser says so
+    ep = 1 if expert_parallel is None else int(expert_parallel)
+    if experts is not None and (ep < 1 or experts % ep):
+        raise UsageError(f"--expert-model-parallel-size {ep} does not divide {spec.path}'s num_moe_experts {experts}; "
+                         "pass a divisor of the experts (each rank holds num_moe_experts / EP of them)")
+    if experts is not None and ep > 1:
+        raise UsageError(f"--expert-model-parallel-size {ep}: expert parallelism of Qwen3-VL MoE is not built in mmrun "
+                         "yet (every rank holds all the experts); pass --expert-model-parallel-size 1")
+    tokens = {token.split("=")[0] for token in argv}
+    given = [flag for flag in MOE_SPEED_FLAGS if {flag, "--" + flag[2:].replace("-", "_")} & tokens]
+    if experts is None or not given:
+        return []
+    return [f"{', '.join(given)}: speed flags of Megatron's MoE layer; mmrun's Qwen3-VL MoE runs each expert on its "
+            "gathered tokens instead (the same numbers)"]

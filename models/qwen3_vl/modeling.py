@@ -1,4 +1,5 @@
-"""Qwen3-VL (dense) written once against the portable API (`mmrun.backend`): PyTorch and MindSpore.
+"""Qwen3-VL written once against the portable API (`mmrun.backend`): PyTorch and MindSpore. The MoE variant
+(config.text.moe) is this model with sparse decoder MLPs from models/qwen3_vl/moe.py.
 
 Equal to transformers' Qwen3VLForConditionalGeneration (fp32 logits, loss and gradients within 1e-5,
 tests/models/test_qwen3_vl_vs_transformers.py), with parameter names equal to its checkpoint keys:
@@ -177,7 +178,9 @@ def vision_forward(config: VisionConfig, inv_freq: np.ndarray, patch_embed: Any,
 # ------------------------------------------------------------------------------------------ text
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
+    """One decoder layer; `index` picks, for the MoE variant, a sparse block (models/qwen3_vl/moe.py) as its mlp."""
+
+    def __init__(self, config: TextConfig, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = GQASelfAttention(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
@@ -185,32 +188,39 @@ class Qwen3DecoderLayer(nn.Module):
                                           head_dim=config.head_dim, qk_norm_eps=config.rms_norm_eps,
                                           o_bias=config.attention_bias)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+        self.sparse = config.moe is not None and config.moe.is_sparse(index)
+        if self.sparse:
+            from mmrun.models.qwen3_vl.moe import SparseMoeBlock
+            self.mlp = SparseMoeBlock(config)
+        else:
+            self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
 
-    def forward(self, x, cos, sin, cache=None):
+    def forward(self, x, cos, sin, cache=None, router_logits=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        hidden = self.post_attention_layernorm(x)
+        return x + (self.mlp(hidden, router_logits) if self.sparse else self.mlp(hidden))
 
 
 class Qwen3TextModel(nn.Module):
     """embed_tokens, decoder layers with interleaved M-RoPE and DeepStack, final norm.
     forward(embeds (B, S, H), position_ids (3, B, S), deepstack=None, cache=None) where deepstack is (index,
     tables) from `deepstack_index`: after layer i < len(tables), the vision rows get tables[i] added; cache is
-    generation's KV cache (vlm.generation.KVCache) or None (training)."""
+    generation's KV cache (vlm.generation.KVCache) or None (training); router_logits, a list the MoE
+    variant's sparse layers append their router logits to (for the load-balancing loss), or None."""
 
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList([Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.inv_freq = rotary_inv_freq(config.head_dim, config.rope_theta)
 
-    def forward(self, embeds, position_ids, deepstack=None, cache=None):
+    def forward(self, embeds, position_ids, deepstack=None, cache=None, router_logits=None):
         cos, sin = interleaved_multimodal_rotary(position_ids, self.inv_freq, self.config.mrope_section, embeds.dtype)
         x = embeds
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None if cache is None else cache.layer(index))
+            x = layer(x, cos, sin, None if cache is None else cache.layer(index), router_logits)
             if deepstack is not None and index < len(deepstack[1]):
                 x = deepstack_add(x, deepstack[0], deepstack[1][index])
         return self.norm(x)
@@ -278,10 +288,15 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         if position_ids is None:
             position_ids = tensors.from_numpy(rope_index(self.config, input_ids, image_grid, video_grid,
                                                          attention_mask)[0])
-        hidden = text(embeds, position_ids, injection)
+        moe = self.config.text.moe
+        router_logits = [] if labels is not None and moe is not None and moe.output_router_logits else None
+        hidden = text(embeds, position_ids, injection, router_logits=router_logits)
         weight = text.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = ops.linear(hidden, weight)
         loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
+        if router_logits:  # the MoE variant's load-balancing loss, as transformers adds it
+            from mmrun.models.qwen3_vl.moe import add_aux_loss
+            loss_dict = add_aux_loss(loss_dict, router_logits, moe, attention_mask)
         return {"logits": logits, "loss_dict": loss_dict}
 
     def embed(self, input_ids, pixel_values, image_grid, pixel_values_videos, video_grid):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -98,18 +98,21 @@ class HFWeights(Mapping[str, np.ndarray]):
         return bf16_bits_to_float32(array) if array.dtype == np.uint16 else array
 
 
-def checked_for_model(weights: HFWeights, config: Any, described_by: str) -> HFWeights:
+def checked_for_model(weights: HFWeights, config: Any, described_by: str,
+                      network: Callable[[Any], dict[str, Any]] | None = None) -> HFWeights:
     """A training run's --load of an HF directory (`weights`, read lazily: each rank reads only the tensors of its
     shard), after checking that its config.json describes `config`'s network (`described_by` names where that
-    came from, e.g. model.json's path). The dtype it was saved in does not count."""
-    difference = config_difference(_structure(weights.config.to_hf_config()), _structure(config.to_hf_config()))
+    came from, e.g. model.json's path). The dtype it was saved in does not count; `network` (a config -> the
+    dict compared) lets a family leave out more settings that do not shape the weights."""
+    network = network or (lambda c: structure(c.to_hf_config()))
+    difference = config_difference(network(weights.config), network(config))
     if difference:
         raise UsageError(f"--load {weights.path}: its config.json describes another model than {described_by} "
                          f"({difference}); make {described_by} match the checkpoint")
     return weights
 
 
-def _structure(hf_config: dict[str, Any]) -> dict[str, Any]:
+def structure(hf_config: dict[str, Any]) -> dict[str, Any]:
     """An HF config without the keys that do not change the network (the dtype the weights were saved in)."""
     return {k: v for k, v in hf_config.items() if k not in ("torch_dtype", "dtype", "architectures")}
 

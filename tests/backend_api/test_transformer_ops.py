@@ -26,6 +26,7 @@ def _reference_attention(q, k, v, scale, causal=False):
 
 
 CU = [0, 4, 8, 12, 18, 20]  # runs: 3 x 4 tokens, then 6, then 2
+GROUPS = [3, 0, 5, 2]  # rows per expert, in expert order
 
 CASES = {
     "rms_norm": (lambda o, x, w: o.rms_norm(x, w, 1e-6), [3 * _x(2, 5, 8) + 1, _x(8)]),
@@ -35,6 +36,9 @@ CASES = {
                              [_x(2, 4, 6, 8), _x(2, 2, 6, 8), _x(2, 2, 6, 8)]),
     "varlen_attention": (lambda o, q, k, v: o.varlen_attention(q, k, v, CU, scale=0.4),
                          [_x(20, 2, 8), _x(20, 2, 8), _x(20, 2, 8)]),
+    # MoE experts (an empty group among them): torch's grouped GEMM where rows are 16-byte multiples, else per expert
+    "grouped_linear": (lambda o, x, w: o.grouped_linear(x, w, GROUPS), [_x(10, 8), _x(4, 16, 8)]),
+    "grouped_linear_unaligned": (lambda o, x, w: o.grouped_linear(x, w, GROUPS), [_x(10, 6), _x(4, 6, 6)]),
 }
 
 
@@ -129,3 +133,13 @@ def test_segment_attention_is_varlen_attention_with_its_padding_kept_apart(backe
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for got_m, got_t in zip(real["mindspore"], real["pytorch"]):
         np.testing.assert_allclose(got_m, got_t, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("width", [8, 6])  # 8: torch's grouped GEMM; 6 (24-byte rows): one linear per expert
+def test_grouped_linear_is_each_experts_linear_on_its_rows(backends, width):
+    x, w = _x(10, width), _x(4, 2 * width, width)
+    ends = np.cumsum([0] + GROUPS)
+    expected = np.concatenate([x[ends[e]:ends[e + 1]] @ w[e].T for e in range(4)])
+    for be in backends.values():
+        got = be.tensors.to_numpy(be.ops.grouped_linear(be.tensors.from_numpy(x), be.tensors.from_numpy(w), GROUPS))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

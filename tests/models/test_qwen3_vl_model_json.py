@@ -1,4 +1,4 @@
-"""MindSpeed-MM's Qwen3-VL model.json read by mmrun: the 8B file's values give Qwen3-VL-8B's config, what is not built (MoE, a pipeline split, no QK-norm) is refused in one line."""
+"""MindSpeed-MM's Qwen3-VL model.json read by mmrun: the 8B file's values give Qwen3-VL-8B's config, what is not built (Megatron's MoE aux loss, a pipeline split, no QK-norm) or cannot route (top-k above the experts) is refused in one line."""
 from __future__ import annotations
 
 import copy
@@ -52,7 +52,9 @@ def test_mindspeed_mm_8b_model_json_is_qwen3_vl_8b():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"num_moe_experts": 128}, r"num_moe_experts 128: model_type 'qwen3_vl_moe'.*not built"),
+    ({"num_moe_experts": 8, "moe_router_topk": 9},
+     r"^model_8B.json: num_experts_per_tok \(moe_router_topk\) 9 must be between 1 and num_experts \(num_moe_experts\) 8"),
+    ({"num_moe_experts": 8, "moe_aux_loss_coeff": 0.001}, r"moe_aux_loss_coeff 0.001: Megatron's per-layer"),
     ({"qk_layernorm": False}, r"qk_layernorm is false"),
     ({"kv_channels": 64}, r"mrope_section \[24, 20, 20\] must be three numbers summing to head_dim / 2 = 32"),
 ])

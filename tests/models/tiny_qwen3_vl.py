@@ -108,3 +108,25 @@ def hf_forward_backward(model, batch) -> dict[str, np.ndarray]:
         grads[name] = grad.reshape(param.shape[0], -1).numpy() if name.endswith("patch_embed.proj.weight") \
             else grad.numpy()
     return {"logits": out.logits.detach().numpy(), "loss": out.loss.detach().numpy(), "grads": grads}
+
+
+# The MoE variant (Qwen3-VL-30B-A3B's shape, shrunk): three decoder layers, the middle one dense (mlp_only_layers),
+# six experts of width 8, two per token.
+MOE = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=8, decoder_sparse_step=1,
+           mlp_only_layers=[1], router_aux_loss_coef=0.05)
+
+
+def hf_moe_model(seed: int = 0, **text):
+    """A random transformers Qwen3VLMoeForConditionalGeneration (fp32, eval mode), every weight perturbed; `text`
+    overrides text_config fields (e.g. output_router_logits=True)."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3VLMoeConfig(text_config={**TEXT, **MOE, "num_hidden_layers": 3, **text},
+                                           vision_config=VISION, tie_word_embeddings=False, **IDS)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3VLMoeForConditionalGeneration(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    return model.eval()

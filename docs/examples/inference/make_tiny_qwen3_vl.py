@@ -1,5 +1,6 @@
 """A tiny random Qwen3-VL to chat with and score: the offline demo's Qwen3-VL data, tokenizer and processor
-(`demo/`), a transformers Qwen3VLForConditionalGeneration of scripts/qwen3vl/model_tiny.json's shape saved
+(`demo/`), a transformers Qwen3VLForConditionalGeneration of scripts/qwen3vl/model_tiny.json's shape (or the MoE's,
+Qwen3VLMoeForConditionalGeneration, of a model.json with num_moe_experts) saved
 beside them (`demo/model`), MindSpeed-MM's Qwen2.5-VL inference and evaluation json with that model.json's
 sections (`inference_qwen3_vl.json`, `evaluate_qwen3_vl.json`), and transformers' own greedy answer to the
 inference json's first prompt, to compare with inference_vlm.py's.  Usage: python make_tiny_qwen3_vl.py [DIR]"""
@@ -24,9 +25,11 @@ def write(root: Path, model_json: str = MODEL_JSON) -> tuple[Path, dict, object]
     demo = make_demo(str(root / "demo"), num_samples=16, model="qwen3_vl")
     sections = json.loads(Path(model_json).read_text())
     hf_config = parse_model_json(sections, model_json).hf_config
-    hf_config.pop("model_type")
+    moe = hf_config.pop("model_type") == "qwen3_vl_moe"  # model.json with num_moe_experts: Qwen3-VL MoE
+    config_class, model_class = (("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration") if moe
+                                 else ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"))
     torch.manual_seed(1)
-    model = transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(**hf_config))
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**hf_config))
     with torch.no_grad():  # strong random weights: varied tokens, no near-ties between the frameworks' kernels
         for param in model.parameters():
             param.add_(0.3 * torch.randn_like(param))

@@ -94,7 +94,7 @@ def from_pretrained(path: str):
     import os
 
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        qwen3 = json.load(f).get("model_type") == "qwen3_vl"
+        qwen3 = json.load(f).get("model_type") in ("qwen3_vl", "qwen3_vl_moe")
     if qwen3:
         from mmrun.models.qwen3_vl import from_pretrained as load
     else:

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""One Qwen3-VL MoE decoder step: mmrun's sparse blocks (models/qwen3_vl/moe.py) against transformers'
+Qwen3VLMoeForConditionalGeneration (a benchmark, not a test).
+
+Both sides hold the same weights (transformers' random model, saved and loaded by mmrun's from_pretrained) and run
+the same text batch (random token ids, no padding): forward with labels, backward, on PyTorch on the CPU (or CUDA
+when there is one). The config is tiny-wide: a small ViT (unused by text) and a text decoder of --layers sparse
+layers, --experts experts of width --expert-width, --top-k per token. Reported: the median step time of each after
+--warmup steps (the two sides alternate step by step), mmrun / transformers (target >= 1.0x: mmrun at least as
+fast), the two losses (equal to 1e-5),
+transformers' experts implementation, and a router sanity table: per sparse layer, the tokens routed to each expert
+(top-k assignments) by mmrun's router on this batch.
+
+    python benchmarks/moe_step.py                       # 2 layers, 32 experts of 256, top 4, 2 x 128 tokens
+    python benchmarks/moe_step.py --threads 1 --steps 10
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--experts", type=int, default=32)
+    parser.add_argument("--top-k", type=int, default=4)
+    parser.add_argument("--expert-width", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MMRUN_AI_FRAMEWORK", "pytorch")
+
+    import numpy as np
+    import torch
+    import transformers
+
+    from mmrun.backend import autograd, tensors
+    from mmrun.models.qwen3_vl import from_pretrained
+    from mmrun.models.qwen3_vl.moe import top_k
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.utils.logging.disable_progress_bar()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    heads = max(args.hidden // 64, 2)
+    text = {"hidden_size": args.hidden, "intermediate_size": 4 * args.hidden, "num_hidden_layers": args.layers,
+            "num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": 64, "vocab_size": 1024,
+            "num_experts": args.experts, "num_experts_per_tok": args.top_k, "moe_intermediate_size": args.expert_width,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [16, 8, 8],
+                                "mrope_interleaved": True}}
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": args.hidden,
+              "num_position_embeddings": 16, "deepstack_visual_indexes": [0]}
+    torch.manual_seed(0)
+    theirs = transformers.Qwen3VLMoeForConditionalGeneration(transformers.Qwen3VLMoeConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=False)).to(device).train()
+    with tempfile.TemporaryDirectory() as folder:
+        theirs.save_pretrained(folder)
+        ours = from_pretrained(folder)
+    ours.to(device) if device != "cpu" else None
+    ours.train()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, (args.batch, args.seq)).astype(np.int64)
+    positions = np.broadcast_to(np.arange(args.seq), (3, args.batch, args.seq)).copy()
+    batch = {"input_ids": ids, "labels": ids, "attention_mask": np.ones_like(ids), "position_ids": positions}
+
+    def step_theirs():
+        theirs.zero_grad(set_to_none=True)
+        out = theirs(**{k: torch.from_numpy(v).to(device) for k, v in batch.items()})
+        out.loss.backward()
+        return float(out.loss.detach())
+
+    params = [p for p in ours.parameters() if p.requires_grad]
+    inputs = {k: tensors.from_numpy(v) for k, v in batch.items()}
+
+    def step_ours():
+        loss, _ = autograd.value_and_grad(lambda: ours(**inputs)["loss_dict"]["loss"], params)()
+        return float(tensors.to_numpy(loss))
+
+    steps = {"transformers": step_theirs, "mmrun": step_ours}
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    losses: dict[str, float] = {}
+    for _ in range(args.warmup + args.steps):  # the two alternate, so a change of machine load hits both
+        for name, step in steps.items():
+            start = time.perf_counter()
+            losses[name] = step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    results = {name: (statistics.median(times[name][args.warmup:]), losses[name]) for name in steps}
+    tokens = args.batch * args.seq
+    print(f"Qwen3-VL MoE decoder step on {device} ({torch.get_num_threads()} threads): {args.layers} sparse layers, "
+          f"hidden {args.hidden}, {args.experts} experts of {args.expert_width}, top {args.top_k}, {tokens} tokens; "
+          f"transformers' experts implementation {theirs.config.text_config._experts_implementation!r}")
+    for name, (seconds, loss) in results.items():
+        print(f"  {name:<13} {1e3 * seconds:8.1f} ms/step  {tokens / seconds:9.0f} tokens/s  loss {loss:.6f}")
+    ratio = results["transformers"][0] / results["mmrun"][0]
+    print(f"  mmrun / transformers speed: {ratio:.2f}x; loss difference "
+          f"{abs(results['mmrun'][1] - results['transformers'][1]):.1e}")
+    # the router sanity table: top-k assignments per expert, per sparse layer, on this batch
+    router_logits: list = []
+    text_model = ours.model.language_model
+    with torch.no_grad():
+        text_model(text_model.embed_tokens(inputs["input_ids"]), inputs["position_ids"], router_logits=router_logits)
+    print(f"  tokens routed per expert (mmrun's router, {tokens} tokens x top {args.top_k} per layer):")
+    for layer, logits in enumerate(router_logits):
+        counts = np.bincount(top_k(tensors.to_numpy(torch.softmax(logits.float(), -1)), args.top_k).reshape(-1),
+                             minlength=args.experts)
+        print(f"    layer {layer}: " + " ".join(f"{c:d}" for c in counts)
+              + f"   (min {counts.min()}, max {counts.max()}, mean {counts.mean():.0f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
