@@ -55,6 +55,16 @@ ENGINES: tuple[EngineRow, ...] = (
 )
 
 
+# What the engines that do not overlap communication do instead, for the notice in create() (megatron-core passes
+# --overlap-grad-reduce / --overlap-param-gather to its DDP config; on MindSpore the feature gate says it).
+OVERLAP_INSTEAD = {
+    "torch-fsdp2": "FSDP2 reduce-scatters each unit's gradients during backward and prefetches its all-gathers by itself",
+    "torch-ddp": "torch's DistributedDataParallel all-reduces gradient buckets during backward by itself",
+    "mmrun": "mmrun's data-parallel engine all-reduces the gradients after backward, and parameters are never sharded",
+}
+OVERLAP_FLAGS = (("--overlap-grad-reduce", "overlap_grad_reduce"), ("--overlap-param-gather", "overlap_param_gather"))
+
+
 # What each parallel engine trains, for the notice in create().
 GPT_MODEL_OF = {
     "megatron-core": "megatron-core's GPTModel",
@@ -109,6 +119,9 @@ def create(args: argparse.Namespace, framework: str, log: Callable[[str], None])
         log(f"notice: {flags}: mmrun's GPT implements none of this, so this run trains {model} (the same network "
             "and initial weights; checkpoint tensors get megatron-core's names); pass --use-mcore-models to say so")
         args.use_mcore_models = True
+    overlap = [flag for flag, dest in OVERLAP_FLAGS if getattr(args, dest, False)]
+    if overlap and row.name in OVERLAP_INSTEAD:
+        log(f"notice: {', '.join(overlap)}: {OVERLAP_INSTEAD[row.name]} (results identical)")
     module, _, cls = row.factory.partition(":")
     return getattr(importlib.import_module(module), cls)(args, framework, log)
 

@@ -304,3 +304,28 @@ def test_importing_the_feature_table_imports_no_framework():
             "print(sorted(m for m in ('torch', 'mindspore', 'torch_npu') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# What MindSpeed-MM's real training scripts pass that changes only speed or memory (examples/qwen2.5vl,
+# examples/wan2.1, and their msrun twins): never a stop, under the default policy, on any framework and device.
+SPEED_ONLY = {"use_fused_rmsnorm": True, "use_fused_swiglu": True, "use_fused_rotary_pos_emb": True,
+              "overlap_grad_reduce": True, "overlap_param_gather": True, "swap_attention": True}
+
+
+@pytest.mark.parametrize("fw", ft.FRAMEWORKS)
+@pytest.mark.parametrize("dev", ft.DEVICES)
+def test_flags_that_change_only_speed_never_stop_a_job(fw, dev):
+    stream = io.StringIO()
+    result = ft.gate(dict(SPEED_ONLY), fw, dev, stream=stream)
+    assert not result.warnings
+    said = stream.getvalue().splitlines()
+    assert all(line.startswith("notice: ") for line in said)
+    # the trainer layer speaks for the models that run, never for "mmrun's GPT" alone
+    assert not any("mmrun's GPT" in d.reason for d in result.decisions)
+    trainer = {d.feature: d for d in result.decisions if d.layer == "trainer"}
+    for kernel in ("fused-rmsnorm", "fused-swiglu", "fused-rotary-pos-emb"):
+        # on an NPU the models call the fused kernel (the flag stays on); elsewhere the unfused math, one notice
+        assert trainer[kernel].status == ("supported" if dev == "npu" else "fallback")
+        assert (dev == "npu") == (kernel.replace("fused-", "use_fused_").replace("-", "_") not in result.overrides)
+    if fw == "pytorch":  # megatron-core's DDP config takes them; the other engines say why nothing overlaps
+        assert trainer["overlap-grad-reduce"].status == trainer["overlap-param-gather"].status == "supported"
