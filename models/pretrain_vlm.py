@@ -144,6 +144,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from mmrun.models.qwen2_vl.modeling import Qwen2VLForConditionalGeneration, init_weights
 
     args = get_args()
+    args.recompute_sections = _MODEL_JSON.recompute  # model.json's per-module recompute keys (engines/portable.py)
     if _MODEL_JSON.hf_config["model_type"] == "qwen3_vl":  # unsplit: _model_source checked its stage lists
         from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
         from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration

@@ -93,6 +93,8 @@ class ModelJson:
     # {"vit": [...], "llm": [...]}: pipeline_num_layers per module (one count per stage, or one such list per
     # virtual pipeline chunk), None where absent
     pipeline_layers: dict[str, list[Any] | None] = field(default_factory=dict)
+    # {"vision_encoder": {...}, "text_decoder": {...}}: each section's recompute_* keys (models/recompute.py)
+    recompute: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str],
@@ -231,7 +233,13 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
              "untie_embeddings_and_output_weights": not hf_config["tie_word_embeddings"],
              "make_vocab_size_divisible_by": 1}
     return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
-                     pipeline_layers=pipeline_layers)
+                     pipeline_layers=pipeline_layers, recompute=recompute_sections(enc, text))
+
+
+def recompute_sections(vision: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """MindSpeed-MM's per-module recompute keys, by the module names the models' `recompute_layers` use."""
+    return {name: {k: v for k, v in section.items() if k.startswith("recompute_")}
+            for name, section in (("vision_encoder", vision), ("text_decoder", text))}
 
 
 def read_model_json(path: str | Path, warn: Callable[[str], None] | None = None) -> ModelJson:

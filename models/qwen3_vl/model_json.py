@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
 from mmrun.models.qwen2_vl.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, _check_section,
-                                              _pipeline_layers, _require)
+                                              _pipeline_layers, _require, recompute_sections)
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_REFUSAL
 
 MODEL_IDS = ("qwen3_vl",)
@@ -114,7 +114,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
     pipeline_layers = {part: _pipeline_layers(path, where, section) for part, where, section in
                        (("vit", "image_encoder.vision_encoder", enc), ("llm", "text_decoder", text))}
     return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
-                     pipeline_layers=pipeline_layers)
+                     pipeline_layers=pipeline_layers, recompute=recompute_sections(enc, text))
 
 
 def read_vlm_model_json(path: str) -> ModelJson:
