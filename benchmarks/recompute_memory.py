@@ -32,6 +32,10 @@ def _rss_kib() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+def gpt_loss(model, tokens, labels, mask):  # a named function: mindspore.jit cannot parse a lambda argument
+    return model(tokens, labels=labels, loss_mask=mask)
+
+
 def measure(framework: str, mode: str, jit: bool, shape: dict) -> dict:
     """In this process: build, train --steps steps, return memory (MiB) and step times (s)."""
     import resource
@@ -54,7 +58,7 @@ def measure(framework: str, mode: str, jit: bool, shape: dict) -> dict:
     model = GPT(config)
     said = recompute.apply(model, recompute.plans(SimpleNamespace(**RECOMPUTE))) if mode == "recompute" else []
     opt = optim.AdamW(model.named_parameters(), lr=1e-4, weight_decay=0.0, no_decay=optim.megatron_no_decay)
-    step = train_step.TrainStep(model, opt, loss_fn=lambda m, t, l, k: m(t, labels=l, loss_mask=k), clip_grad=1.0,
+    step = train_step.TrainStep(model, opt, loss_fn=gpt_loss, clip_grad=1.0,
                                 **({"jit": jit} if framework == "mindspore" else {}))
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, shape["vocab"], size=(shape["batch"], shape["seq"] + 1)).astype(np.int64)
@@ -89,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frameworks", nargs="+", default=["pytorch", "mindspore"])
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)

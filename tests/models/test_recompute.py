@@ -64,3 +64,73 @@ def test_plans_follow_megatrons_flags_and_mindspeed_mms_model_json():
                                                      "recompute_num_layers": 2}
     with pytest.raises(UsageError, match="full recomputation needs recompute_method uniform or block"):
         recompute.from_args(SimpleNamespace(recompute_granularity="full", recompute_method=None))
+
+
+def _identical_with_recompute(worker, path, batch) -> list[str]:
+    """Loss, logits and every gradient of mmrun's model from `path` with full recomputation on every layer loop
+    (the text decoder and the ViT) equal those without, exactly (PyTorch, in this process)."""
+    plain = worker.forward_backward(worker.from_pretrained(str(path)), batch)
+    model = worker.from_pretrained(str(path))
+    said = recompute.apply(model, recompute.plans(SimpleNamespace(recompute_granularity="full", recompute_method="uniform",
+                                                                  recompute_num_layers="1")))
+    again = worker.forward_backward(model, batch)
+    assert sorted(again) == sorted(plain) and len(plain) > 20
+    for key in plain:
+        assert (again[key] == plain[key]).all(), key
+    return said
+
+
+def test_qwen2_5_vl_text_decoder_and_vit_recompute_changes_nothing(worker, tiny, hf_dirs):
+    said = _identical_with_recompute(worker, hf_dirs["qwen2_5_vl"], tiny.image_batch())
+    assert [line.split(":")[0] for line in said] == ["vision_encoder (visual.blocks)", "text_decoder (model.layers)"]
+
+
+def test_qwen3_vl_text_decoder_and_vit_recompute_changes_nothing(worker, tiny3, tmp_path):
+    tiny3.hf_model().save_pretrained(tmp_path)
+    said = _identical_with_recompute(worker, tmp_path, tiny3.image_batch())
+    assert [line.split(":")[0] for line in said] == ["vision_encoder (model.visual.blocks)",
+                                                     "text_decoder (model.language_model.layers)"]
+
+
+def _same_gradients_after_marking(model, loss_of) -> list[str]:
+    """loss and every gradient of `model` before and after recompute.apply (full, uniform) on the same instance."""
+    import numpy as np
+
+    from mmrun.backend import autograd, tensors
+
+    def run():
+        names, params = zip(*model.named_parameters())
+        loss, grads = autograd.value_and_grad(lambda: loss_of(model), list(params))()
+        return {"loss": tensors.to_numpy(loss), **{n: tensors.to_numpy(g) for n, g in zip(names, grads)}}
+
+    plain = run()
+    said = recompute.apply(model, recompute.plans(SimpleNamespace(recompute_granularity="full", recompute_method="block",
+                                                                  recompute_num_layers="2")))
+    again = run()
+    for key in plain:
+        np.testing.assert_array_equal(again[key], plain[key], err_msg=key)
+    return said
+
+
+def test_wan_dit_and_clip_recompute_changes_nothing():
+    import numpy as np
+
+    from mmrun.backend import ops, tensors
+    from mmrun.models.clip_vision import CLIPVisionConfig, CLIPVisionModel
+    from mmrun.models.wan import WanTransformer3DModel, WanTransformerConfig, init_weights
+
+    rng = np.random.default_rng(0)
+    wan = WanTransformer3DModel(WanTransformerConfig(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
+        freq_dim=16, ffn_dim=32, num_layers=3, cross_attn_norm=True))
+    init_weights(wan, 0)
+    inputs = {"hidden_states": tensors.from_numpy(rng.standard_normal((1, 4, 3, 4, 6), np.float32)),
+              "timestep": tensors.from_numpy(np.array([500.0], np.float32)),
+              "encoder_hidden_states": tensors.from_numpy(rng.standard_normal((1, 5, 16), np.float32))}
+    said = _same_gradients_after_marking(wan, lambda m: ops.sum(m(**inputs) ** 2))
+    assert said == ["predictor (blocks): 2 of 3 layers (full, block 2)"]
+    clip = CLIPVisionModel(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                            num_attention_heads=2, image_size=8, patch_size=4))
+    pixels = tensors.from_numpy(rng.standard_normal((2, 3, 8, 8), np.float32))
+    said = _same_gradients_after_marking(clip, lambda m: ops.sum(m(pixels)["last_hidden_state"] ** 2))
+    assert said == ["vision_encoder (vision_model.encoder.layers): 2 of 2 layers (full, block 2)"]
