@@ -4,7 +4,8 @@
 Each measurement is one fresh process training mmrun's GPT (models/gpt.py, fp32, the backend's TrainStep) on a
 shape whose activations dominate (many tokens, a small model): --steps steps, with no recomputation, then with
 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 (models/recompute.py, every layer
-recomputed in backward). Memory is the process's resident set: `peak` is the high-water mark (ru_maxrss) at the
+recomputed in backward). Memory is the process's resident set (glibc's mmap threshold fixed at 128 KiB, so
+freed tensors leave it): `peak` is the high-water mark (ru_maxrss) at the
 end, `step peak` that minus the resident set just before the first step (model, optimizer state and the
 framework's own footprint excluded). Step time is the median over the steps after the first (PyTorch) or after
 compilation (MindSpore's compiled step). Ratios are recompute / none.
@@ -78,7 +79,9 @@ def measure(framework: str, mode: str, jit: bool, shape: dict) -> dict:
 
 
 def _run(framework: str, mode: str, jit: bool, shape: dict) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(shape["threads"])}
+    # A fixed mmap threshold: glibc otherwise raises it to the largest freed block, so later tensors of that size come
+    # from the heap and stay resident after they are freed, and the high-water mark measures fragmentation, not tensors.
+    env = {**os.environ, "OMP_NUM_THREADS": str(shape["threads"]), "MALLOC_MMAP_THRESHOLD_": "131072"}
     code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
             f"import recompute_memory as r; print('RESULT ' + json.dumps(r.measure({framework!r}, {mode!r}, {jit!r}, "
             f"{shape!r})))")
