@@ -48,6 +48,10 @@ def measure(framework: str, mode: str, jit: bool, shape: dict) -> dict:
     from mmrun import backend
 
     backend.select(framework, source="recompute_memory.py")
+    if framework == "mindspore" and shape.get("ms_memory_level"):
+        import mindspore
+
+        mindspore.runtime.set_memory(optimize_level=shape["ms_memory_level"])  # O1: memory reuse between nodes
     from mmrun.backend import optim, seeding, tensors, train_step
     from mmrun.models import recompute
     from mmrun.models.gpt import GPT, GPTConfig
@@ -104,9 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-pynative", action="store_true", help="MindSpore: the compiled step only")
+    parser.add_argument("--ms-memory-level", choices=("O0", "O1"), default=None,
+                        help="MindSpore: mindspore.runtime.set_memory(optimize_level=...) (default: MindSpore's, O0)")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
-    shape = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "batch", "vocab", "steps", "threads")}
+    shape = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "batch", "vocab", "steps", "threads",
+                                      "ms_memory_level")}
     cases = []
     for fw in args.frameworks:
         for jit in ((False,) if fw == "pytorch" else (True,) if args.no_pynative else (True, False)):
