@@ -134,3 +134,23 @@ def test_wan_dit_and_clip_recompute_changes_nothing():
     pixels = tensors.from_numpy(rng.standard_normal((2, 3, 8, 8), np.float32))
     said = _same_gradients_after_marking(clip, lambda m: ops.sum(m(pixels)["last_hidden_state"] ** 2))
     assert said == ["vision_encoder (vision_model.encoder.layers): 2 of 2 layers (full, block 2)"]
+
+
+def test_model_json_recompute_keys_reach_each_module(worker, hf_dirs):
+    """MindSpeed-MM's per-module keys in model.json (image_encoder.vision_encoder / text_decoder) become each layer
+    loop's plan; a module without them follows the flags (none here)."""
+    import copy
+    import json
+
+    from mmrun.models.qwen2_vl.model_json import parse_model_json
+
+    raw = copy.deepcopy(json.loads((Path(__file__).resolve().parents[2] / "scripts" / "qwen2vl" / "model_tiny.json")
+                                   .read_text()))
+    raw["image_encoder"]["vision_encoder"].update(recompute_granularity="full", recompute_method="block",
+                                                  recompute_num_layers=1)
+    spec = parse_model_json(raw)
+    assert spec.recompute["vision_encoder"] == {"recompute_granularity": "full", "recompute_method": "block",
+                                                "recompute_num_layers": 1}
+    model = worker.from_pretrained(str(hf_dirs["qwen2_vl"]))
+    said = recompute.apply(model, recompute.plans(SimpleNamespace(recompute_granularity=None), spec.recompute))
+    assert said == [f"vision_encoder (visual.blocks): 1 of {len(model.visual.blocks)} layers (full, block 1)"]
