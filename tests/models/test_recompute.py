@@ -6,6 +6,7 @@ per-module model-json keys."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,9 @@ WORKER = Path(__file__).resolve().parent / "workers" / "recompute_run.py"
 
 
 def _runs(framework: str, *extra: str) -> dict[str, dict]:
-    done = subprocess.run([sys.executable, str(WORKER), framework, *extra], capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "MMRUN_AI_FRAMEWORK": framework}  # the worker's framework, whatever this process chose
+    done = subprocess.run([sys.executable, str(WORKER), framework, *extra], capture_output=True, text=True, timeout=600,
+                          env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return {r["plan"]: r for r in (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))}
 
