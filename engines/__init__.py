@@ -55,6 +55,28 @@ ENGINES: tuple[EngineRow, ...] = (
 )
 
 
+# What the engines that do not overlap communication do instead, for the notice in create() (megatron-core passes
+# --overlap-grad-reduce / --overlap-param-gather to its DDP config; on MindSpore the feature gate says it).
+OVERLAP_INSTEAD = {
+    "torch-fsdp2": "FSDP2 reduce-scatters each unit's gradients during backward and prefetches its all-gathers by itself",
+    "torch-ddp": "torch's DistributedDataParallel all-reduces gradient buckets during backward by itself",
+    "mmrun": "mmrun's data-parallel engine all-reduces the gradients after backward, and parameters are never sharded",
+}
+OVERLAP_FLAGS = (("--overlap-grad-reduce", "overlap_grad_reduce"), ("--overlap-param-gather", "overlap_param_gather"))
+
+
+# Engines that do not apply --recompute-* to the model's layer loops (models/recompute.py; the mmrun engine does,
+# megatron-core through its TransformerConfig), and what they recompute instead, for the notice in create().
+RECOMPUTE_INSTEAD = {
+    "torch-fsdp2": "the FSDP2 file's recompute_modules choose what this engine recomputes (docs/fsdp2.md); the flags "
+                   "are not applied here (same results, memory as without)",
+    "torch-ddp": "this engine trains the transformers model as it is and does not apply the flags (same results, "
+                 "memory as without)",
+    "mindspore-parallel": "mmrun's MindSpore parallel engine recomputes each pipeline stage's forward in backward "
+                          "(all but the last stage) and does not apply the flags' per-layer plan (same results)",
+}
+
+
 # What each parallel engine trains, for the notice in create().
 GPT_MODEL_OF = {
     "megatron-core": "megatron-core's GPTModel",
@@ -109,6 +131,13 @@ def create(args: argparse.Namespace, framework: str, log: Callable[[str], None])
         log(f"notice: {flags}: mmrun's GPT implements none of this, so this run trains {model} (the same network "
             "and initial weights; checkpoint tensors get megatron-core's names); pass --use-mcore-models to say so")
         args.use_mcore_models = True
+    overlap = [flag for flag, dest in OVERLAP_FLAGS if getattr(args, dest, False)]
+    if overlap and row.name in OVERLAP_INSTEAD:
+        log(f"notice: {', '.join(overlap)}: {OVERLAP_INSTEAD[row.name]} (results identical)")
+    asked = [flag for flag, dest in (("--recompute-granularity", "recompute_granularity"),
+                                     ("--recompute-activations", "recompute_activations")) if getattr(args, dest, None)]
+    if asked and row.name in RECOMPUTE_INSTEAD:
+        log(f"notice: {', '.join(asked)}: {RECOMPUTE_INSTEAD[row.name]}")
     module, _, cls = row.factory.partition(":")
     return getattr(importlib.import_module(module), cls)(args, framework, log)
 

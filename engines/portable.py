@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from mmrun.engines.base import ParallelLayout, ShardState, StepResult, TrainingError
 from mmrun.precision.timers import NO_TIMERS
 from mmrun.engines.forward_plan import ForwardPlan, scalar_loss
+from mmrun.models import recompute
 
 
 def report_pairs(result: Any) -> dict[str, tuple[float, float]]:
@@ -72,6 +73,9 @@ class PortableEngine:
         self.scheduler = scheduler
         # On the device before anything else refers to the parameters (the optimizer keeps them).
         self.model = backend.device.to_device(model_provider(pre_process=True, post_process=True))
+        # --recompute-* and model.json's per-module recompute keys (an entry's model_provider sets the sections)
+        for line in recompute.apply(self.model, recompute.plans(args, getattr(args, "recompute_sections", None))):
+            self.log(f"> activation recomputation: {line}")
         precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
         if precision != "fp32":
             # Megatron's Float16Module: the model computes in half precision; the optimizer (built next,

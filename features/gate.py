@@ -123,7 +123,8 @@ def gate(args: argparse.Namespace | Mapping[str, Any], framework: str, device: s
     format, switches of the other framework) are made under both policies with a notice. `unknown`
     stack verdicts say nothing: the trainer layer decides. The caller applies the result with
     `result.apply(args)`. `entry_features`: features the running entry implements itself (models/pretrain_sora.py's
-    LoRA); the trainer layer, which speaks for mmrun's GPT, is not asked about them.
+    LoRA); the trainer layer, which speaks for the models mmrun's entries train (GPT, Qwen2-VL family,
+    Qwen3-VL, Wan, transformers models) where they share the training code, is not asked about them.
     """
     if on_unsupported not in POLICIES:
         raise ValueError(f"on_unsupported must be one of {', '.join(POLICIES)}. Received: {on_unsupported!r}")

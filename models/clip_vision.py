@@ -160,6 +160,9 @@ class CLIPVisionTransformer(nn.Module):
 class CLIPVisionModel(nn.Module):
     """transformers' CLIPVisionModel: `vision_model` (embeddings, pre_layrnorm, encoder, post_layernorm)."""
 
+    # the layer loops models/recompute.py marks
+    recompute_layers = {"vision_encoder": "vision_model.encoder.layers"}
+
     def __init__(self, config: CLIPVisionConfig | None = None, **kwargs: Any) -> None:
         super().__init__()
         self.config = CLIPVisionConfig(**kwargs) if config is None else config

@@ -98,6 +98,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    # the layer loop models/recompute.py marks
+    recompute_layers = {"text_decoder": "h"}
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config

@@ -44,7 +44,7 @@ from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_ran
 # Model sizes come from the model json; these fill only what MindSpeed-MM's scripts never set on their own.
 # seq_length only sizes the "tokens per second" of the log (a video's patches are its tokens).
 CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
-# Features this entry implements itself (the trainer layer of the feature table speaks for mmrun's GPT).
+# Features this entry implements itself on Wan (the trainer layer of the feature table speaks for the shared training code).
 ENTRY_FEATURES = ("lora", "attention-mask-type")
 # MindSpeed-MM's --attention-mask-type values this entry runs: `general`, full attention over the video's patches
 # (its Wan2.1 scripts pass it; the DiT attends without a mask).

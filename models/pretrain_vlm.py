@@ -175,6 +175,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from mmrun.models.vlm.blocks import init_weights
 
     args = get_args()
+    args.recompute_sections = _MODEL_JSON.recompute  # model.json's per-module recompute keys (engines/portable.py)
     if _MODEL_JSON.hf_config["model_type"] == "qwen2_5_omni_thinker":
         return _omni_model(args)
     if _MODEL_JSON.hf_config["model_type"] in ("qwen3_vl", "qwen3_vl_moe"):  # unsplit: _model_source checked it

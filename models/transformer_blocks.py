@@ -64,8 +64,8 @@ def rotate_half(x: Any) -> Any:
 
 
 def apply_rotary(x: Any, cos: Any, sin: Any) -> Any:
-    """x * cos + rotate_half(x) * sin; cos/sin broadcast against x."""
-    return x * cos + rotate_half(x) * sin
+    """x * cos + rotate_half(x) * sin; cos/sin broadcast against x (ops.rotary_mul: fused on an NPU when asked)."""
+    return ops.rotary_mul(x, cos, sin)
 
 
 def multimodal_rotary(position_ids: Any, inv_freq: np.ndarray, mrope_section: tuple[int, ...],
@@ -124,8 +124,11 @@ class SwiGLUMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act = activation(hidden_act)
+        self.swiglu = self.act is silu  # ops.swiglu: one fused kernel on an NPU when asked
 
     def forward(self, x):
+        if self.swiglu:
+            return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 

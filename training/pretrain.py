@@ -181,6 +181,10 @@ def _gate(args: argparse.Namespace) -> tuple[str, str]:
         raise SystemExit(err.exit_code) from None
     result.apply(args)
     args.ai_framework = framework
+    # MindSpeed's fused-kernel flags, as the gate left them (off where only the unfused math runs).
+    backend.kernels.use_fused(rms_norm=getattr(args, "use_fused_rmsnorm", False),
+                              swiglu=getattr(args, "use_fused_swiglu", False),
+                              rotary=getattr(args, "use_fused_rotary_pos_emb", False))
     return framework, device
 
 

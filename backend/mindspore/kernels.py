@@ -56,3 +56,40 @@ def grouped_linear(x: Any, weight: Any, offsets: Any) -> Any:
     """torch's grouped GEMM twin: None here (MindSpore's grouped_matmul runs on Ascend only; not built), so
     `ops.grouped_linear` runs one linear per expert."""
     return None
+
+
+# ------------------------------------------------------------------------------------- fused Ascend kernels
+# MindSpeed's --use-fused-rmsnorm / --use-fused-swiglu / --use-fused-rotary-pos-emb: the training entry switches
+# them on (use_fused); on Ascend each function below calls MindSpore's fused op, elsewhere it returns None and
+# `ops` runs the unfused math. Documented signatures (MindSpore API, Supported Platforms: Ascend):
+#   mindspore.ops.rms_norm(x, gamma, epsilon=1e-6) -> (y, rstd)
+#   mindspore.ops.swiglu(input, dim=-1) -> Swish(first half of input) * second half
+#   mindspore.ops.rotary_position_embedding(x, cos, sin, mode=0) -> rotate_half style, 4-D x
+# Not run on Ascend hardware here (no NPU): unverified there. The switches are read when a graph is compiled.
+FUSED: dict[str, bool] = {"rms_norm": False, "swiglu": False, "rotary": False}
+
+
+def use_fused(**switches: bool) -> None:
+    """Switch the fused Ascend kernels on or off by name (rms_norm, swiglu, rotary)."""
+    unknown = sorted(set(switches) - set(FUSED))
+    if unknown:
+        raise ValueError(f"unknown fused kernel(s) {unknown}; use some of {sorted(FUSED)}")
+    FUSED.update({name: bool(on) for name, on in switches.items()})
+
+
+def fused_rms_norm(x: Any, weight: Any, eps: float) -> Any:
+    if not _ON_ASCEND or not FUSED["rms_norm"]:
+        return None
+    return _ops.rms_norm(x, _ops.cast(weight, x.dtype), eps)[0]
+
+
+def fused_swiglu(gate: Any, up: Any) -> Any:
+    if not _ON_ASCEND or not FUSED["swiglu"]:
+        return None
+    return _ops.swiglu(mint.cat([gate, up], dim=-1), -1)
+
+
+def fused_rotary(x: Any, cos: Any, sin: Any) -> Any:
+    if not _ON_ASCEND or not FUSED["rotary"] or x.ndim != 4:
+        return None
+    return _ops.rotary_position_embedding(x, _ops.cast(cos, x.dtype), _ops.cast(sin, x.dtype), 0)

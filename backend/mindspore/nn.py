@@ -255,3 +255,12 @@ def scaled_init_method_normal(std: float, num_layers: int) -> Callable[[ms.Param
     """Megatron's scaled init for output projections (attention proj, MLP fc2): N(0, std / sqrt(2 * num_layers))."""
     scaled = std / math.sqrt(2.0 * num_layers)
     return lambda param: normal_(param, 0.0, scaled)
+
+
+def recompute(module: Module, use_reentrant: bool = False) -> None:
+    """Recompute `module`'s forward in backward instead of keeping its activations: MindSpore's Cell.recompute(),
+    which marks the cell's primitives for recomputation when a graph is compiled (mindspore.jit, the compiled
+    step) and runs its PyNative recompute otherwise (non-reentrant by default: saved-tensor hooks, which take
+    keyword and non-tensor arguments). Configure a cell once, and never a child of a configured cell (MindSpore's
+    rule). Random ops recomputed (dropout > 0) are not guaranteed to draw the same masks (MindSpore's note)."""
+    module.recompute(use_reentrant=use_reentrant)

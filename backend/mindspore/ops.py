@@ -340,6 +340,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """Qwen2/Llama RMSNorm: weight * (x * rsqrt(mean(x^2, -1) + eps)), normalised in fp32 and rounded to
     x's dtype before the weight multiplies (Hugging Face's Qwen2RMSNorm, op for op)."""
     # Not ops.rms_norm: no CPU kernel in 2.10 (and it rounds differently); mint.mean/rsqrt have kernels.
+    # With --use-fused-rmsnorm on Ascend, it is (kernels.fused_rms_norm).
+    fused = kernels.fused_rms_norm(x, weight, eps)
+    if fused is not None:
+        return fused
     x32 = x if x.dtype == ms.float32 else _ops.cast(x, ms.float32)
     normed = x32 * mint.rsqrt(mint.mean(x32 * x32, -1, keepdim=True) + eps)
     return weight * (normed if x.dtype == ms.float32 else _ops.cast(normed, x.dtype))
@@ -347,6 +351,24 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 
 def silu(x: Tensor) -> Tensor:
     return _ops.silu(x)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up (the SwiGLU MLP's middle); with --use-fused-swiglu on Ascend, MindSpore's ops.swiglu."""
+    fused = kernels.fused_swiglu(gate, up)
+    if fused is not None:
+        return fused
+    return _ops.silu(gate) * up
+
+
+def rotary_mul(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x * cos + rotate_half(x) * sin (rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves);
+    with --use-fused-rotary-pos-emb on Ascend, MindSpore's ops.rotary_position_embedding for 4-D x."""
+    fused = kernels.fused_rotary(x, cos, sin)
+    if fused is not None:
+        return fused
+    x1, x2 = split(x, x.shape[-1] // 2, dim=-1)  # a copying split (see split)
+    return x * cos + mint.cat([-x2, x1], dim=-1) * sin
 
 
 def sigmoid(x: Tensor) -> Tensor:

@@ -172,3 +172,43 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: np.ndarray) -
         return None
     ends = torch.from_numpy(np.asarray(offsets, dtype=np.int32)).to(x.device)
     return grouped(x.contiguous(), weight.transpose(1, 2), offs=ends)
+
+
+# ------------------------------------------------------------------------------------- fused Ascend kernels
+# MindSpeed's --use-fused-rmsnorm / --use-fused-swiglu / --use-fused-rotary-pos-emb: the training entry switches
+# them on (use_fused); each function below calls torch_npu's kernel for an NPU tensor and returns None
+# everywhere else, where `ops` runs the unfused math. Documented signatures (torch_npu's API reference):
+#   torch_npu.npu_rms_norm(x, gamma, epsilon=1e-6) -> (y, rstd)
+#   torch_npu.npu_swiglu(x, dim=-1) -> silu(first half of x) * second half
+#   torch_npu.npu_rotary_mul(x, r1, r2) -> x * r1 + rotate_half(x) * r2
+# Not run on Ascend hardware here (no NPU): unverified there.
+FUSED: dict[str, bool] = {"rms_norm": False, "swiglu": False, "rotary": False}
+
+
+def use_fused(**switches: bool) -> None:
+    """Switch the fused Ascend kernels on or off by name (rms_norm, swiglu, rotary)."""
+    unknown = sorted(set(switches) - set(FUSED))
+    if unknown:
+        raise ValueError(f"unknown fused kernel(s) {unknown}; use some of {sorted(FUSED)}")
+    FUSED.update({name: bool(on) for name, on in switches.items()})
+
+
+def _npu_kernel(name: str, x: torch.Tensor, switch: str) -> Any:
+    if not FUSED[switch] or x.device.type != "npu":
+        return None
+    return getattr(sys.modules.get("torch_npu"), name, None)
+
+
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    kernel = _npu_kernel("npu_rms_norm", x, "rms_norm")
+    return None if kernel is None else kernel(x, weight.to(x.dtype), epsilon=eps)[0]
+
+
+def fused_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    kernel = _npu_kernel("npu_swiglu", gate, "swiglu")
+    return None if kernel is None else kernel(torch.cat([gate, up], dim=-1), dim=-1)
+
+
+def fused_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    kernel = _npu_kernel("npu_rotary_mul", x, "rotary")
+    return None if kernel is None or x.dim() != 4 else kernel(x, cos.to(x.dtype), sin.to(x.dtype))

@@ -7,7 +7,7 @@ parameter names are torch's (`weight`, `bias`).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -149,3 +149,47 @@ def scaled_init_method_normal(std: float, num_layers: int) -> Callable[[torch.Te
     """Megatron's scaled init for output projections (attention proj, MLP fc2): N(0, std / sqrt(2 * num_layers))."""
     scaled = std / math.sqrt(2.0 * num_layers)
     return lambda param: normal_(param, 0.0, scaled)
+
+
+def recompute(module: torch.nn.Module, use_reentrant: bool = False) -> None:
+    """Recompute `module`'s forward in backward instead of keeping its activations (torch.utils.checkpoint,
+    non-reentrant by default). The instance's forward is replaced rather than the module wrapped, so parameter
+    names stay the model's own. The recomputed forward draws the same hash-dropout masks as the first one (the
+    dropout counter is replayed); torch's own RNG is restored by checkpoint itself. Evaluation (no grad) runs
+    the plain forward. The reentrant form (FSDP2 file's use_reentrant) differentiates positional tensors only,
+    so tensor keyword arguments are passed positionally and put back."""
+    import contextlib
+
+    from torch.utils.checkpoint import checkpoint
+
+    from mmrun.backend.torch.seeding import DROPOUT_GENERATOR
+
+    forward = module.forward
+
+    def context() -> tuple[Any, Any]:
+        state = DROPOUT_GENERATOR.get_state()
+
+        @contextlib.contextmanager
+        def replay() -> Iterator[None]:
+            after = DROPOUT_GENERATOR.get_state()
+            DROPOUT_GENERATOR.set_state(state)
+            try:
+                yield
+            finally:
+                DROPOUT_GENERATOR.set_state(after)
+        return contextlib.nullcontext(), replay()
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # evaluation: nothing is kept for backward, nothing to recompute
+            return forward(*args, **kwargs)
+        if use_reentrant:
+            keys = [k for k, v in kwargs.items() if torch.is_tensor(v)]
+            others = {k: v for k, v in kwargs.items() if not torch.is_tensor(v)}
+
+            def run(*flat: Any) -> Any:
+                return forward(*flat[:len(args)], **dict(zip(keys, flat[len(args):])), **others)
+
+            return checkpoint(run, *args, *(kwargs[k] for k in keys), use_reentrant=True)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+
+    module.forward = checkpointed

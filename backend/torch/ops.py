@@ -275,7 +275,10 @@ def clamp(x: Tensor, min: float | None = None, max: float | None = None) -> Tens
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """Qwen2/Llama RMSNorm: weight * (x * rsqrt(mean(x^2, -1) + eps)), normalised in fp32 and rounded to
     x's dtype before the weight multiplies (Hugging Face's Qwen2RMSNorm, op for op; torch.nn.RMSNorm
-    rounds elsewhere)."""
+    rounds elsewhere). With --use-fused-rmsnorm on an NPU: torch_npu's fused kernel (kernels.fused_rms_norm)."""
+    fused = kernels.fused_rms_norm(x, weight, eps)
+    if fused is not None:
+        return fused
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype)
@@ -283,6 +286,22 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 
 def silu(x: Tensor) -> Tensor:
     return F.silu(x)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up (the SwiGLU MLP's middle); with --use-fused-swiglu on an NPU, torch_npu's fused kernel."""
+    fused = kernels.fused_swiglu(gate, up)
+    return F.silu(gate) * up if fused is None else fused
+
+
+def rotary_mul(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x * cos + rotate_half(x) * sin (rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves);
+    with --use-fused-rotary-pos-emb on an NPU, torch_npu's fused kernel for 4-D x."""
+    fused = kernels.fused_rotary(x, cos, sin)
+    if fused is not None:
+        return fused
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def sigmoid(x: Tensor) -> Tensor:

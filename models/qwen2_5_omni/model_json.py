@@ -87,6 +87,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> shared
                  "position_id_per_seconds": 25, "seconds_per_chunk": 2}
     freeze = {**base.freeze, "audio_encoder": section.get("freeze", True)}
     return shared_json.ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=base.sizes, warnings=base.warnings,
+                             recompute=base.recompute,
                              pipeline_layers={**base.pipeline_layers,
                                               "audio": shared_json.read_pipeline_layers(path, "audio_encoder.audio_encoder",
                                                                                 section)})

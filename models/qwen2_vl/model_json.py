@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
 from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, ModelJson, check_section, read_pipeline_layers,
-                                         refuse_from_key_table, require)
+                                         recompute_sections, refuse_from_key_table, require)
 
 # model.json's model_id -> the Hugging Face model_type it describes.
 MODEL_TYPES = {"qwen2vl": "qwen2_vl", "qwen2_5vl": "qwen2_5_vl"}
@@ -118,4 +118,4 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
              "untie_embeddings_and_output_weights": not hf_config["tie_word_embeddings"],
              "make_vocab_size_divisible_by": 1}
     return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
-                     pipeline_layers=pipeline_layers)
+                     pipeline_layers=pipeline_layers, recompute=recompute_sections(enc, text))

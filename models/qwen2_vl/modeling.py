@@ -193,6 +193,9 @@ class Qwen2VLForConditionalGeneration(nn.Module):
     grid_thw tensors are copied to the host once per call (segment lengths, window layout).
     """
 
+    # the layer loops models/recompute.py marks
+    recompute_layers = {"vision_encoder": "visual.blocks", "text_decoder": "model.layers"}
+
     def __init__(self, config: Qwen2VLConfig) -> None:
         super().__init__()
         self.config = config

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
 from mmrun.models.vlm.model_json import (DEFAULT_TOKEN_IDS, SCHEMA, ModelJson, check_section, read_pipeline_layers,
-                                         refuse_from_key_table, require)
+                                         recompute_sections, refuse_from_key_table, require)
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPE, MOE_MODEL_TYPE
 
 MODEL_IDS = ("qwen3_vl",)
@@ -132,7 +132,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
     pipeline_layers = {part: read_pipeline_layers(path, where, section) for part, where, section in
                        (("vit", "image_encoder.vision_encoder", enc), ("llm", "text_decoder", text))}
     return ModelJson(path=path, hf_config=hf_config, freeze=freeze, sizes=sizes, warnings=warnings,
-                     pipeline_layers=pipeline_layers)
+                     pipeline_layers=pipeline_layers, recompute=recompute_sections(enc, text))
 
 
 # Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks (PyTorch: megatron-core's).

@@ -272,6 +272,9 @@ class Qwen3VLForConditionalGeneration(nn.Module):
     position_ids: when None, from `get_rope_index` on the host. Attention is causal, padding on the right.
     """
 
+    # the layer loops models/recompute.py marks
+    recompute_layers = {"vision_encoder": "model.visual.blocks", "text_decoder": "model.language_model.layers"}
+
     def __init__(self, config: Qwen3VLConfig) -> None:
         super().__init__()
         self.config = config

@@ -86,6 +86,8 @@ class ModelJson:
     # {"vit": [...], "llm": [...]}: pipeline_num_layers per module (one count per stage, or one such list per
     # virtual pipeline chunk), None where absent
     pipeline_layers: dict[str, list[Any] | None] = field(default_factory=dict)
+    # {"vision_encoder": {...}, "text_decoder": {...}}: each section's recompute_* keys (models/recompute.py)
+    recompute: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def check_section(path: str, section: str, values: Mapping[str, Any], where: str, warnings: list[str],
@@ -121,6 +123,12 @@ def refuse_from_key_table(path: str, raw: Mapping[str, Any]) -> None:
     refused = check_values("vlm_model", raw, path) + fixed_refusals("vlm_model", raw, str(raw.get("model_id")), path)
     if refused:
         raise UsageError(refused[0])
+
+
+def recompute_sections(vision: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """MindSpeed-MM's per-module recompute keys, by the module names the models' `recompute_layers` use."""
+    return {name: {k: v for k, v in section.items() if k.startswith("recompute_")}
+            for name, section in (("vision_encoder", vision), ("text_decoder", text))}
 
 
 def require(path: str, values: Mapping[str, Any], where: str, keys: tuple[str, ...]) -> None:

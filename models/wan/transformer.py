@@ -316,6 +316,9 @@ class WanTransformer3DModel(nn.Module):
     (b, L, text_dim), encoder_hidden_states_image (b, 257, image_dim) for i2v) -> (b, out_channels, f, h, w)
     (the latent's size cut down to whole patches, as diffusers' Conv3d does)."""
 
+    # the layer loops models/recompute.py marks
+    recompute_layers = {"predictor": "blocks"}
+
     def __init__(self, config: WanTransformerConfig) -> None:
         super().__init__()
         if not isinstance(config, WanTransformerConfig):

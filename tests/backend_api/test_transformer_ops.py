@@ -14,6 +14,11 @@ def _x(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
+def _y(*shape: int, rng=np.random.default_rng(11)) -> np.ndarray:
+    """Inputs of the fused-kernel ops, drawn apart so that the other tests keep their inputs."""
+    return rng.standard_normal(shape).astype(np.float32)
+
+
 def _reference_attention(q, k, v, scale, causal=False):
     """numpy softmax(q k^T * scale) v over (heads, seq, d), k/v heads repeated for GQA."""
     groups = q.shape[0] // k.shape[0]
@@ -32,6 +37,8 @@ CASES = {
     "rms_norm": (lambda o, x, w: o.rms_norm(x, w, 1e-6), [3 * _x(2, 5, 8) + 1, _x(8)]),
     "silu_sigmoid": (lambda o, x: o.silu(x) + o.sigmoid(1.702 * x), [_x(4, 9)]),
     "cos_sin": (lambda o, x: o.cos(x) * o.sin(2 * x), [_x(3, 7)]),
+    "swiglu": (lambda o, g, u: o.swiglu(g, u), [_y(2, 3, 6), _y(2, 3, 6)]),
+    "rotary_mul": (lambda o, x, c, s: o.rotary_mul(x, c, s), [_y(2, 3, 5, 8), _y(2, 1, 5, 8), _y(2, 1, 5, 8)]),
     "gqa_causal_attention": (lambda o, q, k, v: o.scaled_dot_product_attention(q, k, v, causal=True, scale=0.3),
                              [_x(2, 4, 6, 8), _x(2, 2, 6, 8), _x(2, 2, 6, 8)]),
     "varlen_attention": (lambda o, q, k, v: o.varlen_attention(q, k, v, CU, scale=0.4),
@@ -143,3 +150,32 @@ def test_grouped_linear_is_each_experts_linear_on_its_rows(backends, width):
     for be in backends.values():
         got = be.tensors.to_numpy(be.ops.grouped_linear(be.tensors.from_numpy(x), be.tensors.from_numpy(w), GROUPS))
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def test_the_fused_kernel_functions_equal_the_unfused_math_where_no_npu_runs(backends):
+    """--use-fused-rmsnorm / -swiglu / -rotary-pos-emb switch on torch_npu's / MindSpore's Ascend kernels; on this
+    CPU the kernels decline (None) and ops computes the documented formula, switched on or not."""
+    x, w, g, u = 3 * _y(2, 4, 8) + 0.5, _y(8), _y(2, 4, 8), _y(2, 4, 8)
+    q, c, s = _y(2, 3, 4, 8), _y(2, 1, 4, 8), _y(2, 1, 4, 8)
+    sig = 1 / (1 + np.exp(-g.astype(np.float64)))
+    expected = {"rms_norm": w * (x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)),
+                "swiglu": g * sig * u, "rotary": q * c + _rotate_half(q) * s}
+    for be in backends.values():
+        t = be.tensors.from_numpy
+        for on in (False, True):
+            be.kernels.use_fused(rms_norm=on, swiglu=on, rotary=on)
+            try:
+                assert be.kernels.fused_rms_norm(t(x), t(w), 1e-6) is None and be.kernels.fused_swiglu(t(g), t(u)) is None
+                got = {"rms_norm": be.ops.rms_norm(t(x), t(w), 1e-6), "swiglu": be.ops.swiglu(t(g), t(u)),
+                       "rotary": be.ops.rotary_mul(t(q), t(c), t(s))}
+            finally:
+                be.kernels.use_fused(rms_norm=False, swiglu=False, rotary=False)
+            for name, value in got.items():
+                np.testing.assert_allclose(be.tensors.to_numpy(value), expected[name], rtol=2e-6, atol=2e-6)
+    with pytest.raises(ValueError, match="unknown fused kernel"):
+        backends["pytorch"].kernels.use_fused(layer_norm=True)

@@ -127,7 +127,7 @@ def test_check_with_mmruns_trainer_as_entry_adds_the_trainer_layer(capsys):
 
 def test_check_with_warn_runs_fallbacks(capsys):
     code, out, _ = run(capsys, "--ai-framework", "mindspore", "--device", "cpu", "--on-unsupported", "warn", "--layer", "trainer",
-                       "--check", "--recompute-granularity full --use-flash-attn")
+                       "--check", "--recompute-activation-function --use-flash-attn")
     assert code == 0
     assert [line.split(":")[0] for line in out.splitlines()] == ["warning", "warning"]
 

@@ -106,7 +106,7 @@ def test_check_flags_follows_the_layer(layer, feature, trig, fw, dev):
     (["--use-mcore-models"], "mindspore", "cpu", "trainer", "supported"),  # its architecture rebuilt on MindSpore
     (["--expert-model-parallel-size", "8"], "mindspore", "cpu", "trainer", "unsupported"),
     (["--lora-target-modules", "linear_qkv"], "pytorch", "npu", "trainer", "unsupported"),
-    (["--recompute-granularity", "full"], "mindspore", "cpu", "trainer", "fallback"),
+    (["--recompute-granularity", "full"], "mindspore", "cpu", "trainer", "supported"),
     (["--transformer-impl", "local"], "mindspore", "cpu", "trainer", "supported"),
     (["--transformer-impl", "transformer_engine"], "pytorch", "cpu", "trainer", "fallback"),
     (["--ckpt-format", "safetensors"], "pytorch", "cpu", "trainer", "supported"),
@@ -173,11 +173,11 @@ def test_error_policy_lists_every_stopping_flag_and_layer_with_reason_hint_and_s
 def test_warn_runs_fallbacks_off_prints_each_line_once_and_still_stops_on_unsupported():
     parser = argparse.ArgumentParser()
     parser.add_argument("--use-flash-attn", action="store_true")
-    parser.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    parser.add_argument("--recompute-activation-function", action="store_true")
     parser.add_argument("--context-parallel-size", type=int, default=1)
     parser.add_argument("--distributed-backend", default=None)
     ft.add_gate_arguments(parser)
-    args = parser.parse_args(["--use-flash-attn", "--recompute-granularity", "full", "--distributed-backend", "nccl",
+    args = parser.parse_args(["--use-flash-attn", "--recompute-activation-function", "--distributed-backend", "nccl",
                               "--on_unsupported", "warn"])
     stream = io.StringIO()
     for _ in range(3):  # the training entry may call it on every rank restart; the user reads it once
@@ -189,14 +189,14 @@ def test_warn_runs_fallbacks_off_prints_each_line_once_and_still_stops_on_unsupp
         # both layers substitute gloo for nccl: one line, the stack's, which cites its source
         "notice: [stack] --distributed-backend nccl",
         "warning: [stack] --use-flash-attn",
-        "warning: [mmrun trainer] --recompute-granularity full",  # the stack says nothing: no source for torch on CPU
+        "warning: [mmrun trainer] --recompute-activation-function",  # the stack says nothing: no source for torch on CPU
     ]
     assert "using --distributed-backend gloo instead" in printed[1] and "Source: PyTorch documentation" in printed[1]
     assert sum("--distributed-backend nccl" in line for line in printed) == 1
     assert [d.layer for d in result.changed if d.dest == "distributed_backend"] == ["stack", "trainer"]
     assert "is not supported with the pytorch backend on cpu; running with it off" in printed[3]
     result.apply(args)
-    assert (args.use_flash_attn, args.recompute_granularity, args.distributed_backend) == (False, None, "gloo")
+    assert (args.use_flash_attn, args.recompute_activation_function, args.distributed_backend) == (False, False, "gloo")
     args.context_parallel_size = 2  # megatron-core runs it on PyTorch; mmrun's MindSpore engines cannot
     with pytest.raises(ft.FeatureGateError, match="--context-parallel-size 2"):
         ft.gate(args, "mindspore", "cpu", "warn", stream=stream)
@@ -319,3 +319,28 @@ def test_distributed_optimizer_on_mindspore_runs_with_one_notice_under_both_poli
         lines = stream.getvalue().splitlines()
         assert len(lines) == 1 and lines[0].startswith("notice: [mmrun trainer] --use-distributed-optimizer"), lines
         assert "changes memory, not results" in lines[0]
+
+
+# What MindSpeed-MM's real training scripts pass that changes only speed or memory (examples/qwen2.5vl,
+# examples/wan2.1, and their msrun twins): never a stop, under the default policy, on any framework and device.
+SPEED_ONLY = {"use_fused_rmsnorm": True, "use_fused_swiglu": True, "use_fused_rotary_pos_emb": True,
+              "overlap_grad_reduce": True, "overlap_param_gather": True, "swap_attention": True}
+
+
+@pytest.mark.parametrize("fw", ft.FRAMEWORKS)
+@pytest.mark.parametrize("dev", ft.DEVICES)
+def test_flags_that_change_only_speed_never_stop_a_job(fw, dev):
+    stream = io.StringIO()
+    result = ft.gate(dict(SPEED_ONLY), fw, dev, stream=stream)
+    assert not result.warnings
+    said = stream.getvalue().splitlines()
+    assert all(line.startswith("notice: ") for line in said)
+    # the trainer layer speaks for the models that run, never for "mmrun's GPT" alone
+    assert not any("mmrun's GPT" in d.reason for d in result.decisions)
+    trainer = {d.feature: d for d in result.decisions if d.layer == "trainer"}
+    for kernel in ("fused-rmsnorm", "fused-swiglu", "fused-rotary-pos-emb"):
+        # on an NPU the models call the fused kernel (the flag stays on); elsewhere the unfused math, one notice
+        assert trainer[kernel].status == ("supported" if dev == "npu" else "fallback")
+        assert (dev == "npu") == (kernel.replace("fused-", "use_fused_").replace("-", "_") not in result.overrides)
+    if fw == "pytorch":  # megatron-core's DDP config takes them; the other engines say why nothing overlaps
+        assert trainer["overlap-grad-reduce"].status == trainer["overlap-param-gather"].status == "supported"

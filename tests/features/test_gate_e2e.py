@@ -30,6 +30,8 @@ EXTRA_SCRIPT_ARGS = {
     "ckpt-format-safetensors": lambda tmp: ["--save", str(tmp / "ckpt"), "--save-interval", "2"],
     "backend-gloo": lambda tmp: ["--global-batch-size", "4"],
     "backend-mccl": lambda tmp: ["--global-batch-size", "4"],
+    # full recomputation needs its method and layer count (as in Megatron); selective ignores them
+    "recompute": lambda tmp: ["--recompute-method", "uniform", "--recompute-num-layers", "1"],
 }
 TWO_PROCESSES = {"backend-gloo", "backend-mccl"}  # a communication backend only acts with world size > 1
 EXCLUSIVE = [{"fp16", "bf16"}]  # the arguments refuse these together

@@ -136,6 +136,12 @@ MCORE_RUNS = {
     "tp2pp2": (4, ["--use-mcore-models", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                    "--save-interval", "4"]),
     "dp2-distopt": (2, ["--use-mcore-models", "--use-distributed-optimizer", "--save-interval", "4"]),
+    # --recompute-*: megatron-core's own recomputation (its TransformerConfig), the same losses
+    "mcore-recompute": (1, ["--use-mcore-models", "--recompute-granularity", "full", "--recompute-method", "uniform",
+                            "--recompute-num-layers", "1"]),
+    # MindSpeed-MM's scripts pass both overlaps: megatron-core's DDP config takes them (same losses)
+    "dp2-distopt-overlap": (2, ["--use-mcore-models", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                "--overlap-param-gather"]),
     "pp2-vpp2": (2, ["--use-mcore-models", "--pipeline-model-parallel-size", "2",
                      "--virtual-pipeline-model-parallel-size", "2"]),
     "tp2-sp": (2, ["--use-mcore-models", "--tensor-model-parallel-size", "2", "--sequence-parallel"]),

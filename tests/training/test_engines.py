@@ -177,3 +177,16 @@ def test_the_layout_names_its_checkpoint_directory():
     assert ParallelLayout().rank_dir == "mp_rank_00"
     assert ParallelLayout(world_size=4, tp=2, pp=2, tp_rank=1, pp_rank=1).rank_dir == "mp_rank_01_001"
     assert not ParallelLayout(world_size=2, dp=2, dp_rank=1).writes_checkpoint
+
+
+@pytest.mark.parametrize("extra, engine, notice", [
+    (["--overlap-grad-reduce", "--overlap-param-gather"], "mmrun",
+     "notice: --overlap-grad-reduce, --overlap-param-gather: mmrun's data-parallel engine all-reduces the gradients "
+     "after backward, and parameters are never sharded (results identical)"),
+    (["--use-mcore-models", "--overlap-grad-reduce"], "megatron-core", None),  # megatron-core's DDP config takes it
+])
+def test_overlap_flags_go_to_megatron_core_or_say_why_nothing_overlaps(extra, engine, notice):
+    args = args_of(*extra)
+    said: list[str] = []
+    assert engines.create(args, "pytorch", said.append).name == engine
+    assert said == ([notice] if notice else [])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 TOLERANCE = 1e-5
-PARALLEL = ["tp2", "pp2", "tp2pp2", "dp2-distopt", "pp2-vpp2", "tp2-sp", "cp2"]
+PARALLEL = ["tp2", "pp2", "tp2pp2", "dp2-distopt", "dp2-distopt-overlap", "mcore-recompute", "pp2-vpp2", "tp2-sp", "cp2"]
 
 
 def _assert_same_training(run, reference, tolerance=TOLERANCE):

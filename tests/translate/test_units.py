@@ -202,14 +202,14 @@ def test_msrun_defaults_are_written_out_for_torchrun() -> None:
 
 
 def test_gate_fallbacks_warn_unsupported_stop_and_unknown_values_are_not_judged() -> None:
-    text = "torchrun --nproc_per_node 2 models/pretrain_gpt.py --use-fused-rmsnorm --context-parallel-size $CP\n"
+    text = "torchrun --nproc_per_node 2 models/pretrain_gpt.py --recompute-activation-function --context-parallel-size $CP\n"
     result = translate_script(text.encode(), Options(), "t.sh")
     messages = " ".join(w.message for w in result.report.warnings)
-    assert "--use-fused-rmsnorm" in messages and "--on-unsupported warn" in messages
+    assert "--recompute-activation-function" in messages and "--on-unsupported warn" in messages
     assert "$CP" in messages and "not checked here" in messages
     with pytest.raises(TranslationRefused):
         translate("torchrun --nproc_per_node 2 models/pretrain_gpt.py --context-parallel-size 2\n")
-    removed = translate("torchrun --nproc_per_node 2 models/pretrain_gpt.py --context-parallel-size 2 --use-fused-rmsnorm\n",
+    removed = translate("torchrun --nproc_per_node 2 models/pretrain_gpt.py --context-parallel-size 2 --recompute-activation-function\n",
                         on_unsupported="remove")
     command = [line for line in removed.splitlines() if line.startswith("msrun")][0]
     assert command.endswith(" models/pretrain_gpt.py --ai-framework mindspore")

@@ -108,6 +108,17 @@ def install() -> None:
         CudaOnCpu().__enter__()  # for the rest of the process: megatron-core allocates at any time
         mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+        # Activation recomputation (--recompute-*: tensor_parallel.checkpoint) saves and restores the "CUDA" RNG state
+        # around the recomputed forward; on the CPU every random op draws from the CPU generator, so that one.
+        mrandom._get_cuda_rng_state = lambda *_args, **_kwargs: torch.get_rng_state()
+        mrandom._set_cuda_rng_state = lambda state, *_args, **_kwargs: torch.set_rng_state(state)
+        # The recomputed forward runs inside autograd's backward, where the mode entered above is not active.
+        forward_again = mrandom.CheckpointFunction.backward
+
+        def backward(ctx: Any, *grads: Any) -> Any:
+            with CudaOnCpu():
+                return forward_again(ctx, *grads)
+        mrandom.CheckpointFunction.backward = staticmethod(backward)
         _installed = True
 
 

@@ -30,30 +30,12 @@ def build_mesh(device_type: str, world_size: int, shard_size: int) -> DeviceMesh
 
 
 def _recompute(module: torch.nn.Module, use_reentrant: bool) -> None:
-    """Recompute this module's activations in backward. The instance's forward is replaced rather than
-    the module wrapped (checkpoint_wrapper would insert `_checkpoint_wrapped_module` into every
-    parameter name, and the patterns and checkpoints name the model's own paths). torch's reentrant
-    checkpoint differentiates positional tensors only, and transformers passes `hidden_states=` by
-    keyword: tensor keyword arguments are passed positionally and put back (measured: bound by
-    keyword, the layer's input got no gradient and the loss drifted 5e-4 in 10 steps)."""
-    from torch.utils.checkpoint import checkpoint
+    """Recompute this module's activations in backward: the backend's one primitive (backend/torch/nn.py's
+    `recompute`: the instance's forward replaced, so the patterns and checkpoints keep the model's own paths;
+    the reentrant form passes tensor keyword arguments positionally, as transformers passes `hidden_states=`)."""
+    from mmrun.backend.torch.nn import recompute
 
-    forward = module.forward
-
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():  # evaluation: nothing is kept for backward, nothing to recompute
-            return forward(*args, **kwargs)
-        if use_reentrant and kwargs:
-            keys = [k for k, v in kwargs.items() if torch.is_tensor(v)]
-            others = {k: v for k, v in kwargs.items() if not torch.is_tensor(v)}
-
-            def run(*flat: Any) -> Any:
-                return forward(*flat[:len(args)], **dict(zip(keys, flat[len(args):])), **others)
-
-            return checkpoint(run, *args, *(kwargs[k] for k in keys), use_reentrant=True)
-        return checkpoint(forward, *args, use_reentrant=use_reentrant, **kwargs)
-
-    module.forward = checkpointed
+    recompute(module, use_reentrant=use_reentrant)
 
 
 def mixed_precision(config: FSDP2Config, default_param_dtype: str | None = None) -> MixedPrecisionPolicy:

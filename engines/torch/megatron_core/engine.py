@@ -163,10 +163,22 @@ class MegatronCoreEngine:
         self.model_names = getattr(models[0], "checkpoint_names", type(self).model_names)
         if args.fp16 or args.bf16:
             models = [Float16Module(self.config, m) for m in models]
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+        # --overlap-grad-reduce / --overlap-param-gather go to megatron-core as Megatron's training.py passes them:
+        # bucketed all-reduces started during backward (the schedule skips them on all but the last micro-batch
+        # through no_sync_func); the parameter all-gather only exists with the distributed optimizer.
+        overlap_gather = bool(getattr(args, "overlap_param_gather", False) and args.use_distributed_optimizer)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                                   overlap_grad_reduce=bool(getattr(args, "overlap_grad_reduce", False)),
+                                                   overlap_param_gather=overlap_gather,
                                                    use_distributed_optimizer=args.use_distributed_optimizer)
         self.chunks = [DistributedDataParallel(self.config, ddp_config, m, disable_bucketing=i > 0)
                        for i, m in enumerate(models)]
+        if ddp_config.overlap_grad_reduce:
+            sync = [c.no_sync for c in self.chunks], [c.start_grad_sync for c in self.chunks]
+            self.config.no_sync_func, self.config.grad_sync_func = ((f[0] if len(f) == 1 else f) for f in sync)
+        if getattr(args, "overlap_param_gather", False) and not overlap_gather:
+            self.log("notice: --overlap-param-gather: without --use-distributed-optimizer parameters are not sharded, "
+                     "so there is no all-gather to overlap (results identical)")
         for prefix, chunk in self._named_chunks():
             for name, param in _unwrap(chunk).named_parameters():
                 self._param_names[param] = prefix + name
@@ -317,6 +329,10 @@ class MegatronCoreEngine:
 
     def checkpoint_state(self) -> ShardState | None:
         from megatron.core import parallel_state as ps
+
+        if self.chunks[0].ddp_config.overlap_param_gather:  # the last step's all-gather may still be pending
+            for chunk in self.chunks:
+                chunk.start_param_sync(force_sync=True)
 
         step, tensors = optimizer_state.gather(self.optimizer, self._param_names,
                                                ps.get_data_parallel_group(with_context_parallel=True),

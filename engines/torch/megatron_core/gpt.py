@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from mmrun.backend.torch.megatron_core import runtime
+from mmrun.models import recompute
 
 
 class SequenceParallelLayerNorm(torch.nn.LayerNorm):
@@ -91,6 +92,7 @@ def _config(TransformerConfig: type, args: Any, dtype: torch.dtype) -> Any:
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,  # needs Apex's fused_weight_gradient_mlp_cuda
         persist_layer_norm=False,
+        **recompute.megatron_fields(recompute.from_args(args)),  # --recompute-*: megatron-core's own recompute
     )
 
 

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from mmrun.backend.errors import UsageError
 from mmrun.backend.torch.megatron_core import runtime
+from mmrun.models import recompute
 
 IGNORE_INDEX = -100
 
@@ -98,6 +99,7 @@ def _common(args: Any) -> dict[str, Any]:
         **{**runtime.fusions(), "bias_activation_fusion": False},
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         init_method_std=args.init_method_std if args.init_method_std is not None else 0.02,
+        **recompute.megatron_fields(recompute.from_args(args)),  # --recompute-*: megatron-core's own recompute
     )
 
 
