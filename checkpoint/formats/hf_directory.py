@@ -33,6 +33,38 @@ class NotAnHFDirectoryError(ValueError):
     """The path is not a Hugging Face model directory of the family asked for."""
 
 
+def holds_model(path: str | os.PathLike, model_types: Iterable[str]) -> bool:
+    """True when `path` is a directory with a config.json of one of `model_types` and safetensors weights."""
+    path = Path(path)
+    try:
+        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return model_type in model_types and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+
+
+def read_model_config(path: str | os.PathLike, model_types: tuple[str, ...], what: str, folder: str) -> dict[str, Any]:
+    """config.json of a Hugging Face directory whose model_type is one of `model_types`, as a dict; otherwise one
+    NotAnHFDirectoryError line (`what` names the family in it, e.g. "Qwen3-VL"; `folder` is mmrun's reader)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NotAnHFDirectoryError(f"{path} is not a directory; pass a Hugging Face {what} model directory "
+                                    "(config.json + model.safetensors)")
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise NotAnHFDirectoryError(f"{path} has no config.json, so it is not a Hugging Face model directory; "
+                                    "pass the directory that save_pretrained wrote")
+    try:
+        raw = json.loads(config_file.read_text())
+    except ValueError as error:
+        raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
+    if not isinstance(raw, dict) or raw.get("model_type") not in model_types:
+        found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
+        raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not {what}; mmrun's {folder} reads "
+                                    f"model_type {' or '.join(model_types)}")
+    return raw
+
+
 # (single file, index of shards): transformers' names first, then diffusers'.
 WEIGHT_FILES = ((SINGLE_FILE, INDEX_FILE),
                 ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"))

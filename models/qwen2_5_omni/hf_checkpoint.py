@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mmrun.checkpoint.formats.hf_directory import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError
+from mmrun.checkpoint.formats.hf_directory import (INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError, holds_model,
+                                                   read_model_config)
 from mmrun.checkpoint.formats.safetensors import SafetensorsFile
 from mmrun.models.vlm.hf_checkpoint import check_names
 from mmrun.models.qwen2_vl.hf_checkpoint import hf_parameter_names as qwen2_vl_names
@@ -65,30 +66,13 @@ def hf_parameter_names(config: OmniConfig) -> list[str]:
 
 
 def is_hf_directory(path: str | os.PathLike) -> bool:
-    """True when `path` holds a Qwen2.5-Omni (thinker or whole) config.json and safetensors weights."""
-    path = Path(path)
-    try:
-        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+    """True when `path` holds a Qwen2.5-Omni config.json and safetensors weights."""
+    return holds_model(path, MODEL_TYPES)
 
 
 def load_hf_config(path: str | os.PathLike) -> OmniConfig:
-    path = Path(path)
-    config_file = path / CONFIG_FILE
-    if not config_file.is_file():
-        raise NotAnHFDirectoryError(f"{path} has no config.json; pass a Hugging Face Qwen2.5-Omni directory "
-                                    "(config.json + safetensors)")
-    try:
-        raw = json.loads(config_file.read_text())
-    except ValueError as error:
-        raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
-    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
-        found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
-        raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not Qwen2.5-Omni; mmrun's qwen2_5_omni "
-                                    f"reads model_type {' or '.join(MODEL_TYPES)}")
-    return OmniConfig.from_hf_config(raw)
+    """The OmniConfig of a Hugging Face directory's config.json (one-line errors otherwise)."""
+    return OmniConfig.from_hf_config(read_model_config(path, MODEL_TYPES, "Qwen2.5-Omni", "qwen2_5_omni"))
 
 
 def load_hf_directory(path: str | os.PathLike) -> tuple[OmniConfig, dict[str, np.ndarray]]:

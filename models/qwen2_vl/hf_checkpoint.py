@@ -14,13 +14,11 @@ family; the writes are atomic there (a reader never sees a half-written checkpoi
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import numpy as np
 
-from mmrun.checkpoint.formats.hf_directory import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError
+from mmrun.checkpoint.formats.hf_directory import NotAnHFDirectoryError, holds_model, read_model_config  # noqa: F401
 from mmrun.models.qwen2_vl.configuration import MODEL_TYPES, Qwen2VLConfig
 from mmrun.models.vlm import hf_checkpoint as vlm_checkpoint
 # The writer serves every Qwen vision-language family (models/vlm/hf_checkpoint.py).
@@ -69,34 +67,13 @@ def _hub_name(name: str) -> str:
 # ------------------------------------------------------------------------------------------ read
 
 def is_hf_directory(path: str | os.PathLike) -> bool:
-    """True when `path` is a directory with a Qwen2-VL / Qwen2.5-VL config.json and safetensors weights."""
-    path = Path(path)
-    try:
-        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+    """True when `path` holds a Qwen2-VL family model config.json and safetensors weights."""
+    return holds_model(path, MODEL_TYPES)
 
 
 def load_hf_config(path: str | os.PathLike) -> Qwen2VLConfig:
     """The Qwen2VLConfig of a Hugging Face directory's config.json (one-line errors otherwise)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise NotAnHFDirectoryError(f"{path} is not a directory; pass a Hugging Face Qwen2-VL model directory "
-                                    "(config.json + model.safetensors)")
-    config_file = path / CONFIG_FILE
-    if not config_file.is_file():
-        raise NotAnHFDirectoryError(f"{path} has no config.json, so it is not a Hugging Face model directory; "
-                                    "pass the directory that save_pretrained wrote")
-    try:
-        raw = json.loads(config_file.read_text())
-    except ValueError as error:
-        raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
-    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
-        found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
-        raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not a Qwen2-VL family model; "
-                                    f"mmrun's qwen2_vl reads model_type {' or '.join(MODEL_TYPES)}")
-    return Qwen2VLConfig.from_hf_config(raw)
+    return Qwen2VLConfig.from_hf_config(read_model_config(path, MODEL_TYPES, "a Qwen2-VL family model", "qwen2_vl"))
 
 
 class HFWeights(vlm_checkpoint.HFWeights):

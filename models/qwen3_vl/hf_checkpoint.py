@@ -7,12 +7,10 @@ to the Linear's (D, 1536) (same bytes, same order).
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 import numpy as np
 
-from mmrun.checkpoint.formats.hf_directory import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError
+from mmrun.checkpoint.formats.hf_directory import holds_model, read_model_config
 from mmrun.models.vlm import hf_checkpoint as vlm_checkpoint
 from mmrun.models.qwen3_vl.configuration import MODEL_TYPES, Qwen3VLConfig
 
@@ -50,31 +48,13 @@ def hf_parameter_names(config: Qwen3VLConfig) -> list[str]:
 
 
 def is_hf_directory(path: str | os.PathLike) -> bool:
-    """True when `path` is a directory with a Qwen3-VL config.json and safetensors weights."""
-    path = Path(path)
-    try:
-        model_type = json.loads((path / CONFIG_FILE).read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return model_type in MODEL_TYPES and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
+    """True when `path` holds a Qwen3-VL config.json and safetensors weights."""
+    return holds_model(path, MODEL_TYPES)
 
 
 def load_hf_config(path: str | os.PathLike) -> Qwen3VLConfig:
     """The Qwen3VLConfig of a Hugging Face directory's config.json (one-line errors otherwise)."""
-    path = Path(path)
-    config_file = path / CONFIG_FILE
-    if not config_file.is_file():
-        raise NotAnHFDirectoryError(f"{path} has no config.json, so it is not a Hugging Face model directory; "
-                                    "pass the directory that save_pretrained wrote")
-    try:
-        raw = json.loads(config_file.read_text())
-    except ValueError as error:
-        raise NotAnHFDirectoryError(f"{config_file} is not valid JSON ({error}); restore the file") from None
-    found = raw.get("model_type") if isinstance(raw, dict) else type(raw).__name__
-    if found not in MODEL_TYPES:
-        raise NotAnHFDirectoryError(f"{config_file} has model_type {found!r}, not Qwen3-VL; mmrun's qwen3_vl reads "
-                                    f"model_type {' or '.join(map(repr, MODEL_TYPES))}")
-    return Qwen3VLConfig.from_hf_config(raw)
+    return Qwen3VLConfig.from_hf_config(read_model_config(path, MODEL_TYPES, "Qwen3-VL", "qwen3_vl"))
 
 
 class HFWeights(vlm_checkpoint.HFWeights):
