@@ -18,6 +18,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +38,9 @@ KNOBS: dict[str, tuple[dict[str, str], str, dict]] = {
     "malloc-trim": ({"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_MMAP_THRESHOLD_": "65536"}, "", {}),
     "malloc-arena-1": ({"MALLOC_ARENA_MAX": "1"}, "", {}),
     "trim-after-step": ({}, "", {"trim": True}),
+    "pipeline-off": ({"MS_DEV_RUNTIME_CONF": "pipeline:False"}, "", {}),
+    # the compile cache: the first process of a shape compiles and saves, each later one loads (--rounds 2+)
+    "compile-cache": ({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": "{cache}"}, "", {}),
     "threads-1": ({}, "mindspore.device_context.cpu.op_tuning.threads_num(1)", {}),
     "vmm-off": ({"MS_ALLOC_CONF": "enable_vmm:False"}, "", {}),
 }
@@ -118,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for round_ in range(args.rounds):
         for knob in args.knobs:
-            env = {**os.environ, "GLOG_v": "3", **KNOBS[knob][0]}
+            cache = os.path.join(tempfile.gettempdir(), "ms_memory_knobs_cache_" + "_".join(shape[1::2]))
+            env = {**os.environ, "GLOG_v": "3", **{k: v.replace("{cache}", cache) for k, v in KNOBS[knob][0].items()}}
             proc = subprocess.run([sys.executable, __file__, "--worker", knob, *shape], capture_output=True,
                                   text=True, env=env, timeout=1800)
             if proc.returncode:
