@@ -31,6 +31,8 @@ KNOBS: dict[str, tuple[dict[str, str], str, dict]] = {
     "pynative": ({}, "", {"pynative": True}),
     "lazy-inline": ({}, "", {"lazy_inline": True}),
     "jit-O1": ({}, "", {"jit_level": "O1"}),
+    "jit-dynamic": ({}, "", {"dynamic": 1}),
+    "jit-bytecode": ({}, "", {"capture_mode": "bytecode"}),
     "mem-O1": ({}, "mindspore.runtime.set_memory(optimize_level='O1')", {}),
     "pool-small": ({}, "mindspore.runtime.set_memory(init_size='0.1GB', increase_size='0.1GB')", {}),
     "pool-1g-max": ({}, "mindspore.runtime.set_memory(init_size='0.1GB', increase_size='0.1GB', max_size='1GB')", {}),
@@ -41,6 +43,7 @@ KNOBS: dict[str, tuple[dict[str, str], str, dict]] = {
     "pipeline-off": ({"MS_DEV_RUNTIME_CONF": "pipeline:False"}, "", {}),
     # the compile cache: the first process of a shape compiles and saves, each later one loads (--rounds 2+)
     "compile-cache": ({"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": "{cache}"}, "", {}),
+    "onednn-cache-0": ({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}, "", {}),
     "threads-1": ({}, "mindspore.device_context.cpu.op_tuning.threads_num(1)", {}),
     "vmm-off": ({"MS_ALLOC_CONF": "enable_vmm:False"}, "", {}),
 }
