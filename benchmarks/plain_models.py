@@ -117,8 +117,9 @@ def _ms_name(torch_name: str) -> str:
     return torch_name
 
 
-def mindspore_model(cfg: Any, state: dict[str, np.ndarray]) -> Any:
-    """The GPT as a plain MindSpore Cell, loaded with `state`; construct(tokens, labels, loss_mask) -> loss."""
+def mindspore_model(cfg: Any, state: dict[str, np.ndarray], lazy_inline: bool = False) -> Any:
+    """The GPT as a plain MindSpore Cell, loaded with `state`; construct(tokens, labels, loss_mask) -> loss.
+    lazy_inline: the blocks as mindspore.lazy_inline cells (one compiled block graph reused by every layer)."""
     import mindspore as ms
     from mindspore import Tensor, mint, nn, ops
 
@@ -162,6 +163,9 @@ def mindspore_model(cfg: Any, state: dict[str, np.ndarray]) -> Any:
             x = x + self.attn(self.ln_1(x))
             return x + self.mlp(self.ln_2(x))
 
+    if lazy_inline:
+        Block.__init__ = ms.lazy_inline(Block.__init__)
+
     class GPT(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
@@ -188,7 +192,7 @@ def mindspore_model(cfg: Any, state: dict[str, np.ndarray]) -> Any:
 
 
 def mindspore_step(cfg: Any, state: dict[str, np.ndarray], jit: bool,
-                   optimizer_kind: str = "experimental") -> Callable[[tuple], tuple[float, float]]:
+                   optimizer_kind: str = "experimental", lazy_inline: bool = False) -> Callable[[tuple], tuple[float, float]]:
     """A plain-MindSpore GPT train step: value_and_grad, clip by global norm, AdamW; optionally under jit.
 
     optimizer_kind "experimental" is mindspore.experimental.optim.AdamW (torch's AdamW semantics);
@@ -197,7 +201,7 @@ def mindspore_step(cfg: Any, state: dict[str, np.ndarray], jit: bool,
     import mindspore as ms
     from mindspore import mint, nn, ops
 
-    model = mindspore_model(cfg, state)
+    model = mindspore_model(cfg, state, lazy_inline=lazy_inline)
     trainable = model.trainable_params()
     decay = [p for p in trainable if not _no_decay(p.name, tuple(p.shape))]
     no_decay = [p for p in trainable if _no_decay(p.name, tuple(p.shape))]

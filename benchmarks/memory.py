@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Peak resident memory of the whole process, PyTorch against MindSpore, the same job through mmrun (a benchmark,
+not a test).
+
+Each job runs in its own process (launched from here, so no framework is imported in this one); its peak is the
+kernel's count for that process (os.wait4's ru_maxrss: every byte it touched, the framework's import, its
+compiled graphs, its memory pool and the host tensors included). Workloads:
+
+  gpt        models/pretrain_gpt.py --mock-data, 8 layers x hidden 256, 8 heads, seq 512, micro-batch 2,
+             3 iterations (issue 40's job; never larger: MindSpore's CPU peak grows past this machine's memory)
+  vlm-demo   models/pretrain_vlm.py with the demo's model.json and batch (scripts/finetune_qwen2vl.sh: 2
+             micro-batches of 2 samples, --seq-length 128), 3 iterations
+  wan-tiny   one Wan2.1 DiT train step as pretrain_sora.py runs it (benchmarks/wan_step.py's mmrun side,
+             size tiny), 3 steps
+
+Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), and MindSpore's PyNative step
+(--no-ms-jit; Wan's MindSpore step is PyNative already), each --rounds times, and the ratio MindSpore / PyTorch.
+
+    python benchmarks/memory.py                       # 2 rounds, every workload
+    python benchmarks/memory.py --only wan-tiny --rounds 1
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = ROOT / "benchmarks"
+ITERS = 3
+GPT_ARGS = ["--mock-data", "--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length",
+            "512", "--max-position-embeddings", "512", "--micro-batch-size", "2", "--global-batch-size", "2",
+            "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0", "--eval-iters", "0"]
+VLM_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "128", "--lr", "2e-3",
+            "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0",
+            "--mm-model", str(ROOT / "scripts" / "qwen2vl" / "model_tiny.json")]
+# workload -> the variants measured: (label, framework, extra arguments)
+VARIANTS = {
+    "gpt": [("pytorch", "pytorch", []), ("mindspore", "mindspore", []),
+            ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"])],
+    "vlm-demo": [("pytorch", "pytorch", []), ("mindspore", "mindspore", []),
+                 ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"])],
+    "wan-tiny": [("pytorch", "pytorch", []), ("mindspore (PyNative)", "mindspore", [])],
+}
+
+
+def _env(framework: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "PET_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK")}
+    env.update(GLOG_v="3", OMP_NUM_THREADS="1", MMRUN_AI_FRAMEWORK=framework)
+    return env
+
+
+def command(workload: str, framework: str, extra: list[str], data_json: str) -> list[str]:
+    if workload == "gpt":
+        return [sys.executable, str(ROOT / "models" / "pretrain_gpt.py"), "--ai-framework", framework, *GPT_ARGS,
+                "--train-iters", str(ITERS), "--log-interval", "1", *extra]
+    if workload == "vlm-demo":
+        return [sys.executable, str(ROOT / "models" / "pretrain_vlm.py"), "--ai-framework", framework, *VLM_ARGS,
+                "--mm-data", data_json, "--train-iters", str(ITERS), "--log-interval", "1", *extra]
+    return [sys.executable, __file__, "--wan-worker"]
+
+
+def wan_worker() -> None:
+    """wan_step.py's mmrun side (pretrain_sora.py's model, loss, AdamW, TrainStep) on MMRUN_AI_FRAMEWORK, 3 steps."""
+    sys.path.insert(0, str(HERE))
+    import wan_step
+    run = wan_step.mmrun_side("tiny", wan_step.initial_weights("tiny"), wan_step.make_batches("tiny"), "fp32")
+    for i in range(ITERS):
+        loss, _ = run(i)
+    print(f"wan-tiny loss after {ITERS} steps: {loss:.6f}")
+
+
+def peak_mib(cmd: list[str], env: dict[str, str], cwd: str) -> float:
+    """The process's peak resident set size (MiB), from the kernel at its exit."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-3000:]
+            raise SystemExit(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}):\n{tail}")
+    return usage.ru_maxrss / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=2, help="every variant this many times (2)")
+    parser.add_argument("--markdown", default=None, help="also write the table to this file")
+    parser.add_argument("--wan-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.wan_worker:
+        wan_worker()
+        return 0
+    peaks: dict[tuple[str, str], list[float]] = {}
+    loads: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="memory_") as tmp:
+        data_json = ""
+        if "vlm-demo" in args.only:
+            data_json = subprocess.run(
+                [sys.executable, "-c", "import sys; from mmrun.data.multimodal.demo import make_demo; "
+                 "print(make_demo(sys.argv[1], num_samples=64, seed=3)['data_json'])", str(Path(tmp) / "demo")],
+                capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        for round_ in range(args.rounds):
+            for workload in args.only:
+                for label, framework, extra in VARIANTS[workload]:
+                    start = time.perf_counter()
+                    peak = peak_mib(command(workload, framework, extra, data_json), _env(framework), tmp)
+                    loads.append(os.getloadavg()[0])
+                    peaks.setdefault((workload, label), []).append(peak)
+                    print(f"round {round_ + 1} {workload} {label}: peak {peak:.0f} MiB "
+                          f"({time.perf_counter() - start:.0f} s, load {loads[-1]:.1f})", flush=True)
+    lines = [f"{platform.machine()} CPU, {os.cpu_count()} cores, OMP_NUM_THREADS=1, {args.rounds} round(s), "
+             f"load {min(loads):.1f} to {max(loads):.1f}; peak RSS of the whole process, MiB", "",
+             "| workload | variant | peak RSS (each round) | median | / PyTorch |", "|---|---|---|---|---|"]
+    for workload in args.only:
+        base = statistics.median(peaks[(workload, "pytorch")])
+        for label, _, _ in VARIANTS[workload]:
+            values = peaks[(workload, label)]
+            med = statistics.median(values)
+            lines.append(f"| {workload} | {label} | {', '.join(f'{v:.0f}' for v in values)} | {med:.0f} "
+                         f"| {med / base:.2f}x |")
+    table = "\n".join(lines)
+    print("\n" + table)
+    if args.markdown:
+        from mmrun.common.atomic_write import atomic_write
+        atomic_write(args.markdown, table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
