@@ -13,7 +13,8 @@ from mmrun.backend.errors import FrameworkNotInstalledError
 NAME = "mindspore"
 # Subpackages with no PyTorch twin: not part of the portable face (tests/backend_api/test_backend_face.py).
 # `parallel`: Megatron's TP/PP built from MindSpore's collectives (PyTorch's engine is megatron-core itself).
-FRAMEWORK_ONLY = frozenset({"parallel"})
+# lean_import: how mindspore itself is imported (triton hidden on a CPU-only host); torch has no such step.
+FRAMEWORK_ONLY = frozenset({"parallel", "lean_import"})
 
 try:
     # Without triton on a CPU-only host: 71 MB less per process (lean_import.py, measured there).

@@ -98,7 +98,7 @@ def test_pytorch_and_mindspore_train_the_same_losses(sora):
 def test_a_mindspore_checkpoint_resumes_on_pytorch_and_converts_for_diffusers(sora, tk):
     from diffusers import WanTransformer3DModel
 
-    from mmrun.models import convert_cli
+    from mmrun.checkpoint import convert_cli
     from mmrun.training.checkpoint_store import find_checkpoint
 
     copy = tk.resume_copy(sora.ckpt("mindspore"), sora.base_dir / "ms-at-5", 5)
