@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from mmrun.backend.vocabulary import DEVICES, FRAMEWORKS
 from mmrun.features.decisions import Decision
-from mmrun.features.entries import is_mmrun_trainer, layers_for_scripts
+from mmrun.features.entries import entry_features, is_mmrun_trainer, layers_for_scripts
 from mmrun.features.gate import POLICIES, FeatureGateError, GateResult, add_gate_arguments, decide_args, gate
 from mmrun.features.loader import FeatureTableError, load_tables
 from mmrun.features.table import LAYERS, STACK, STATUSES, TRAINER, Cell, Feature, LayerView, Source, Tables, Trigger
@@ -47,6 +47,7 @@ __all__ = [
     "DEVICES", "FRAMEWORKS", "LAYERS", "POLICIES", "STACK", "STATUSES", "TRAINER",
     "Cell", "Decision", "Feature", "FeatureGateError", "FeatureTableError", "GateResult", "LayerView", "Source",
     "Tables", "Trigger",
-    "add_gate_arguments", "check_flags", "decide_args", "gate", "is_mmrun_trainer", "layers_for_scripts",
+    "add_gate_arguments", "check_flags", "decide_args", "entry_features", "gate", "is_mmrun_trainer",
+    "layers_for_scripts",
     "load_tables", "trainer_table",
 ]

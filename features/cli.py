@@ -9,7 +9,7 @@ import sys
 
 from mmrun.backend.vocabulary import DEVICES, FRAMEWORKS
 from mmrun.features import render
-from mmrun.features.entries import layers_for_scripts
+from mmrun.features.entries import entry_features, layers_for_scripts
 from mmrun.features.gate import POLICIES
 from mmrun.features.loader import FeatureTableError, load_tables
 from mmrun.features.table import LAYERS, STACK, TRAINER
@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="training arguments as one string; print what the table says about them "
                              "(needs --ai-framework and --device; exit 2 if the job would stop)")
     parser.add_argument("--entry", metavar="SCRIPT", default=None,
-                        help="with --check: the training script the arguments go to (models/pretrain_gpt.py adds "
-                             "the trainer layer; default: the user's own script)")
+                        help="with --check: the training script the arguments go to (mmrun's entries, "
+                             "models/pretrain_{gpt,vlm,sora,transformers}.py, add the trainer layer, less what the "
+                             "entry implements itself, such as pretrain_vlm.py's LoRA; default: the user's own script)")
     parser.add_argument("--on-unsupported", "--on_unsupported", dest="on_unsupported", choices=POLICIES,
                         default="error", help="policy for --check (default: error)")
     return parser
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"--ai-framework {args.framework}, --device {args.device}")
             layers = LAYER_CHOICES[args.layer] if args.layer else layers_for_scripts([args.entry or ""])
             try:
-                lines, stops = render.check_lines(args.check, args.framework, args.device, args.on_unsupported, layers)
+                lines, stops = render.check_lines(args.check, args.framework, args.device, args.on_unsupported, layers,
+                                                  entry_features=entry_features([args.entry or ""]))
             except ValueError as err:  # shlex: unbalanced quotes
                 return _usage(f"--check could not split {args.check!r}: {err}; quote the argument list as a shell would")
             print("\n".join(lines))

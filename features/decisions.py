@@ -6,9 +6,9 @@ message every user-facing report prints, tagged with the layer it comes from.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
-from mmrun.features.table import LAYER_TAGS, Cell, Feature, Source, Trigger, version_at_least
+from mmrun.features.table import LAYER_TAGS, TRAINER, Cell, Feature, Source, Trigger, version_at_least
 
 
 @dataclass(frozen=True)
@@ -104,3 +104,9 @@ def decide(layer: str, cell: Cell, feature: Feature, trig: Trigger, received: st
                     dest=trig.dest, value=value, framework=framework, device=device, status=status, reason=reason,
                     hint=hint, off=trig.off, substitute=cell.substitute if has_sub else None, has_substitute=has_sub,
                     sources=cell.sources, **extra)
+
+
+def judged_for_entry(decisions: list[Decision], entry_features: Sequence[str]) -> list[Decision]:
+    """The decisions that stand for an entry implementing `entry_features` itself (models/pretrain_vlm.py's LoRA):
+    the trainer layer, which speaks for the training code the entries share, is not asked about those."""
+    return [d for d in decisions if not (d.layer == TRAINER and d.feature in entry_features)]

@@ -15,9 +15,9 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from mmrun.backend.vocabulary import device_kind as normalise_device
 from mmrun.backend.vocabulary import framework_name as normalise_framework
-from mmrun.features.decisions import Decision, decide
+from mmrun.features.decisions import Decision, decide, judged_for_entry
 from mmrun.features.loader import load_tables
-from mmrun.features.table import LAYERS, TRAINER, Tables
+from mmrun.features.table import LAYERS, Tables
 
 POLICIES: tuple[str, ...] = ("error", "warn")
 
@@ -128,8 +128,8 @@ def gate(args: argparse.Namespace | Mapping[str, Any], framework: str, device: s
     """
     if on_unsupported not in POLICIES:
         raise ValueError(f"on_unsupported must be one of {', '.join(POLICIES)}. Received: {on_unsupported!r}")
-    decisions = [d for d in decide_args(args, framework, device, framework_version, tables, layers)
-                 if d.status != "unknown" and not (d.layer == TRAINER and d.feature in entry_features)]
+    decisions = [d for d in judged_for_entry(decide_args(args, framework, device, framework_version, tables, layers),
+                                             entry_features) if d.status != "unknown"]
     stops = [d for d in decisions if d.stops(on_unsupported)]
     if stops:
         raise FeatureGateError([d.line(on_unsupported) for d in stops], stops)

@@ -148,8 +148,8 @@ def render_markdown(framework: str | None = None, device: str | None = None, lay
     return _layer_tables(framework, device, layers, tables, markdown=True) + "\n"
 
 
-def check_lines(args_text: str, framework: str, device: str, policy: str,
-                layers: Sequence[str] = (STACK,), tables: Tables | None = None) -> tuple[list[str], bool]:
+def check_lines(args_text: str, framework: str, device: str, policy: str, layers: Sequence[str] = (STACK,),
+                tables: Tables | None = None, entry_features: Sequence[str] = ()) -> tuple[list[str], bool]:
     """What the table says about a flag list: lines prefixed error/warning/notice/unknown/ok, and whether it stops.
 
     With mmrun's trainer among `layers`, this is what its startup gate does under `policy` (error |
@@ -157,7 +157,8 @@ def check_lines(args_text: str, framework: str, device: str, policy: str,
     gate) a fallback is a warning and only an unsupported verdict counts as stopping.
     Raises ValueError when `args_text` does not split as shell words (unbalanced quotes).
     """
-    decisions = check_flags(shlex.split(args_text), framework, device, layers=layers, tables=tables)
+    decisions = check_flags(shlex.split(args_text), framework, device, layers=layers, tables=tables,
+                            entry_features=entry_features)
     gated = TRAINER in layers
     lines, stops = [], False
     for d in decisions:
@@ -239,8 +240,8 @@ def docs_page(tables: Tables | None = None) -> str:
         "",
         "## Examples",
         "",
-        "A MindSpeed-MM style fine-tune (the user's own `pretrain_vlm.py`): the stack judges it, and only "
-        "`--log-tps` is reported for the MindSpore backend on Ascend (a warning: the job runs without it).",
+        "A MindSpeed-MM style fine-tune (the user's own `pretrain_vlm.py`): the stack judges it, and the MindSpore "
+        "backend on Ascend runs every flag of it.",
         "",
         *_example("vlm-stack"),
         "",

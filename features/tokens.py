@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrun.backend.vocabulary import device_kind as normalise_device
 from mmrun.backend.vocabulary import framework_name as normalise_framework
-from mmrun.features.decisions import Decision, decide
+from mmrun.features.decisions import Decision, decide, judged_for_entry
 from mmrun.features.loader import load_tables
 from mmrun.features.table import STACK, Tables
 
@@ -46,7 +46,8 @@ def _take_values(tokens: Sequence[str], start: int, takes: int | str, inline: st
 
 
 def check_flags(tokens: Sequence[str], framework: str, device: str, *, layers: Sequence[str] = (STACK,),
-                framework_version: str | None = None, tables: Tables | None = None) -> list[Decision]:
+                framework_version: str | None = None, tables: Tables | None = None,
+                entry_features: Sequence[str] = ()) -> list[Decision]:
     """Decisions for the training flags in a token list, one per flag and listed layer, with token spans.
 
     `tokens` are the arguments as the shell passes them (quotes removed), e.g.
@@ -56,7 +57,8 @@ def check_flags(tokens: Sequence[str], framework: str, device: str, *, layers: S
     cannot be judged: for a threshold or any-value trigger the decision comes with
     `value_known=False`; for a choice among values (`--ckpt-format $FMT`) there is no decision.
     Companion flags (`--fsdp2-config-path` of `--use-torch-fsdp2`) are listed in `companion_spans`
-    of their feature's decisions so a script rewrite removes them together.
+    of their feature's decisions so a script rewrite removes them together. `entry_features`: what the
+    script's entry implements itself (`mmrun.features.entries.entry_features`), not asked of the trainer layer.
     """
     tables = tables or load_tables()
     framework, device = normalise_framework(framework), normalise_device(device)
@@ -96,7 +98,7 @@ def check_flags(tokens: Sequence[str], framework: str, device: str, *, layers: S
             index = stop
             continue
         index += 1
-    return [_with_companions(d, companion_hits) for d in decisions]
+    return [_with_companions(d, companion_hits) for d in judged_for_entry(decisions, entry_features)]
 
 
 def _with_companions(decision: Decision, hits: Mapping[str, list[tuple[int, int]]]) -> Decision:

@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from mmrun.backend.errors import UsageError
+from mmrun.features.entries import TRAINER_ENTRIES
 from mmrun.training.entry_io import read_mm_json, say_rank0
 from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 
@@ -45,7 +46,7 @@ from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_ran
 # seq_length only sizes the "tokens per second" of the log (a video's patches are its tokens).
 CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
 # Features this entry implements itself on Wan (the trainer layer of the feature table speaks for the shared training code).
-ENTRY_FEATURES = ("lora", "attention-mask-type")
+ENTRY_FEATURES = TRAINER_ENTRIES["models/pretrain_sora.py"]
 # MindSpeed-MM's --attention-mask-type values this entry runs: `general`, full attention over the video's patches
 # (its Wan2.1 scripts pass it; the DiT attends without a mask).
 ATTENTION_MASK_TYPES = ("general",)

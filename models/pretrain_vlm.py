@@ -41,6 +41,7 @@ from functools import partial
 from typing import Any, Iterator
 
 from mmrun.backend.errors import UsageError
+from mmrun.features.entries import TRAINER_ENTRIES
 from mmrun.models.vlm import vision_layout
 from mmrun.training.entry_io import read_mm_json, say_rank0
 from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
@@ -61,7 +62,7 @@ FIXED_SHAPE_MODELS = vision_layout.FIXED_SHAPE_MODELS
 FIRST_BUCKET_MAX = 4096
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
 # Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: checkpoint/peft.py).
-ENTRY_FEATURES = ("lora",)
+ENTRY_FEATURES = TRAINER_ENTRIES["models/pretrain_vlm.py"]
 _MODEL_JSON: Any = None  # models.vlm.model_json.ModelJson, read once before the arguments are parsed
 
 

@@ -581,10 +581,11 @@ class _Rewriter:
         """
         if not self.options.gate or not training:
             return
-        from mmrun.features import check_flags, layers_for_scripts  # framework-free; loads the YAML tables
+        from mmrun.features import check_flags, entry_features, layers_for_scripts  # framework-free; YAML tables
 
         framework, device = FRAMEWORK_OF[self.target], self.options.device
-        decisions = check_flags([w.text for w in training], framework, device, layers=layers_for_scripts(scripts))
+        decisions = check_flags([w.text for w in training], framework, device, layers=layers_for_scripts(scripts),
+                                entry_features=entry_features(scripts))
         unknown: dict[str, int] = {}
         taken_out: dict[tuple[int, int], list] = {}
         for decision in decisions:

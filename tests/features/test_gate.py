@@ -80,7 +80,7 @@ def test_check_flags_follows_the_layer(layer, feature, trig, fw, dev):
     (["--qlora"], "mindspore", "npu", "stack", "supported"),
     (["--distributed-backend", "nccl"], "mindspore", "npu", "stack", "supported"),  # the migration guide keeps it
     (["--no-masked-softmax-fusion"], "mindspore", "npu", "stack", "supported"),  # kept in the maintainers' msrun scripts
-    (["--log-tps"], "mindspore", "npu", "stack", "fallback"),  # dropped from them
+    (["--log-tps"], "mindspore", "npu", "stack", "supported"),  # kept in the maintainers' msrun Omni script
     (["--moe-token-dispatcher-type", "allgather"], "mindspore", "npu", "stack", "fallback"),  # only alltoall
     (["--use-torch-fsdp2"], "mindspore", "npu", "stack", "unsupported"),  # MSAdapter: no DTensor/FSDP2
     (["--bf16"], "mindspore", "cpu", "stack", "unsupported"),  # no bf16 MatMul kernel on MindSpore CPU

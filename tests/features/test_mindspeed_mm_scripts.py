@@ -43,18 +43,8 @@ def launch_line(path: Path) -> tuple[str, str, list[str]]:
     return launch.launcher, Path(parsed.script.text).name, args
 
 
-# Where the gate still stops a real script as written, and why.
-LORA = ("the trainer layer's --lora-target-modules row speaks for mmrun's GPT; pretrain_vlm.py takes LoRA itself "
-        "(ENTRY_FEATURES) but `mmrun features --check` does not read an entry's own features yet")
-TODAY = {
-    "mindspore/qwen2.5vl/finetune_qwen2_5_vl_7b_lora.sh": pytest.mark.xfail(strict=False, reason=LORA),
-    "mindspore/qwen2.5vl/finetune_qwen2_5_vl_72b_lora.sh": pytest.mark.xfail(strict=False, reason=LORA),
-}
 # Models mmrun does not build: their scripts may stop (the model json stops them in one line anyway).
 NOT_BUILT = {
-    "mindspore/qwen2.5omni/finetune_qwen2_5_omni_7b.sh": (
-        "--log-tps under msrun: the stack layer's row says MindSpeed-MM's msrun scripts drop it (its Qwen2.5-VL twins "
-        "do; this Omni twin keeps it), so the gate asks to drop it"),
     "mindspore/qwen3vl/finetune_qwen3vl_30B.sh": "Qwen3-VL 30B-A3B is MoE (--expert-model-parallel-size 2): not built",
 }
 SCRIPTS = sorted(str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*.sh"))
@@ -63,11 +53,11 @@ SCRIPTS = sorted(str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*.sh"))
 def _param(name: str):
     if name in NOT_BUILT:
         return pytest.param(name, marks=pytest.mark.xfail(strict=False, reason=NOT_BUILT[name]), id=name)
-    return pytest.param(name, marks=[TODAY[name]] if name in TODAY else [], id=name)
+    return pytest.param(name, id=name)
 
 
 def test_every_script_of_the_fixtures_is_judged():
-    assert len(SCRIPTS) == 26 and set(TODAY) | set(NOT_BUILT) <= set(SCRIPTS)
+    assert len(SCRIPTS) == 26 and set(NOT_BUILT) <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("name", [_param(name) for name in SCRIPTS])

@@ -158,11 +158,12 @@ def test_mmruns_own_trainer_as_the_entry_adds_the_trainer_layer() -> None:
         w.message.split(" (")[0] for w in warned if "not checked here" not in w.message}
 
 
-def test_the_cli_reports_one_warning_for_the_vlm_fine_tune(capsys, tmp_path) -> None:
-    """Issue 13's script shape: `mmrun translate --to mindspore` prints the launch rewrite and one real warning."""
+def test_the_cli_translates_the_vlm_fine_tune_without_a_warning(capsys, tmp_path) -> None:
+    """Issue 13's script shape: `mmrun translate --to mindspore` prints the launch rewrite and no warning (--log-tps,
+    which the Qwen2.5-VL twins leave out, is kept: the maintainers' msrun Omni script passes it)."""
     out = tmp_path / "vlm_ms.sh"
     assert main([str(CORPUS_DIR / "vlm_finetune_qwen25vl_72b.sh"), "--to", "mindspore", "-o", str(out)]) == 0
     err = capsys.readouterr().err
-    warnings = [line for line in err.splitlines() if ": warning: " in line]
-    assert len(warnings) == 1 and "[stack] --log-tps (tokens-per-second logging)" in warnings[0]
+    assert not [line for line in err.splitlines() if ": warning: " in line], err
+    assert "--log-tps" in out.read_text(encoding="utf-8")
     assert "msrun $DISTRIBUTED_ARGS pretrain_vlm.py" in out.read_text(encoding="utf-8")

@@ -1,6 +1,6 @@
 #!/bin/bash
 # corpus: multimodal VLM fine-tune in the style of MindSpeed-MM (Qwen2.5-VL-72B, multi-node from a hostfile, TP 2, PP 8)
-# corpus-reported: --log-tps
+# corpus-reported: none
 source /usr/local/Ascend/ascend-toolkit/set_env.sh
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export HCCL_CONNECT_TIMEOUT=1200
