@@ -21,7 +21,8 @@ sum(loss * mask) / sum(mask) (ParallelTrainStep's reduction), which equals Megat
 sum / count when every micro-batch has as many loss tokens (always, unless --eod-mask-loss masks some).
 
 Not done here (one-line refusal in `initialize`): --fp16/--bf16, virtual pipeline stages, context parallelism,
-the distributed optimizer, Transformer Engine layers.
+Transformer Engine layers; the distributed optimizer is turned off with a notice (the optimizer state stays
+replicated over data-parallel ranks: the same updates).
 """
 from __future__ import annotations
 
@@ -43,8 +44,6 @@ _REFUSED: tuple[tuple[Callable[[Any], str | None], str], ...] = (
      "it runs Megatron's 1F1B without interleaving; drop it, or run on PyTorch (megatron-core)"),
     (lambda a: (f"--context-parallel-size {a.context_parallel_size}" if (a.context_parallel_size or 1) > 1 else None),
      "it has no context parallelism; drop it, or run on PyTorch (megatron-core)"),
-    (lambda a: "--use-distributed-optimizer" if a.use_distributed_optimizer else None,
-     "its optimizer state is replicated over data-parallel ranks; drop it, or run on PyTorch (megatron-core)"),
     (lambda a: ("--transformer-impl transformer_engine" if getattr(a, "transformer_impl", "local") == "transformer_engine"
                 else None),
      "Transformer Engine is a PyTorch/CUDA library; use --transformer-impl local"),
@@ -82,6 +81,11 @@ class MindSporeParallelEngine:
         reason = refusal(args)
         if reason:
             raise UsageError(reason)
+        if args.use_distributed_optimizer:
+            # Not sharded here yet (mmrun's data-parallel engine shards it: backend/mindspore/zero.py).
+            self.log("notice: --use-distributed-optimizer: the MindSpore tensor/pipeline-parallel engine keeps the "
+                     "whole AdamW state on every data-parallel rank (the same updates, more memory per rank)")
+            args.use_distributed_optimizer = False
         self.state = state = groups.initialize_model_parallel(
             args.tensor_model_parallel_size, args.pipeline_model_parallel_size, bool(args.sequence_parallel))
         self.layout = ParallelLayout(
