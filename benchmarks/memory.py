@@ -93,7 +93,8 @@ RANK0_RSS = re.compile(r"\[Rank 0\] peak host memory \(RSS\): ([\d.]+) MB")
 
 def optimizer_state_table(cwd: str, rounds: int) -> str:
     """The distributed optimizer's state per rank on MindSpore, 1 and 2 data-parallel processes (measured)."""
-    rows = ["| processes | optimizer state on rank 0 (bytes) | / 1 process | rank 0 peak RSS (MB) |", "|---|---|---|---|"]
+    rows = ["| processes | optimizer state on rank 0 (bytes) | / 1 process | rank 0 peak RSS (MB) |",
+            "|---|---|---|---|"]
     first = None
     for nproc in (1, 2):
         for _ in range(rounds):
@@ -157,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                     peaks.setdefault((workload, label), []).append(peak)
                     print(f"round {round_ + 1} {workload} {label}: peak {peak:.0f} MiB "
                           f"({time.perf_counter() - start:.0f} s, load {loads[-1]:.1f})", flush=True)
-    lines = [] if not args.only else [f"{platform.machine()} CPU, {os.cpu_count()} cores, OMP_NUM_THREADS=1, {args.rounds} round(s), "
-             f"load {min(loads):.1f} to {max(loads):.1f}; peak RSS of the whole process, MiB", "",
-             "| workload | variant | peak RSS (each round) | median | / PyTorch |", "|---|---|---|---|---|"]
+    lines = [] if not args.only else [
+        f"{platform.machine()} CPU, {os.cpu_count()} cores, OMP_NUM_THREADS=1, {args.rounds} round(s), "
+        f"load {min(loads):.1f} to {max(loads):.1f}; peak RSS of the whole process, MiB", "",
+        "| workload | variant | peak RSS (each round) | median | / PyTorch |", "|---|---|---|---|---|"]
     for workload in args.only:
         base = statistics.median(peaks[(workload, "pytorch")])
         for label, _, _ in VARIANTS[workload]:

@@ -65,7 +65,8 @@ def reduce_scatter(all_reduce: Any, reduce_scatter_op: Any, flat: Tensor, dp: in
 
 
 def all_gather(all_reduce: Any, all_gather_op: Any, shard: Tensor, dp: int, rank: int) -> Tensor:
-    """Every rank's `shard`, concatenated in rank order (AllGather, or on CPU an all-reduce of zeros and the own shard)."""
+    """Every rank's `shard`, concatenated in rank order (AllGather, or on CPU an all-reduce of zeros and the own
+    shard)."""
     return _gather_all(all_reduce, all_gather_op, shard, 0, dp, rank)
 
 
@@ -132,7 +133,8 @@ class ShardedAdamW(optim.AdamW):
         return values
 
     def construct(self, grads, scalars):
-        """AdamW on this rank's segments (`grads`: one per segment); returns the new fp32 values, main copies assigned."""
+        """AdamW on this rank's segments (`grads`: one per segment); returns the new fp32 values (the main copies
+        assigned)."""
         s0, s1, s2 = scalars
         new = self._hyper_map(F.partial(_shard_adamw, self._beta1, self._beta2, s0, s1, self._eps, s2),
                               tuple(self.shard_values()), self.exp_avg, self.exp_avg_sq, grads, self.decay_flags)

@@ -4,7 +4,6 @@ its tensors), and whole-tensor checkpoints that any data-parallel size reads. Th
 unsharded optimizer is tests/training/test_zero_mindspore.py."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
