@@ -1,9 +1,8 @@
 """The distributed optimizer's shard math (backend/optimizer_shards.py) and, in one process, MindSpore's sharded
 AdamW (backend/mindspore/zero.py): its step against the unsharded one, the bytes of state it holds (measured from
 its tensors), and whole-tensor checkpoints that any data-parallel size reads. The 2-process run against the
-unsharded optimizer is tests/training/test_zero_mindspore.py."""
+unsharded optimizer is in tests/training/test_pretrain_e2e.py."""
 from __future__ import annotations
-
 
 import numpy as np
 import pytest
