@@ -15,7 +15,7 @@ ENGINES lists them, first match wins; adding an engine is one row here and a cla
 | torch-fsdp2 | pytorch | --use-torch-fsdp2 (the FSDP2 file: --fsdp2-config-path; docs/fsdp2.md) | engines/torch/fsdp2/engine.py |
 | torch-ddp | pytorch | an entry that trains a torch model as it is (models/pretrain_transformers.py sets args.torch_ddp) | engines/torch/fsdp2/engine.py |
 | megatron-core | pytorch | --use-mcore-models, or any of: --tensor-/--pipeline-/--context-parallel-size > 1, virtual pipeline stages, --use-distributed-optimizer, --transformer-impl transformer_engine | engines/torch/megatron_core/engine.py |
-| mindspore-parallel | mindspore | --use-mcore-models, --tensor-/--pipeline-model-parallel-size > 1 (with or without --sequence-parallel); trains the GPT, or the VLM of models/pretrain_vlm.py (engines/mindspore/parallel/vlm.py); refuses --fp16/--bf16, virtual pipeline stages, --context-parallel-size > 1, Transformer Engine; turns --use-distributed-optimizer off with a notice | engines/mindspore/parallel/engine.py |
+| mindspore-parallel | mindspore | --use-mcore-models, --tensor-/--pipeline-model-parallel-size > 1 (with or without --sequence-parallel); trains the GPT, or the VLM of models/pretrain_vlm.py (engines/mindspore/parallel/vlm.py); refuses --fp16/--bf16, virtual pipeline stages, --context-parallel-size > 1, Transformer Engine; shards the optimizer for --use-distributed-optimizer | engines/mindspore/parallel/engine.py |
 | mmrun | pytorch, mindspore | otherwise (data parallelism; on MindSpore with --use-distributed-optimizer too: backend/mindspore/zero.py) | engines/portable.py |
 
 A parallel flag without --use-mcore-models turns it on, with one notice: mmrun's GPT does not split layers,

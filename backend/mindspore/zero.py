@@ -37,6 +37,7 @@ from mindspore.ops import functional as F
 
 from mmrun.backend.mindspore import optim
 from mmrun.backend.mindspore.parallel.mappings import EMULATED_COLLECTIVES, _gather_all, _reduce_scatter_all
+from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
 from mmrun.backend.mindspore.train_step import TrainStep
 from mmrun.backend.train_step_shared import world_size
 from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS, NoDecay, check_optimizer_state, named_params
@@ -87,7 +88,7 @@ class ShardedAdamW(optim.AdamW):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, no_decay: NoDecay | None = None,
-                 dp: int = 1, rank: int = 0) -> None:
+                 dp: int = 1, rank: int = 0, group: str | None = None) -> None:
         ms.nn.Cell.__init__(self, auto_prefix=False)  # not AdamW's: it would allocate the whole state
         pairs = named_params(params)
         self.names = [name for name, _ in pairs]
@@ -95,6 +96,7 @@ class ShardedAdamW(optim.AdamW):
         self.shapes = tuple(tuple(int(d) for d in p.shape) for p in self.params)
         self.layout = ShardLayout.build([math.prod(s) for s in self.shapes], dp)
         self.rank = int(rank)
+        self.group = group  # the data-parallel communicator's name (None: the world, or a group of one)
         self.segments = self.layout.segments(self.rank)
         self.half = tuple(self.params[s.param].dtype != ms.float32 for s in self.segments)
         # plain ints for the graph: (parameter index, first element, elements) per segment
@@ -167,8 +169,14 @@ class ShardedAdamW(optim.AdamW):
         begin, _ = layout.owned(self.rank)
         for seg, piece in zip(self.segments, pieces):
             flat[begin + seg.offset:begin + seg.offset + seg.size] = piece
-        if layout.dp > 1:
+        if layout.dp > 1 and self.group is None:
             flat = distributed.all_reduce(Tensor(flat), op="sum").asnumpy()
+        elif layout.dp > 1:
+            import mindspore.mint.distributed as mdist
+
+            summed = Tensor(flat)
+            mdist.all_reduce(summed, group=self.group)
+            flat = summed.asnumpy()
         return [flat[o:o + n].reshape(shape).copy() if want else None
                 for o, n, shape, want in zip(layout.offsets, layout.sizes, self.shapes, keep)]
 
@@ -221,11 +229,12 @@ class ShardedAdamW(optim.AdamW):
             self._lr = float(state["lr"])
 
 
-class ShardedTrainStep(TrainStep):
-    """TrainStep with ShardedAdamW: reduce-scatter, global norm over every shard, the shard's update, all-gather."""
+class _ShardedUpdate:
+    """What both sharded steps share: the flat buffer, this rank's shard of it, the shard's AdamW and the
+    all-gather into the parameters. `_zero_reduce` / `_zero_gather` are the data-parallel group's AllReduce
+    (None with one rank) and AllGather (None on CPU: emulated with the all-reduce)."""
 
-    def __init__(self, model: ms.nn.Cell, optimizer: ShardedAdamW, **kwargs: Any) -> None:
-        super().__init__(model, optimizer, **kwargs)
+    def _setup_shards(self, optimizer: ShardedAdamW) -> None:
         layout = optimizer.layout
         self._dp, self._rank = layout.dp, optimizer.rank
         self._total, self._sizes = layout.total, tuple(layout.sizes)
@@ -234,8 +243,51 @@ class ShardedTrainStep(TrainStep):
         self._flat_pad = Tensor(np.zeros(layout.padded - layout.total, np.float32)) if layout.padded > layout.total \
             else None
         self._own_pad = Tensor(np.zeros(self._shard_pad, np.float32)) if self._shard_pad else None
-        self._reduce_scatter = None
-        self._all_gather = None
+        self._zero_reduce = self._zero_scatter = self._zero_gather = None
+
+    def _collectives(self, group: str | None) -> None:
+        """The data-parallel group's collectives (`group`: its name; None is the world group)."""
+        if self._dp > 1:
+            self._zero_reduce = _ops.AllReduce(_ops.ReduceOp.SUM, group) if group else _ops.AllReduce()
+            if not EMULATED_COLLECTIVES:
+                self._zero_scatter = (_ops.ReduceScatter(_ops.ReduceOp.SUM, group) if group
+                                      else _ops.ReduceScatter(_ops.ReduceOp.SUM))
+                self._zero_gather = _ops.AllGather(group) if group else _ops.AllGather()
+
+    def _flat(self, grads):
+        pieces = [_ops.reshape(g, (-1,)) for g in grads]
+        if self._flat_pad is not None:
+            pieces.append(self._flat_pad)
+        return mint.cat(pieces)
+
+    def _own_shard(self, flat):
+        """This rank's slice of a flat buffer that is already the same on every rank (already reduced)."""
+        size = flat.shape[0] // self._dp
+        return mint.narrow(flat, 0, self._rank * size, size)
+
+    def _shard_apply(self, shard, norm, scalars):
+        if self.clip_grad > 0:  # torch's clip_grad_norm_: scale by max_norm / (norm + 1e-6), never up
+            shard = shard * mint.clamp(self.clip_grad / (norm + 1e-6), max=1.0)
+        sizes = list(self._seg_sizes) + ([self._shard_pad] if self._shard_pad else [])
+        pieces = mint.split(shard, sizes)
+        new = self.optimizer(tuple(pieces[:len(self._seg_sizes)]), scalars)
+        own = list(new) + ([self._own_pad] if self._own_pad is not None else [])
+        own = mint.cat(own)
+        full = all_gather(self._zero_reduce, self._zero_gather, own, self._dp, self._rank) \
+            if self._zero_reduce is not None else own
+        values = mint.split(mint.narrow(full, 0, 0, self._total), list(self._sizes))
+        done = full
+        for param, value, shape in zip(self.optimizer.params, values, self.optimizer.shapes):
+            done = F.depend(done, F.assign(param, F.cast(_ops.reshape(value, shape), F.dtype(param))))
+        return done
+
+
+class ShardedTrainStep(_ShardedUpdate, TrainStep):
+    """TrainStep with ShardedAdamW: reduce-scatter, global norm over every shard, the shard's update, all-gather."""
+
+    def __init__(self, model: ms.nn.Cell, optimizer: ShardedAdamW, **kwargs: Any) -> None:
+        TrainStep.__init__(self, model, optimizer, **kwargs)
+        self._setup_shards(optimizer)
 
     def __call__(self, micro_batches):
         if self.world_size is None:
@@ -245,23 +297,15 @@ class ShardedTrainStep(TrainStep):
                                  f"has {self.world_size}")
             if self.world_size > 1:
                 self._all_reduce = _ops.AllReduce()
-                if not EMULATED_COLLECTIVES:
-                    self._reduce_scatter = _ops.ReduceScatter(_ops.ReduceOp.SUM)
-                    self._all_gather = _ops.AllGather()
-        return super().__call__(micro_batches)
-
-    def _flat(self, grads):
-        pieces = [_ops.reshape(g, (-1,)) for g in grads]
-        if self._flat_pad is not None:
-            pieces.append(self._flat_pad)
-        return mint.cat(pieces)
+                self._collectives(None)
+        return TrainStep.__call__(self, micro_batches)
 
     def _update(self, grads, loss, scalars):
         """Reduce-scatter (mean), the global norm from every shard's squares (the loss rides in that all-reduce),
         clipping, this shard's AdamW, the all-gather into the parameters; returns [loss, norm]."""
         flat = self._flat(grads)
         if self._all_reduce is not None:
-            shard = reduce_scatter(self._all_reduce, self._reduce_scatter, flat, self._dp, self._rank) / self.world_size
+            shard = reduce_scatter(self._all_reduce, self._zero_scatter, flat, self._dp, self._rank) / self.world_size
             pair = self._all_reduce(mint.cat([_ops.reshape(mint.sum(shard * shard), (1,)),
                                               _ops.reshape(loss, (1,))]))
             squares, loss = pair[0], pair[1:] / self.world_size
@@ -274,22 +318,22 @@ class ShardedTrainStep(TrainStep):
 
     def _apply(self, grads, norm, scalars):
         """The loss-scaling path: `grads` are already averaged over the ranks and unscaled, `norm` is theirs."""
-        flat = self._flat(grads)
-        shard = mint.narrow(flat, 0, self._rank * (flat.shape[0] // self._dp), flat.shape[0] // self._dp)
-        return F.depend(norm, self._shard_apply(shard, norm, scalars))
+        return F.depend(norm, self._shard_apply(self._own_shard(self._flat(grads)), norm, scalars))
 
-    def _shard_apply(self, shard, norm, scalars):
-        if self.clip_grad > 0:  # torch's clip_grad_norm_: scale by max_norm / (norm + 1e-6), never up
-            shard = shard * mint.clamp(self.clip_grad / (norm + 1e-6), max=1.0)
-        sizes = list(self._seg_sizes) + ([self._shard_pad] if self._shard_pad else [])
-        pieces = mint.split(shard, sizes)
-        new = self.optimizer(tuple(pieces[:len(self._seg_sizes)]), scalars)
-        own = list(new) + ([self._own_pad] if self._own_pad is not None else [])
-        own = mint.cat(own)
-        full = all_gather(self._all_reduce, self._all_gather, own, self._dp, self._rank) \
-            if self._all_reduce is not None else own
-        values = mint.split(mint.narrow(full, 0, 0, self._total), list(self._sizes))
-        done = full
-        for param, value, shape in zip(self.optimizer.params, values, self.optimizer.shapes):
-            done = F.depend(done, F.assign(param, F.cast(_ops.reshape(value, shape), F.dtype(param))))
-        return done
+
+class ShardedParallelTrainStep(_ShardedUpdate, ParallelTrainStep):
+    """The MindSpore tensor/pipeline-parallel step with ShardedAdamW over its data-parallel group: the gradients are
+    finalized as without it (the data-parallel all-reduce, eager: the reduce-scatter's CPU form), the norm is over
+    the model-parallel group as without it, and the update graph takes this rank's shard, updates it and
+    all-gathers the parameters over the data-parallel group."""
+
+    def __init__(self, model: ms.nn.Cell, optimizer: ShardedAdamW, state: Any, **kwargs: Any) -> None:
+        ParallelTrainStep.__init__(self, model, optimizer, state, **kwargs)
+        self._setup_shards(optimizer)
+        if self._dp != state.data_parallel_size:
+            raise ValueError(f"the distributed optimizer was built for {self._dp} data-parallel ranks; this layout "
+                             f"has {state.data_parallel_size}")
+        self._collectives(state.groups["dp"].name)
+
+    def _apply(self, grads, norm, scalars):
+        return F.depend(norm, self._shard_apply(self._own_shard(self._flat(grads)), norm, scalars))

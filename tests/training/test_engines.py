@@ -94,19 +94,6 @@ def test_the_mindspore_parallel_engine_refuses_in_one_line(extra, flag):
     assert f"Received: {flag} with --ai-framework mindspore" in message and "\n" not in message
 
 
-def test_the_mindspore_parallel_engine_turns_the_distributed_optimizer_off_with_one_notice():
-    """It keeps the optimizer state replicated (mmrun's data-parallel engine shards it: backend/mindspore/zero.py)."""
-    pytest.importorskip("mindspore")
-    args = args_of("--use-mcore-models", "--use-distributed-optimizer")
-    said: list[str] = []
-    engine = engines.create(args, "mindspore", said.append)
-    engine.initialize(args)
-    assert engine.name == "mindspore-parallel" and not args.use_distributed_optimizer
-    assert [line for line in said if line.startswith("notice:")] == [
-        "notice: --use-distributed-optimizer: the MindSpore tensor/pipeline-parallel engine keeps the whole AdamW "
-        "state on every data-parallel rank (the same updates, more memory per rank)"]
-
-
 def test_both_engines_implement_the_seam():
     from mmrun.engines.portable import PortableEngine
 

@@ -21,8 +21,8 @@ sum(loss * mask) / sum(mask) (ParallelTrainStep's reduction), which equals Megat
 sum / count when every micro-batch has as many loss tokens (always, unless --eod-mask-loss masks some).
 
 Not done here (one-line refusal in `initialize`): --fp16/--bf16, virtual pipeline stages, context parallelism,
-Transformer Engine layers; the distributed optimizer is turned off with a notice (the optimizer state stays
-replicated over data-parallel ranks: the same updates).
+Transformer Engine layers. --use-distributed-optimizer shards AdamW's state over the data-parallel group
+(backend/mindspore/zero.py's ShardedParallelTrainStep).
 """
 from __future__ import annotations
 
@@ -81,18 +81,15 @@ class MindSporeParallelEngine:
         reason = refusal(args)
         if reason:
             raise UsageError(reason)
-        if args.use_distributed_optimizer:
-            # Not sharded here yet (mmrun's data-parallel engine shards it: backend/mindspore/zero.py).
-            self.log("notice: --use-distributed-optimizer: the MindSpore tensor/pipeline-parallel engine keeps the "
-                     "whole AdamW state on every data-parallel rank (the same updates, more memory per rank)")
-            args.use_distributed_optimizer = False
         self.state = state = groups.initialize_model_parallel(
             args.tensor_model_parallel_size, args.pipeline_model_parallel_size, bool(args.sequence_parallel))
         self.layout = ParallelLayout(
             world_size=state.world_size, tp=state.tensor_model_parallel_size, pp=state.pipeline_model_parallel_size,
             dp=state.data_parallel_size, tp_rank=state.tp_rank, pp_rank=state.pp_rank, dp_rank=state.dp_rank)
         self.log(f"> MindSpore tensor/pipeline-parallel engine (Megatron's design on MindSpore collectives): "
-                 f"{self.layout.describe()}" + (", sequence-parallel" if state.sequence_parallel else ""))
+                 f"{self.layout.describe()}" + (", sequence-parallel" if state.sequence_parallel else "")
+                 + (f", distributed optimizer (AdamW state sharded over {state.data_parallel_size} data-parallel "
+                    "ranks)" if args.use_distributed_optimizer else ""))
         return self.layout
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
@@ -143,9 +140,11 @@ class MindSporeParallelEngine:
     def checkpoint_state(self) -> ShardState | None:
         from mmrun.backend import tensors
 
+        # the distributed optimizer gathers its shards over the data-parallel group: every rank takes part
+        sharded = self.step.optimizer.state_dict() if getattr(self.step.optimizer, "sharded", False) else None
         if not self.layout.writes_checkpoint:
             return None
-        state = self.step.optimizer.state_dict()
+        state = sharded or self.step.optimizer.state_dict()
         optimizer = {"step": int(state["step"]), "lr": float(state["lr"]),
                      "tensors": tensors.state_dict_to_numpy(state["tensors"])}
         return ShardState(model=self.step.model.rank_state_dict(), optimizer=optimizer, meta={"grad_scaler": None})
