@@ -8,6 +8,10 @@ its shard (AdamW's exp_avg / exp_avg_sq, and an fp32 main copy for fp16/bf16 par
 fp32 parameters are their own main copy, as in megatron-core); the updated shards are all-gathered into the
 parameters. With one micro-batch and no loss scaler all of it is one `mindspore.jit` graph with forward and
 backward; otherwise the update graph (`TrainStep` decides, as without the distributed optimizer).
+`ShardedParallelTrainStep` is the same update in the tensor/pipeline-parallel step (backend/mindspore/parallel/
+engine.py's ParallelTrainStep), over its data-parallel group: its gradients are all-reduced (eagerly, as without
+the distributed optimizer) and its norm taken over the model-parallel group first; its update graph then takes the
+rank's shard, updates it and all-gathers the parameters.
 
 Collectives: `reduce_scatter` and `all_gather` below. MindSpore 2.10's CPU collectives (mccl) have neither
 ReduceScatter nor an AllGather off the world group, so on CPU a reduce-scatter is an all-reduce of which the
@@ -20,8 +24,9 @@ parameter in place, and a rank's fp32 shard is a slice of the replicated paramet
 Against the unsharded optimizer's fused kernel the updates differ by float32 rounding only.
 
 Checkpoints hold whole per-parameter tensors (`state_dict` gathers the shards; every rank must call it), the
-layout of the unsharded optimizer and of the PyTorch engines, so a run resumes at any data-parallel size,
-with or without the distributed optimizer, and on PyTorch's mmrun engine.
+layout of the unsharded optimizer and of the PyTorch engines (megatron-core's distributed optimizer saves
+whole moments too), so a run resumes at any data-parallel size, with or without the distributed optimizer, and
+on PyTorch.
 """
 from __future__ import annotations
 
