@@ -13,6 +13,11 @@ compiled graphs, its memory pool and the host tensors included). Workloads:
   wan-tiny   one Wan2.1 DiT train step as pretrain_sora.py runs it (benchmarks/wan_step.py's mmrun side,
              size tiny), 3 steps
 
+  optimizer-state  the distributed optimizer on MindSpore (--use-distributed-optimizer, backend/mindspore/zero.py):
+             models/pretrain_gpt.py --mock-data, 2 layers x hidden 256, seq 128, on 1 and 2 processes; the bytes
+             of optimizer state rank 0 holds, as its log line reports them (summed from the tensors it keeps),
+             and rank 0's peak RSS (a table of its own)
+
 Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), and MindSpore's PyNative step
 (--no-ms-jit; Wan's MindSpore step is PyNative already), each --rounds times, and the ratio MindSpore / PyTorch.
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -77,6 +83,35 @@ def wan_worker() -> None:
     print(f"wan-tiny loss after {ITERS} steps: {loss:.6f}")
 
 
+ZERO_ARGS = ["--mock-data", "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length",
+             "128", "--max-position-embeddings", "128", "--micro-batch-size", "2", "--global-batch-size", "4",
+             "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0", "--eval-iters", "0",
+             "--train-iters", "1", "--use-distributed-optimizer"]
+ZERO_BYTES = re.compile(r"sharded over (\d+) data-parallel ranks, (\d+) bytes of optimizer state")
+RANK0_RSS = re.compile(r"\[Rank 0\] peak host memory \(RSS\): ([\d.]+) MB")
+
+
+def optimizer_state_table(cwd: str, rounds: int) -> str:
+    """The distributed optimizer's state per rank on MindSpore, 1 and 2 data-parallel processes (measured)."""
+    rows = ["| processes | optimizer state on rank 0 (bytes) | / 1 process | rank 0 peak RSS (MB) |",
+            "|---|---|---|---|"]
+    first = None
+    for nproc in (1, 2):
+        for _ in range(rounds):
+            cmd = [sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "mindspore", "--nproc-per-node",
+                   str(nproc), "--master-port", "0", str(ROOT / "models" / "pretrain_gpt.py"), *ZERO_ARGS]
+            out = subprocess.run(cmd, env=_env("mindspore"), cwd=cwd, capture_output=True, text=True)
+            text = out.stdout + out.stderr
+            found, rss = ZERO_BYTES.search(text), RANK0_RSS.search(text)
+            if out.returncode or not found:
+                raise SystemExit(f"optimizer-state on {nproc} process(es) failed ({out.returncode}):\n{text[-3000:]}")
+            held = int(found.group(2))
+            first = first or held
+            rows.append(f"| {nproc} | {held:,} | {held / first:.3f} | {rss.group(1) if rss else '?'} |")
+            print(f"optimizer-state, {nproc} process(es): {held:,} bytes on rank 0", flush=True)
+    return "\n".join(["MindSpore, --use-distributed-optimizer, " + " ".join(ZERO_ARGS[1:9]), "", *rows])
+
+
 def peak_mib(cmd: list[str], env: dict[str, str], cwd: str) -> float:
     """The process's peak resident set size (MiB), from the kernel at its exit."""
     with tempfile.TemporaryFile() as log:
@@ -92,7 +127,7 @@ def peak_mib(cmd: list[str], env: dict[str, str], cwd: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--only", nargs="+", choices=[*VARIANTS, "optimizer-state"], default=list(VARIANTS))
     parser.add_argument("--rounds", type=int, default=2, help="every variant this many times (2)")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     parser.add_argument("--wan-worker", action="store_true", help=argparse.SUPPRESS)
@@ -102,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     peaks: dict[tuple[str, str], list[float]] = {}
     loads: list[float] = []
+    tables = []
+    if "optimizer-state" in args.only:
+        with tempfile.TemporaryDirectory(prefix="memory_") as tmp:
+            tables.append(optimizer_state_table(tmp, args.rounds))
+        args.only = [w for w in args.only if w != "optimizer-state"]
     with tempfile.TemporaryDirectory(prefix="memory_") as tmp:
         data_json = ""
         if "vlm-demo" in args.only:
@@ -118,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                     peaks.setdefault((workload, label), []).append(peak)
                     print(f"round {round_ + 1} {workload} {label}: peak {peak:.0f} MiB "
                           f"({time.perf_counter() - start:.0f} s, load {loads[-1]:.1f})", flush=True)
-    lines = [f"{platform.machine()} CPU, {os.cpu_count()} cores, OMP_NUM_THREADS=1, {args.rounds} round(s), "
-             f"load {min(loads):.1f} to {max(loads):.1f}; peak RSS of the whole process, MiB", "",
-             "| workload | variant | peak RSS (each round) | median | / PyTorch |", "|---|---|---|---|---|"]
+    lines = [] if not args.only else [
+        f"{platform.machine()} CPU, {os.cpu_count()} cores, OMP_NUM_THREADS=1, {args.rounds} round(s), "
+        f"load {min(loads):.1f} to {max(loads):.1f}; peak RSS of the whole process, MiB", "",
+        "| workload | variant | peak RSS (each round) | median | / PyTorch |", "|---|---|---|---|---|"]
     for workload in args.only:
         base = statistics.median(peaks[(workload, "pytorch")])
         for label, _, _ in VARIANTS[workload]:
@@ -128,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             med = statistics.median(values)
             lines.append(f"| {workload} | {label} | {', '.join(f'{v:.0f}' for v in values)} | {med:.0f} "
                          f"| {med / base:.2f}x |")
-    table = "\n".join(lines)
+    table = "\n\n".join(tables + (["\n".join(lines)] if lines else []))
     print("\n" + table)
     if args.markdown:
         from mmrun.common.atomic_write import atomic_write

@@ -89,9 +89,23 @@ class PortableEngine:
                        else f"constant loss scale {self.grad_scaler.scale:g}")
             self.log(f"> {precision} model with fp32 main params in the optimizer, {scaling}")
         optim = backend.optim
-        self.optimizer = optim.AdamW(self.model.named_parameters(), lr=args.lr,
-                                     betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-                                     weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
+        hyper = dict(lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
+                     weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
+        if self._sharded():
+            from mmrun.backend.mindspore import zero  # the distributed optimizer (ZeRO-1) on MindSpore
+
+            dist = backend.distributed
+            self.optimizer = zero.ShardedAdamW(self.model.named_parameters(), dp=dist.get_world_size(),
+                                               rank=dist.get_rank(), **hyper)
+            self.log(f"> distributed optimizer: AdamW state sharded over {dist.get_world_size()} data-parallel "
+                     f"ranks, {zero.state_bytes(self.optimizer)} bytes of optimizer state on this rank "
+                     "(gradients reduce-scattered, parameters all-gathered, in the step)")
+        else:
+            self.optimizer = optim.AdamW(self.model.named_parameters(), **hyper)
+
+    def _sharded(self) -> bool:
+        """--use-distributed-optimizer on MindSpore: backend/mindspore/zero.py (on PyTorch megatron-core runs it)."""
+        return self.framework == "mindspore" and bool(getattr(self.args, "use_distributed_optimizer", False))
 
     def parameter_count(self) -> int:
         return _count_parameters(self.model)
@@ -121,7 +135,12 @@ class PortableEngine:
 
             compile_cache.open_for_job(args, micro_batches, self.log)
         if self._step is None:  # after the first capture: the plan then knows whether the loss compiles
-            self._step = backend.train_step.TrainStep(
+            step_class = backend.train_step.TrainStep
+            if self._sharded():
+                from mmrun.backend.mindspore import zero
+
+                step_class = zero.ShardedTrainStep
+            self._step = step_class(
                 self.model, self.optimizer, loss_fn=self._plan.loss, lr_scheduler=self.scheduler,
                 clip_grad=args.clip_grad, increment=args.global_batch_size,
                 jit=self._plan.jit if self.framework == "mindspore" else None, grad_scaler=self.grad_scaler)
@@ -163,9 +182,11 @@ class PortableEngine:
         from mmrun import backend
         from mmrun.backend import tensors
 
+        # the distributed optimizer gathers its shards into whole tensors: every rank takes part
+        sharded_state = self.optimizer.state_dict() if getattr(self.optimizer, "sharded", False) else None
         if backend.distributed.get_rank() != 0:
             return None  # every rank holds the same replica: rank 0 writes it
-        state = self.optimizer.state_dict()
+        state = sharded_state or self.optimizer.state_dict()
         optimizer = {**{k: v for k, v in state.items() if k != "tensors"},
                      "tensors": tensors.state_dict_to_numpy(state["tensors"])}
         return ShardState(model=tensors.state_dict_to_numpy(self.model.state_dict()), optimizer=optimizer,

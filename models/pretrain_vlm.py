@@ -53,8 +53,8 @@ CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
 # mindspore-parallel engine (engines/mindspore/parallel/vlm.py), which reads model.json itself.
 PARALLEL_FRAMEWORKS = ("pytorch", "mindspore")
 # ... only when a run splits it: unsplit, the model stays on the data-parallel engine, which ignores (with a
-# warning) what MindSpeed-MM's scripts always carry, --use-mcore-models and --use-distributed-optimizer, where
-# the mindspore-parallel engine would refuse the distributed optimizer.
+# warning) what MindSpeed-MM's scripts always carry, --use-mcore-models, and shards the optimizer for
+# --use-distributed-optimizer (backend/mindspore/zero.py).
 SPLIT_ONLY_FRAMEWORKS = ("mindspore",)
 SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 # Models whose MindSpore step compiles on fixed-shape batches (vision_layout.FIXED_SHAPE_MODELS).
@@ -118,7 +118,7 @@ def _model_source(argv: list[str]) -> ModelSource:
         for line in _MODEL_JSON.warnings:
             say_rank0("warning", line)
         return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
-                           data_parallel_only=not split)
+                           data_parallel_only=not split, shards_optimizer=resolve(argv).framework == "mindspore")
     _MODEL_JSON = read_model_json(known.mm_model, warn=partial(say_rank0, "warning"))
     from mmrun.backend.selection import resolve
 
@@ -144,7 +144,8 @@ def _model_source(argv: list[str]) -> ModelSource:
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
                        or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore or lora,
-                       ms_jit=compiled and not videos, features=ENTRY_FEATURES)
+                       ms_jit=compiled and not videos, features=ENTRY_FEATURES,
+                       shards_optimizer=framework == "mindspore")
 
 
 def _video_attr(data_path: str | None) -> str | None:

@@ -17,8 +17,8 @@
 # downloaded; no conversion step), and sizes and iterations as MindSpeed-MM's script has them.
 # Left as in MindSpeed-MM's script on purpose, to show what mmrun does with them on a CPU: --use-mcore-models and
 # --use-distributed-optimizer (PyTorch: the model trains on megatron-core, docs/multimodal-parallel.md; MindSpore:
-# on mmrun's data-parallel engine, the flags off with a reason; PyTorch without megatron-core installed, unsplit:
-# the same, with one line saying so), --swiglu, --normalization (model.json wins),
+# on mmrun's data-parallel engine, --use-mcore-models off with a reason, the optimizer state sharded over the
+# ranks; PyTorch without megatron-core installed, unsplit: both off, with one line saying so), --swiglu, --normalization (model.json wins),
 # --ckpt-format torch, --distributed-backend nccl (replaced, with a notice). Dropped: --use-flash-attn,
 # --use-fused-rmsnorm, --use-fused-swiglu: kernels a CPU does not have, which the feature gate refuses there
 # (add them back with --on-unsupported warn to see the notices; on an NPU or GPU they apply).

@@ -125,6 +125,9 @@ class ModelSource:
     # Feature-table features (catalogue names) the entry implements itself, such as "lora": the table's trainer
     # layer speaks for mmrun's GPT, so its verdict on these is left to the entry (the stack layer still applies).
     features: tuple[str, ...] = ()
+    # The data-parallel engine shards the optimizer on this framework (MindSpore: backend/mindspore/zero.py), so
+    # --use-distributed-optimizer stays on rather than being ignored (DATA_PARALLEL_ONLY_OFF).
+    shards_optimizer: bool = False
 
 
 # Flags a data-parallel-only model (ModelSource) turns off, and why that changes no number of the run.
@@ -507,6 +510,8 @@ def _apply_model_source(args: argparse.Namespace, parser: argparse.ArgumentParse
                              "use the processes for data parallelism" + (" (FSDP2 shards the model over them)"
                                                                           if fsdp2 else ""))
     for dest, (flag, reason) in DATA_PARALLEL_ONLY_OFF.items():
+        if dest == "use_distributed_optimizer" and source.shards_optimizer and not fsdp2:
+            continue
         if getattr(args, dest, False):
             setattr(args, dest, False)
             # FSDP2 is a data-parallel engine of its own: it shards what the distributed optimizer would.

@@ -103,6 +103,8 @@ def test_check_flags_follows_the_layer(layer, feature, trig, fw, dev):
     (["--context-parallel-size", "2"], "pytorch", "cpu", "trainer", "supported"),  # measured: losses within 1e-5
     (["--context-parallel-size", "2"], "mindspore", "cpu", "trainer", "unsupported"),
     (["--use-distributed-optimizer"], "pytorch", "cpu", "trainer", "supported"),
+    (["--use-distributed-optimizer"], "mindspore", "cpu", "trainer", "supported"),  # backend/mindspore/zero.py
+    (["--use-distributed-optimizer"], "mindspore", "npu", "trainer", "supported"),
     (["--use-mcore-models"], "mindspore", "cpu", "trainer", "supported"),  # its architecture rebuilt on MindSpore
     (["--expert-model-parallel-size", "8"], "mindspore", "cpu", "trainer", "unsupported"),
     (["--lora-target-modules", "linear_qkv"], "pytorch", "npu", "trainer", "unsupported"),
@@ -129,9 +131,6 @@ def test_known_facts(tokens, fw, dev, layer, status):
     (["--ckpt-format", "torch"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
     (["--ckpt-format", "torch_dcp"], "mindspore", "cpu", "trainer", ["--ckpt-format", "safetensors"]),
     (["--ms-jit"], "pytorch", "cpu", "trainer", []),
-    # memory, not results: every msrun twin of MindSpeed-MM passes it (issue 37)
-    (["--use-distributed-optimizer"], "mindspore", "cpu", "trainer", []),
-    (["--use-distributed-optimizer"], "mindspore", "npu", "trainer", []),
 ])
 def test_substitutions_carry_their_replacement(tokens, fw, dev, layer, replacement):
     (decision,) = ft.check_flags(tokens, fw, dev, layers=(layer,))
@@ -309,16 +308,13 @@ def test_importing_the_feature_table_imports_no_framework():
     assert out.strip() == "[]"
 
 
-def test_distributed_optimizer_on_mindspore_runs_with_one_notice_under_both_policies():
-    """MindSpeed-MM's msrun twins pass --use-distributed-optimizer; mmrun's MindSpore engines keep the whole AdamW
-    state on every rank (more memory, the same updates): the job runs with it off and one notice line."""
+def test_distributed_optimizer_on_mindspore_runs_without_a_notice_under_both_policies():
+    """MindSpeed-MM's msrun twins pass --use-distributed-optimizer; mmrun's MindSpore data-parallel engine shards
+    the optimizer (backend/mindspore/zero.py): the gate keeps the flag and says nothing."""
     for policy in ft.POLICIES:
         stream = io.StringIO()
         result = ft.gate({"use_distributed_optimizer": True}, "mindspore", "cpu", policy, stream=stream)
-        assert result.overrides == {"use_distributed_optimizer": False} and not result.warnings
-        lines = stream.getvalue().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("notice: [mmrun trainer] --use-distributed-optimizer"), lines
-        assert "changes memory, not results" in lines[0]
+        assert result.overrides == {} and not result.warnings and stream.getvalue() == ""
 
 
 # What MindSpeed-MM's real training scripts pass that changes only speed or memory (examples/qwen2.5vl,

@@ -54,7 +54,9 @@ PARALLEL = {
 # A parallel trigger that another parallel run already passes joins that run where the framework supports
 # both: sequence parallelism trains with --tensor-model-parallel-size 2, virtual pipelines with
 # --pipeline-model-parallel-size 2 (a MindSpore run costs tens of seconds).
-CARRIED_BY = {"tensor-parallel": "sequence-parallel", "pipeline-parallel": "virtual-pipeline"}
+CARRIED_BY = {"tensor-parallel": "sequence-parallel", "pipeline-parallel": "virtual-pipeline",
+              # MindSpore's distributed optimizer is its data-parallel engine's: it joins the 2-process mccl run
+              "distributed-optimizer": "backend-mccl"}
 
 
 def needs_entry() -> None:

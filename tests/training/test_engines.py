@@ -31,6 +31,9 @@ def args_of(*extra: str, world_size: int = 1):
     (["--tensor-model-parallel-size", "2"], "mindspore", "mindspore-parallel"),
     (["--pipeline-model-parallel-size", "2"], "mindspore", "mindspore-parallel"),
     (["--context-parallel-size", "2"], "mindspore", "mindspore-parallel"),  # which refuses it (test below)
+    # mmrun's data-parallel engine shards the optimizer on MindSpore (backend/mindspore/zero.py)
+    (["--use-distributed-optimizer"], "mindspore", "mmrun"),
+    (["--use-mcore-models", "--use-distributed-optimizer"], "mindspore", "mindspore-parallel"),
 ])
 def test_the_engine_a_run_gets(extra, framework, engine):
     assert engines.choose(args_of(*extra, world_size=2), framework).name == engine
@@ -75,7 +78,6 @@ def test_on_mindspore_the_notice_names_the_mindspore_model():
     (["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2", "--global-batch-size",
       "4"], "--virtual-pipeline-model-parallel-size 2"),
     (["--context-parallel-size", "2"], "--context-parallel-size 2"),
-    (["--tensor-model-parallel-size", "2", "--use-distributed-optimizer"], "--use-distributed-optimizer"),
     (["--use-mcore-models", "--transformer-impl", "transformer_engine"], "--transformer-impl transformer_engine"),
 ])
 def test_the_mindspore_parallel_engine_refuses_in_one_line(extra, flag):

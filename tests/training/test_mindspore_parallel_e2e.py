@@ -19,6 +19,8 @@ TOLERANCE = 1e-5
 MS_RUNS = {
     "tp2": (["--use-mcore-models", "--tensor-model-parallel-size", "2", "--save-interval", "4"], "tp2"),
     "pp2": (["--pipeline-model-parallel-size", "2"], "pp2"),  # without --use-mcore-models: the notice
+    # the distributed optimizer over 2 data-parallel ranks (backend/mindspore/zero.py), saved at 4 and 8
+    "dp2-distopt": (["--use-mcore-models", "--use-distributed-optimizer", "--save-interval", "4"], "dp2-distopt"),
     # dropout on (hash dropout, MindSpore's generator): its state must travel in the checkpoint
     "tp2-dropout": (["--use-mcore-models", "--tensor-model-parallel-size", "2", "--save-interval", "4",
                      "--hidden-dropout", "0.1", "--attention-dropout", "0.1"], None),
@@ -59,7 +61,7 @@ def _differences(run, reference) -> tuple[float, float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pp2", "tp2"])
+@pytest.mark.parametrize("name", ["pp2", "tp2", "dp2-distopt"])
 def test_mindspore_trains_like_megatron_core_on_pytorch(ms_runs, mcore_runs, name):
     run, reference = ms_runs(name), mcore_runs(MS_RUNS[name][1])
     assert sorted(run.losses()) == list(range(1, 9)) and run.evals("valid") and run.evals("test")
@@ -94,7 +96,8 @@ def test_the_tp2_checkpoint_has_megatron_cores_names_and_shards(ms_runs, mcore_r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework, name", [("mindspore", "tp2-dropout"), ("pytorch", "tp2")])
+@pytest.mark.parametrize("framework, name", [("mindspore", "tp2-dropout"), ("pytorch", "tp2"),
+                                             ("pytorch", "dp2-distopt")])
 def test_a_mindspore_tp2_checkpoint_resumes(ms_runs, mcore_runs, tmp_path, tk, framework, name):
     """Saved at iteration 4 by MindSpore. Resumed on MindSpore, iterations 5-8 are bit-exact, with dropout on:
     the engine keeps no RNG of its own (rng_state None), the dropout generator's offset is the backend's

@@ -12,6 +12,8 @@ demo corpus tokenized by `mmrun preprocess-data`. Runs are made once per session
     pt_drop / ms_drop                  dropout 0.1 with --dropout-impl hash (the same masks on both
                                        frameworks), checkpoint at iteration 10
     pt_drop_resume / ms_drop_resume    the same, resumed from that checkpoint on the same framework
+    ms2_zero      ms2 with --use-distributed-optimizer (backend/mindspore/zero.py), checkpoint at iteration 10
+    ms1_from_zero resumed from it on 1 MindSpore process (sharded over 1)
 
 Losses are compared from --metrics-file (full float precision); the Megatron-format log is checked too.
 """
@@ -82,6 +84,13 @@ def runs(tmp_path_factory, demo_data, tk):
             framework[fw]))[1]
     specs["ms_drop_from_pt"] = lambda: (get("pt_drop"), run_training(
         base / "ms_drop_from_pt", drop_args + ["--load", str(drop_ckpt["pt"]), "--ckpt-step", "10"], "mindspore"))[1]
+    zero = base / "ckpt_ms_zero"
+    specs["ms2_zero"] = lambda: run_training(base / "ms2_zero", args + ["--use-distributed-optimizer", "--save",
+                                                                        str(zero), "--save-interval", "10"],
+                                             "mindspore", nproc=2)
+    specs["ms1_from_zero"] = lambda: (get("ms2_zero"), run_training(
+        base / "ms1_from_zero", args + ["--use-distributed-optimizer", "--load", str(zero), "--ckpt-step", "10"],
+        "mindspore"))[1]
     cache: dict = {}
 
     def get(name: str):
@@ -195,6 +204,38 @@ def test_mindspore_resumes_a_pytorch_checkpoint(runs):
     print(f"max |mindspore resumed - pytorch uninterrupted|: {diff:.2e}")
     assert diff <= 1e-4
     assert "the checkpoint was saved by pytorch; resuming on mindspore" in resumed.output
+
+
+BYTES_LINE = r"> distributed optimizer: AdamW state sharded over (\d) data-parallel ranks, (\d+) bytes of optimizer state"
+
+
+def test_the_mindspore_distributed_optimizer_equals_the_unsharded_one_with_half_the_state_per_rank(runs):
+    """ZeRO-1 on MindSpore (2 ranks): every loss within 1e-5 of the replicated optimizer's, the flag kept (no
+    notice), and each rank holds half the optimizer state bytes of one rank alone (measured from its tensors)."""
+    import re
+
+    plain, zero, alone = runs("ms2"), runs("ms2_zero"), runs("ms1_from_zero")
+    diff = _max_diff(plain.losses(), zero.losses(), range(1, ITERS + 1))
+    print(f"max |distributed optimizer - replicated| over {ITERS} iterations (MindSpore, 2 ranks): {diff:.2e}")
+    assert diff <= 1e-5
+    for kind in ("valid", "test"):
+        assert max(abs(a - b) for a, b in zip(plain.evals(kind), zero.evals(kind))) <= 1e-5
+    assert "not available with the mindspore backend" not in zero.output
+    (dp2, sharded), = re.findall(BYTES_LINE, zero.output)  # rank 0 logs
+    (dp1, whole), = re.findall(BYTES_LINE, alone.output)
+    print(f"optimizer state bytes per rank: {sharded} over 2 ranks, {whole} on one")
+    assert (dp2, dp1) == ("2", "1") and abs(int(sharded) - int(whole) / 2) <= 8  # the padding: one float x 2 moments
+
+
+def test_a_distributed_optimizer_checkpoint_resumes_on_another_world_size(runs):
+    """The shards are saved as whole per-parameter tensors: one MindSpore process (sharding over 1) continues
+    the 2-rank run (on PyTorch: tests/training/test_mindspore_parallel_e2e.py's dp2-distopt)."""
+    full, resumed = runs("ms2_zero"), runs("ms1_from_zero")
+    after = resumed.losses()
+    assert sorted(after) == list(range(11, ITERS + 1))
+    diff = _max_diff(after, full.losses(), after)
+    print(f"max |ms1_from_zero - the uninterrupted 2-rank run|: {diff:.2e}")
+    assert diff <= 1e-5
 
 
 def test_mindspore_resumes_a_pytorch_checkpoint_with_dropout_on_the_same_masks(runs):

@@ -10,6 +10,7 @@ ParallelTrainStep) are model-free and live in backend/mindspore/parallel/.
 - vlm_engine.py  the stage of each family, the train step and the engine for models/pretrain_vlm.py
 - rank_state.py  one rank's parameters to numpy and back (checkpoint shards), for both models
 - engine.py  the mindspore-parallel engine of mmrun.engines (parallel state, steps, checkpoint shards)
+- optimizer.py  each rank's AdamW and train step (with --use-distributed-optimizer: sharded over the data-parallel group)
 create() below picks the GPT's or the VLM's by the entry's model source (here, above both, so no module imports
 the one that builds on it).
 """

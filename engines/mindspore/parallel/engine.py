@@ -21,7 +21,8 @@ sum(loss * mask) / sum(mask) (ParallelTrainStep's reduction), which equals Megat
 sum / count when every micro-batch has as many loss tokens (always, unless --eod-mask-loss masks some).
 
 Not done here (one-line refusal in `initialize`): --fp16/--bf16, virtual pipeline stages, context parallelism,
-the distributed optimizer, Transformer Engine layers.
+Transformer Engine layers. --use-distributed-optimizer shards AdamW's state over the data-parallel group
+(backend/mindspore/zero.py's ShardedParallelTrainStep).
 """
 from __future__ import annotations
 
@@ -43,8 +44,6 @@ _REFUSED: tuple[tuple[Callable[[Any], str | None], str], ...] = (
      "it runs Megatron's 1F1B without interleaving; drop it, or run on PyTorch (megatron-core)"),
     (lambda a: (f"--context-parallel-size {a.context_parallel_size}" if (a.context_parallel_size or 1) > 1 else None),
      "it has no context parallelism; drop it, or run on PyTorch (megatron-core)"),
-    (lambda a: "--use-distributed-optimizer" if a.use_distributed_optimizer else None,
-     "its optimizer state is replicated over data-parallel ranks; drop it, or run on PyTorch (megatron-core)"),
     (lambda a: ("--transformer-impl transformer_engine" if getattr(a, "transformer_impl", "local") == "transformer_engine"
                 else None),
      "Transformer Engine is a PyTorch/CUDA library; use --transformer-impl local"),
@@ -88,7 +87,9 @@ class MindSporeParallelEngine:
             world_size=state.world_size, tp=state.tensor_model_parallel_size, pp=state.pipeline_model_parallel_size,
             dp=state.data_parallel_size, tp_rank=state.tp_rank, pp_rank=state.pp_rank, dp_rank=state.dp_rank)
         self.log(f"> MindSpore tensor/pipeline-parallel engine (Megatron's design on MindSpore collectives): "
-                 f"{self.layout.describe()}" + (", sequence-parallel" if state.sequence_parallel else ""))
+                 f"{self.layout.describe()}" + (", sequence-parallel" if state.sequence_parallel else "")
+                 + (f", distributed optimizer (AdamW state sharded over {state.data_parallel_size} data-parallel "
+                    "ranks)" if args.use_distributed_optimizer else ""))
         return self.layout
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
@@ -139,9 +140,11 @@ class MindSporeParallelEngine:
     def checkpoint_state(self) -> ShardState | None:
         from mmrun.backend import tensors
 
+        # the distributed optimizer gathers its shards over the data-parallel group: every rank takes part
+        sharded = self.step.optimizer.state_dict() if getattr(self.step.optimizer, "sharded", False) else None
         if not self.layout.writes_checkpoint:
             return None
-        state = self.step.optimizer.state_dict()
+        state = sharded or self.step.optimizer.state_dict()
         optimizer = {"step": int(state["step"]), "lr": float(state["lr"]),
                      "tensors": tensors.state_dict_to_numpy(state["tensors"])}
         return ShardState(model=self.step.model.rank_state_dict(), optimizer=optimizer, meta={"grad_scaler": None})

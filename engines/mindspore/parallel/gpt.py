@@ -28,6 +28,7 @@ from mmrun.backend.mindspore import nn, ops
 from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
 from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep, ParameterRoles
 from mmrun.backend.mindspore.parallel.groups import ParallelState, initialize_model_parallel
+from mmrun.engines.mindspore.parallel.optimizer import optimizer_and_step
 from mmrun.backend.mindspore.parallel.layers import (ColumnParallelLinear, RowParallelLinear, ShardedDropout,
                                                      VocabParallelEmbedding)
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
@@ -241,7 +242,6 @@ def build_engine(args: Any, jit: bool | None = None) -> ParallelTrainStep:
     mmrun.training.arguments): sizes, --tensor/--pipeline-model-parallel-size, --sequence-parallel, --seed,
     --init-method-std, --lr, --adam-beta1/2, --adam-eps, --weight-decay, --clip-grad. Call after
     mmrun.backend.init_distributed()."""
-    from mmrun.backend.mindspore import optim
 
     tp = int(getattr(args, "tensor_model_parallel_size", 1) or 1)
     pp = int(getattr(args, "pipeline_model_parallel_size", 1) or 1)
@@ -256,9 +256,7 @@ def build_engine(args: Any, jit: bool | None = None) -> ParallelTrainStep:
         dropout_impl=getattr(args, "dropout_impl", "auto"))
     model = GPTModel(config, state)
     init_weights(model, args.seed, args.init_method_std)
-    optimizer = optim.AdamW(model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
-                            eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
-    return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=jit)
+    return optimizer_and_step(args, model, state, clip_grad=args.clip_grad, jit=jit)
 
 
 __all__ = ["GPTModel", "GPTConfig", "build_engine", "causal_position_ids", "init_weights", "layout_of"]

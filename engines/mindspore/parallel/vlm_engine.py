@@ -12,6 +12,7 @@ from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
 from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.engines.mindspore.parallel import qwen3_vlm, vlm
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
+from mmrun.engines.mindspore.parallel.optimizer import optimizer_and_step
 
 # family (models/families.py) -> its stage class on the parallel layers
 STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage}
@@ -22,7 +23,6 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     one-process run's initial weights (mm_layout.initial_state for --seed, --init-method-std) or from --load's
     Hugging Face directory, frozen as model.json says, with its AdamW (Megatron's no-decay rule) and its
     ParallelTrainStep: compiled on fixed-shape batches where `compiles`, else PyNative."""
-    from mmrun.backend.mindspore import optim
     from mmrun.models import families
     from mmrun.models.vlm import mm_layout
 
@@ -47,10 +47,8 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
                                                            std=args.init_method_std))
     frozen = model.freeze(spec.freeze)
     log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
-    optimizer = optim.AdamW(model.named_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
-                            eps=args.adam_eps, weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
     per_token = bool(getattr(args, "calculate_per_token_loss", False))
-    return ParallelTrainStep(model, optimizer, state, clip_grad=args.clip_grad, jit=fixed,
+    return optimizer_and_step(args, model, state, clip_grad=args.clip_grad, jit=fixed,
                              fields=vlm.VLM_FIXED_FIELDS if fixed else vlm.VLM_FIELDS,
                              hidden_size=getattr(model, "message_size", config.text.hidden_size),
                              loss_func=vlm.token_sum if per_token else None)
