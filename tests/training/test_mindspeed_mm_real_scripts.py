@@ -13,7 +13,10 @@ Two changes to the scripts' values come from this machine, not from a user's job
   scripts' TP2 x PP8, the Qwen3-VL 8B twin's PP4) the split is scaled down to 2 (TP2 x PP1, PP2), with the
   json's pipeline_num_layers shrunk to match; a script of TP=PP=1 runs on 1 process;
 - no NPU: `--on-unsupported warn`, so the NPU kernels the scripts ask for (--use-flash-attn) fall back to the
-  same math with a warning, and `--distributed-backend` stays as written (mmrun runs gloo on a CPU).
+  same math with a warning, and `--distributed-backend` stays as written (mmrun runs gloo on a CPU); MindSpore
+  has no bf16 kernels on a CPU, so its twins drop --bf16 (fp32, the gate's hint) and the inference json's dtype
+  is fp32.
+The tiny tokenizer's vocabulary is rounded up to even so that TP2 divides it (the real 152064 is).
 """
 from __future__ import annotations
 
@@ -27,10 +30,14 @@ from typing import Any, Callable
 import pytest
 import yaml
 
+from tests.models.test_evaluate_vlm import demo_image, write_tsv
 from tests.training.real_scripts import FIXTURES, FRAMEWORKS, flag_value, launch_line, set_flags, shrink
 
 ROOT = Path(__file__).resolve().parents[2]
 ITERS = 2
+# this machine (a CPU): what the launch line and the json change, per framework (see the docstring)
+MACHINE_FLAGS = {"pytorch": {"--on-unsupported": "warn"}, "mindspore": {"--on-unsupported": "warn", "--bf16": None}}
+MACHINE_JSON = {"pytorch": {}, "mindspore": {"dtype": "fp32"}}
 # Megatron's log line of one iteration: " iteration        2/       2 | ... | lm loss: 1.234567E+00 | ..."
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?\b(?:lm loss|loss): ([-+0-9.eEnaNinf]+)")
 
@@ -80,6 +87,7 @@ def qwen25(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen25")
     demo = make_demo(str(root / "demo"), num_samples=8, seed=7)
     ids = special_token_ids_for_model_config(demo["model_dir"])
+    ids["vocab_size"] += ids["vocab_size"] % 2  # TP2 divides it
     model_json = root / "model.json"
     model_json.write_text(json.dumps(qwen25_shrunk(json.loads((FIXTURES / "qwen2.5vl/model_7b.json").read_text()),
                                                    ids, [2], [2])))
@@ -88,7 +96,11 @@ def qwen25(tmp_path_factory):
     init_weights(model, seed=3, std=0.3)
     save_hf_directory(root / "hf", config, tensors.state_dict_to_numpy(model.state_dict()),
                       copy_files_from=demo["model_dir"])
-    return {"root": root, "demo": demo, "ids": ids, "hf": root / "hf"}
+    # VLMEvalKit's AI2D_TEST.tsv (the evaluate json's dataset), five questions over the demo's pictures
+    ai2d = write_tsv(root / "AI2D_TEST.tsv", ["index", "image", "question", "A", "B", "C", "answer", "category"],
+                     [[i, demo_image(root, picture), "How many shapes?", "one", "two", "three", "ABCAB"[i], "count"]
+                      for i, picture in enumerate((0, 1, 2, 4, 5))])
+    return {"root": root, "demo": demo, "ids": ids, "hf": root / "hf", "ai2d": ai2d}
 
 
 # ------------------------------------------------------------------------------------------ the jobs
@@ -101,6 +113,10 @@ class Job:
     processes: int = 1
     split: dict[str, int] = field(default_factory=dict)   # the scaled-down split (flag -> size), when scaled
     note: str = ""
+
+    @property
+    def framework(self) -> str:
+        return "mindspore" if self.script.startswith("mindspore/") else "pytorch"
 
 
 def write_json(path: Path, raw: Any) -> Path:
@@ -133,7 +149,7 @@ def qwen25_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
                              "generation_config.video_token_id": ids["video_token_id"],
                              "image_path": str(Path(kit["demo"]["dataset"]).parent / "images" / "0000.png"),
                              "result_output_path": str(out / "evaluation_outputs"),
-                             "dataset_path": str(kit.get("ai2d", ""))})
+                             "dataset_path": str(kit.get("ai2d", "")), **MACHINE_JSON[job.framework]})
     edits: dict[str, Any] = {"--mm-model": write_json(out / name, model), "--load": kit["hf"],
                              "--vocab-size": vocab, **job.split}
     if job.kind == "train":
@@ -170,9 +186,12 @@ JOBS = [
     Job("qwen2.5vl/finetune_qwen2_5_vl_72b_fsdp.sh", processes=1),
     Job("qwen2.5vl/inference_qwen2_5_vl_7b.sh", kind="generate"),
     Job("qwen2.5vl/inference_qwen2_5_vl_72b.sh", kind="generate"),
+    Job("qwen2.5vl/evaluate_qwen2_5_vl_7b.sh", kind="evaluate"),
+    Job("qwen2.5vl/evaluate_qwen2_5_vl_72b.sh", kind="evaluate"),
     Job("mindspore/qwen2.5vl/finetune_qwen2_5_vl_7b.sh", processes=2),
     Job("mindspore/qwen2.5vl/finetune_qwen2_5_vl_72b.sh", processes=2, split=TP2, note="TP2 x PP8 scaled to TP2 x PP1"),
     Job("mindspore/qwen2.5vl/inference_qwen2_5_vl_7b.sh", kind="generate"),
+    Job("mindspore/qwen2.5vl/evaluate_qwen2_5_vl_7b.sh", kind="evaluate"),
 ]
 XFAIL: dict[str, str] = {}
 
@@ -194,7 +213,7 @@ def test_the_real_script_runs_through_mmrun(job: Job, request, tk, tmp_path):
     family = Path(job.script.removeprefix("mindspore/")).parts[0]
     fixture, edit = KITS[family]
     args = edit(request.getfixturevalue(fixture), job, args, tmp_path)
-    args = set_flags(args, {"--on-unsupported": "warn"})
+    args = set_flags(args, MACHINE_FLAGS[job.framework])
     run = tk.run_training(tmp_path / "run", args, framework=FRAMEWORKS[launcher], nproc=job.processes,
                           timeout=300, entry=ROOT / "models" / entry)
     assert run.returncode == 0, "\n".join([l for l in run.output.splitlines() if l.startswith(("error", "warning"))] + [run.output[-3000:]])
