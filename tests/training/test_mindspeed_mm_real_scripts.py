@@ -103,6 +103,72 @@ def qwen25(tmp_path_factory):
     return {"root": root, "demo": demo, "ids": ids, "hf": root / "hf", "ai2d": ai2d}
 
 
+# ------------------------------------------------------------------------------------------ Wan2.1
+
+# Sizes of Wan2.1's pretrain_model.json (t2v and i2v): a one-layer DiT over 4-channel latents of 2x4x4.
+WAN_PREDICTOR = {"text_len": 8, "hidden_size": 16, "ffn_dim": 32, "freq_dim": 16, "text_dim": 12, "img_dim": 16,
+                 "out_dim": 4, "num_heads": 2, "num_layers": 1, "pipeline_num_layers": [1], "max_seq_len": 64,
+                 "clip_token_len": 5}
+WAN_IN_DIM = {"t2v": 4, "i2v": 4 + 4 + 4}  # the latents' channels (+ the first frame's latents and frame mask)
+
+
+def wan_model_json(task: str, script_dir: Path) -> dict:
+    raw = json.loads((script_dir / "pretrain_model.json").read_text())
+    return shrink(raw, {f"predictor.{k}": v for k, v in {**WAN_PREDICTOR, "in_dim": WAN_IN_DIM[task]}.items()})
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    """Per task: four tiny random feature files (MindSpeed-MM's feature keys) with their data.jsonl index, and a
+    tiny random DiT as a diffusers transformer/ directory (the --load of the scripts)."""
+    import numpy as np
+
+    from mmrun.data.video import feature_files as ff
+    from mmrun.models.wan import transformer
+    from mmrun.models.wan.model_json import read_sora_model_json
+
+    root = tmp_path_factory.mktemp("wan")
+    kit: dict[str, Any] = {}
+    rng = np.random.default_rng(0)
+    for task in ("t2v", "i2v"):
+        folder = root / task
+        (folder / "features").mkdir(parents=True)
+        records = []
+        for i in range(4):
+            sample = {ff.VIDEO: rng.standard_normal((4, 2, 4, 4)).astype(np.float32),
+                      ff.PROMPT_IDS: rng.standard_normal((8, 12)).astype(np.float32),
+                      ff.PROMPT_MASK: (np.arange(8) < 3 + i).astype(np.int64)}
+            if task == "i2v":
+                sample[ff.I2V_CLIP] = rng.standard_normal((5, 16)).astype(np.float32)
+                sample[ff.I2V_VAE] = rng.standard_normal((8, 2, 4, 4)).astype(np.float32)
+            name = ff.feature_file_name(f"clip{i}.mp4")
+            ff.write_feature_file(folder / "features" / name, sample)
+            records.append({"path": f"clip{i}.mp4", "cap": f"caption {i}", "file": f"features/{name}"})
+        ff.write_index(folder / "data.jsonl", records)
+        model_json = write_json(folder / "pretrain_model.json",
+                                wan_model_json(task, FIXTURES / "wan2.1" / "1.3b" / task))
+        config = read_sora_model_json(str(model_json)).predictor
+        model = transformer.WanTransformer3DModel(config)
+        transformer.init_weights(model, 3)
+        transformer.save_diffusers_directory(folder / "transformer", config, model.state_dict())
+        kit[task] = folder
+    return kit
+
+
+def wan_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
+    """Wan2.1 pre-train / LoRA: pretrain_model.json and feature_data.json copied and shrunk, paths into `out`."""
+    source = FIXTURES / Path(job.script).parent
+    task = source.name
+    folder = kit[task]
+    data = shrink(json.loads((source / "feature_data.json").read_text()),
+                  {"dataset_param.basic_parameters.data_path": str(folder / "data.jsonl"),
+                   "dataset_param.basic_parameters.data_folder": str(folder)})
+    return set_flags(args, {"--mm-model": write_json(out / "pretrain_model.json", wan_model_json(task, source)),
+                            "--mm-data": write_json(out / "feature_data.json", data),
+                            "--mm-tool": ROOT / "scripts" / "wan" / "tools.json", "--load": folder / "transformer",
+                            "--save": out / "save", "--global-batch-size": job.processes, "--train-iters": ITERS})
+
+
 # ------------------------------------------------------------------------------------------ the jobs
 
 @dataclass
@@ -177,7 +243,7 @@ def _script_value(job: Job, variable: str) -> str:
     return match.group(1)
 
 
-KITS: dict[str, tuple[str, Callable]] = {"qwen2.5vl": ("qwen25", qwen25_job)}
+KITS: dict[str, tuple[str, Callable]] = {"qwen2.5vl": ("qwen25", qwen25_job), "wan2.1": ("wan", wan_job)}
 
 TP2 = {"--tensor-model-parallel-size": 2, "--pipeline-model-parallel-size": 1}
 JOBS = [
@@ -192,6 +258,12 @@ JOBS = [
     Job("mindspore/qwen2.5vl/finetune_qwen2_5_vl_72b.sh", processes=2, split=TP2, note="TP2 x PP8 scaled to TP2 x PP1"),
     Job("mindspore/qwen2.5vl/inference_qwen2_5_vl_7b.sh", kind="generate"),
     Job("mindspore/qwen2.5vl/evaluate_qwen2_5_vl_7b.sh", kind="evaluate"),
+    Job("wan2.1/1.3b/t2v/pretrain.sh"),
+    Job("wan2.1/1.3b/i2v/pretrain.sh"),
+    Job("wan2.1/1.3b/t2v/finetune_lora.sh"),
+    Job("mindspore/wan2.1/1.3b/t2v/pretrain.sh"),
+    Job("mindspore/wan2.1/1.3b/i2v/pretrain.sh"),
+    Job("mindspore/wan2.1/1.3b/t2v/finetune_lora.sh"),
 ]
 XFAIL: dict[str, str] = {}
 
