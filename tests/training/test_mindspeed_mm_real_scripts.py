@@ -155,6 +155,39 @@ def wan(tmp_path_factory):
     return kit
 
 
+def wan_extraction(demo: Path, job: Job, args: list[str], out: Path) -> list[str]:
+    """feature_extraction.sh: data.json and model_t2v.json shrunk to scripts/wan/make_demo.py's two 5-frame 32x32
+    clips and its tiny VAE / UMT5 / tokenizer; tools.json's save path into `out`."""
+    source = FIXTURES / "wan2.1" / "feature_extract"
+    tiny = demo / "Wan-tiny-Diffusers"
+    prefix = "dataset_param.preprocess_parameters."
+    data = shrink(json.loads((source / "data.json").read_text()),
+                  {"dataset_param.basic_parameters.data_path": str(demo / "data.txt"), prefix + "num_frames": 5,
+                   prefix + "max_height": 32, prefix + "max_width": 32, prefix + "max_hxw": 1024,
+                   "dataset_param.tokenizer_config.from_pretrained": str(tiny / "tokenizer"),
+                   "dataset_param.tokenizer_config.model_max_length": 16})
+    model = shrink(json.loads((source / "model_t2v.json").read_text()),
+                   {"ae.from_pretrained": str(tiny / "vae"), "text_encoder.from_pretrained": str(tiny / "text_encoder")})
+    tools = json.loads((demo / "tools.json").read_text())
+    tools["sorafeature"]["save_path"] = str(out / "sora_features")
+    return set_flags(args, {"--mm-data": write_json(out / "data.json", data),
+                            "--mm-model": write_json(out / "model_t2v.json", model),
+                            "--mm-tool": write_json(out / "tools.json", tools), "--global-batch-size": 1})
+
+
+@pytest.fixture(scope="module")
+def wan_demo(tmp_path_factory) -> Path:
+    """scripts/wan/make_demo.py's clips and tiny Wan Diffusers directory (2 clips, 5 frames of 32x32)."""
+    import importlib.util
+
+    root = tmp_path_factory.mktemp("wan_demo")
+    spec = importlib.util.spec_from_file_location("mmrun_tests_wan_make_demo", ROOT / "scripts" / "wan" / "make_demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    demo.main([str(root), "--videos", "2", "--frames", "5", "--size", "32"])
+    return root
+
+
 def wan_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
     """Wan2.1 pre-train / LoRA: pretrain_model.json and feature_data.json copied and shrunk, paths into `out`."""
     source = FIXTURES / Path(job.script).parent
@@ -175,7 +208,7 @@ def wan_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
 class Job:
     """One real script and what the user changes to run it here."""
     script: str
-    kind: str = "train"                       # train | generate | evaluate
+    kind: str = "train"                       # train | generate | evaluate | extract
     processes: int = 1
     split: dict[str, int] = field(default_factory=dict)   # the scaled-down split (flag -> size), when scaled
     note: str = ""
@@ -243,7 +276,8 @@ def _script_value(job: Job, variable: str) -> str:
     return match.group(1)
 
 
-KITS: dict[str, tuple[str, Callable]] = {"qwen2.5vl": ("qwen25", qwen25_job), "wan2.1": ("wan", wan_job)}
+KITS: dict[str, tuple[str, Callable]] = {"qwen2.5vl": ("qwen25", qwen25_job), "wan2.1": ("wan", wan_job),
+                                         "feature_extract": ("wan_demo", wan_extraction)}
 
 TP2 = {"--tensor-model-parallel-size": 2, "--pipeline-model-parallel-size": 1}
 JOBS = [
@@ -261,6 +295,7 @@ JOBS = [
     Job("wan2.1/1.3b/t2v/pretrain.sh"),
     Job("wan2.1/1.3b/i2v/pretrain.sh"),
     Job("wan2.1/1.3b/t2v/finetune_lora.sh"),
+    Job("wan2.1/feature_extract/feature_extraction.sh", kind="extract"),
     Job("mindspore/wan2.1/1.3b/t2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/i2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/t2v/finetune_lora.sh"),
@@ -282,7 +317,7 @@ def losses_of(output: str) -> dict[int, float]:
 @pytest.mark.parametrize("job", [_param(job) for job in JOBS])
 def test_the_real_script_runs_through_mmrun(job: Job, request, tk, tmp_path):
     launcher, entry, args = launch_line(FIXTURES / job.script)
-    family = Path(job.script.removeprefix("mindspore/")).parts[0]
+    family = Path(job.script.removeprefix("mindspore/")).parts[0 if "feature_extract" not in job.script else 1]
     fixture, edit = KITS[family]
     args = edit(request.getfixturevalue(fixture), job, args, tmp_path)
     args = set_flags(args, MACHINE_FLAGS[job.framework])
@@ -293,6 +328,8 @@ def test_the_real_script_runs_through_mmrun(job: Job, request, tk, tmp_path):
         losses = losses_of(run.output)
         assert sorted(losses) == list(range(1, ITERS + 1)), run.output[-3000:]
         assert all(math.isfinite(v) for v in losses.values()), losses
+    elif job.kind == "extract":  # the two clips' features and their index
+        assert len((tmp_path / "sora_features" / "data.jsonl").read_text().splitlines()) == 2, run.output[-3000:]
     elif job.kind == "generate":
         assert run.output.strip(), run.output
     else:
