@@ -202,6 +202,86 @@ def wan_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
                             "--save": out / "save", "--global-batch-size": job.processes, "--train-iters": ITERS})
 
 
+# ------------------------------------------------------------------------------------------ Qwen3-VL 8B
+
+# Sizes of the Qwen3-VL 8B files: the model tests/training/qwen3_vl_job.py's tiny_hf_qwen3_vl saves (the single
+# YAML's model section only checks them, as MindSpeed-MM's comments say; model_8B.json of the msrun twin builds
+# from them)
+QWEN3_VISION = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64,
+                "intermediate_size": 64, "llm_hidden_size": 32, "max_position_embeddings": 16,
+                "deepstack_visual_indexes": [0, 1]}
+QWEN3_TEXT = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "max_position_embeddings": 512,
+              "ffn_hidden_size": 64, "kv_channels": 16, "num_query_groups": 2, "rope_theta": 10000.0,
+              "rope_scaling": {"mrope_interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"}}
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """The Qwen3-VL demo (data, tokenizer, 16-pixel patches) and tiny_hf_qwen3_vl's random transformers model."""
+    from mmrun.data.multimodal.demo import make_demo, special_token_ids_for_model_config
+    from tests.training.qwen3_vl_job import tiny_hf_qwen3_vl
+
+    root = tmp_path_factory.mktemp("qwen3")
+    demo = make_demo(str(root / "demo"), num_samples=8, seed=7, model="qwen3_vl")
+    tiny_hf_qwen3_vl(demo["model_dir"])
+    return {"demo": demo, "hf": Path(demo["model_dir"]), "ids": special_token_ids_for_model_config(demo["model_dir"])}
+
+
+def qwen3_data(raw: dict, kit: dict, out: Path) -> dict:
+    demo = kit["demo"]
+    return shrink(raw, {"dataset_param.preprocess_parameters.model_name_or_path": demo["model_dir"],
+                        "dataset_param.preprocess_parameters.image_max_pixels": 12544,
+                        "dataset_param.basic_parameters.dataset_dir": str(Path(demo["dataset"]).parent),
+                        "dataset_param.basic_parameters.dataset": demo["dataset"],
+                        "dataset_param.basic_parameters.cache_dir": str(out / "cache_dir")})
+
+
+def qwen3_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
+    """finetune_qwen3vl_8B.sh: the single YAML (pretrain_transformers.py) copied and shrunk, its FSDP2 file as it
+    is; the msrun twin: model_8B.json / data_8B.json shrunk, pretrain_vlm.py."""
+    source = FIXTURES / Path(job.script).parent
+    vocab = kit["ids"]["vocab_size"]
+    if job.framework == "pytorch":
+        raw = yaml.safe_load((source / "qwen3vl_full_sft_8B.yaml").read_text())
+        gpt = {"train_iters": ITERS, "global_batch_size": job.processes, "vocab_size": vocab, "save": str(out / "save"),
+               "load": str(out / "mm_path"), "fsdp2_config_path": str(source / "fsdp2_config.yaml")}
+        job_yaml = shrink(raw, {**{f"gpt_args.{k}": v for k, v in gpt.items()},
+                                **{f"data.{k}": v for k, v in _flat(qwen3_data(raw["data"], kit, out)).items()},
+                                "model.init_from_hf_path": str(kit["hf"]),
+                                **{f"model.image_encoder.vision_encoder.{k}": v for k, v in QWEN3_VISION.items()},
+                                **{f"model.text_decoder.{k}": v for k, v in QWEN3_TEXT.items()},
+                                **{k: str(out / k.lower()) for k in ("HF_MODEL_LOAD_PATH", "MM_MODEL_LOAD_PATH",
+                                                                     "DATASET_PATH", "FSDP2_PATH", "SAVE_PATH")}})
+        return [str(write_json(out / "qwen3vl_full_sft_8B.yaml", job_yaml)), *args[args.index("--distributed-backend"):]]
+    ids = kit["ids"]
+    model = shrink(json.loads((source / "model_8B.json").read_text()), {
+        "img_context_token_id": ids["image_token_id"], "video_token_id": ids["video_token_id"],
+        "vision_start_token_id": ids["vision_start_token_id"],
+        **{f"image_encoder.vision_encoder.{k}": v for k, v in QWEN3_VISION.items()},
+        "image_encoder.vision_encoder.pipeline_num_layers": [2, 0],
+        "image_encoder.vision_projector.input_size": 32, "image_encoder.vision_projector.hidden_size": 32,
+        "image_encoder.vision_projector.ffn_hidden_size": 128,
+        **{f"text_decoder.{k}": v for k, v in QWEN3_TEXT.items()}, "text_decoder.vocab_size": vocab,
+        "text_decoder.pipeline_num_layers": [1, 1], "text_decoder.recompute_num_layers": 1})
+    data = qwen3_data(json.loads((source / "data_8B.json").read_text()), kit, out)
+    return set_flags(args, {"--mm-model": write_json(out / "model_8B.json", model),
+                            "--mm-data": write_json(out / "data_8B.json", data),
+                            "--mm-tool": ROOT / "scripts" / "wan" / "tools.json", "--load": kit["hf"],
+                            "--save": out / "save", "--vocab-size": vocab, "--global-batch-size": 1,
+                            "--train-iters": ITERS, **job.split})
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{dotted path: value} of a nested dict's leaves."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the jobs
 
 @dataclass
@@ -277,7 +357,7 @@ def _script_value(job: Job, variable: str) -> str:
 
 
 KITS: dict[str, tuple[str, Callable]] = {"qwen2.5vl": ("qwen25", qwen25_job), "wan2.1": ("wan", wan_job),
-                                         "feature_extract": ("wan_demo", wan_extraction)}
+                                         "feature_extract": ("wan_demo", wan_extraction), "qwen3vl": ("qwen3", qwen3_job)}
 
 TP2 = {"--tensor-model-parallel-size": 2, "--pipeline-model-parallel-size": 1}
 JOBS = [
@@ -296,6 +376,9 @@ JOBS = [
     Job("wan2.1/1.3b/i2v/pretrain.sh"),
     Job("wan2.1/1.3b/t2v/finetune_lora.sh"),
     Job("wan2.1/feature_extract/feature_extraction.sh", kind="extract"),
+    Job("qwen3vl/finetune_qwen3vl_8B.sh"),
+    Job("mindspore/qwen3vl/finetune_qwen3vl_8B.sh", processes=2, split={"--pipeline-model-parallel-size": 2},
+        note="PP4 scaled to PP2"),
     Job("mindspore/wan2.1/1.3b/t2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/i2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/t2v/finetune_lora.sh"),
