@@ -262,12 +262,15 @@ def qwen3_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
         "image_encoder.vision_projector.input_size": 32, "image_encoder.vision_projector.hidden_size": 32,
         "image_encoder.vision_projector.ffn_hidden_size": 128,
         **{f"text_decoder.{k}": v for k, v in QWEN3_TEXT.items()}, "text_decoder.vocab_size": vocab,
-        "text_decoder.pipeline_num_layers": [1, 1], "text_decoder.recompute_num_layers": 1})
+        "text_decoder.pipeline_num_layers": [1, 1], "text_decoder.recompute_num_layers": 1,
+        "text_decoder.seq_length": 512})
+    model.setdefault("vision_end_token_id", ids["vision_end_token_id"])  # as qwen25_shrunk's video_token_id
     data = qwen3_data(json.loads((source / "data_8B.json").read_text()), kit, out)
     return set_flags(args, {"--mm-model": write_json(out / "model_8B.json", model),
                             "--mm-data": write_json(out / "data_8B.json", data),
                             "--mm-tool": ROOT / "scripts" / "wan" / "tools.json", "--load": kit["hf"],
                             "--save": out / "save", "--vocab-size": vocab, "--global-batch-size": 1,
+                            "--seq-length": 512,  # the tiny model's max_position_embeddings
                             "--train-iters": ITERS, **job.split})
 
 
