@@ -398,10 +398,29 @@ XFAIL: dict[str, str] = {"mindspore/qwen2.5vl/finetune_qwen2_5_vl_7b_lora.sh": L
 
 
 def _param(job: Job):
-    marks = [pytest.mark.slow]
+    # one xdist group per family: its module fixture (tiny model, data) is built once, on the worker that runs it;
+    # named like the shared-fixture groups (tests/conftest.py) so that these long groups are handed out first
+    marks = [pytest.mark.slow, pytest.mark.xdist_group(f"fixture:real_scripts_{KITS[_family(job)][0]}")]
     if job.script in XFAIL:
         marks.append(pytest.mark.xfail(strict=False, reason=XFAIL[job.script]))
     return pytest.param(job, marks=marks, id=job.script)
+
+
+def loaded_line(job: Job) -> str | None:
+    """What the entry prints when it reads the weights the script's --load (or the YAML's init_from_hf_path) names:
+    the fixtures' tiny random weights, not the entry's own random init (the extraction's VAE is the json's)."""
+    if _family(job) == "wan2.1":
+        return "loaded diffusers weights from"
+    if job.kind in ("generate", "evaluate"):
+        return "notice: weights: Hugging Face directory"
+    if job.script == "qwen3vl/finetune_qwen3vl_8B.sh":
+        return "start from the Hugging Face weights of init_from_hf_path"
+    return None if job.kind == "extract" else " > loaded Hugging Face weights from"
+
+
+def _family(job: Job) -> str:
+    parts = Path(job.script.removeprefix("mindspore/")).parts
+    return parts[1] if parts[1] == "feature_extract" else parts[0]
 
 
 def losses_of(output: str) -> dict[int, float]:
@@ -411,20 +430,23 @@ def losses_of(output: str) -> dict[int, float]:
 @pytest.mark.parametrize("job", [_param(job) for job in JOBS])
 def test_the_real_script_runs_through_mmrun(job: Job, request, tk, tmp_path):
     launcher, entry, args = launch_line(FIXTURES / job.script)
-    family = Path(job.script.removeprefix("mindspore/")).parts[0 if "feature_extract" not in job.script else 1]
-    fixture, edit = KITS[family]
+    fixture, edit = KITS[_family(job)]
     args = edit(request.getfixturevalue(fixture), job, args, tmp_path)
     args = set_flags(args, MACHINE_FLAGS[job.framework])
     run = tk.run_training(tmp_path / "run", args, framework=FRAMEWORKS[launcher], nproc=job.processes,
                           timeout=300, entry=ROOT / "models" / entry)
     assert run.returncode == 0, "\n".join([l for l in run.output.splitlines() if l.startswith(("error", "warning"))] + [run.output[-3000:]])
+    if loaded_line(job):  # --load's tiny weights were read, not a fresh init
+        assert loaded_line(job) in run.output, run.output[-3000:]
     if job.kind == "train":
         losses = losses_of(run.output)
         assert sorted(losses) == list(range(1, ITERS + 1)), run.output[-3000:]
         assert all(math.isfinite(v) for v in losses.values()), losses
     elif job.kind == "extract":  # the two clips' features and their index
         assert len((tmp_path / "sora_features" / "data.jsonl").read_text().splitlines()) == 2, run.output[-3000:]
-    elif job.kind == "generate":
-        assert run.output.strip(), run.output
+    elif job.kind == "generate":  # the answer on stdout (the entry's notices and summary go to stderr)
+        assert "new tokens after a prompt of" in run.output, run.output[-3000:]
+        assert [line for line in run.stdout.splitlines() if line.strip() and not line.startswith(("*", "Setting"))], \
+            run.output[-3000:]
     else:
         assert re.search(r"^> \w+: accuracy [0-9.]+ over \d+ questions", run.output, re.M), run.output[-3000:]
