@@ -20,6 +20,7 @@ list that matches nothing is an error.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass, field
@@ -360,9 +361,27 @@ def _check_static_overlap(config: FSDP2Config) -> None:
                                "a module is either sharded or ignored, remove it from one list")
 
 
-def plan_modules(config: FSDP2Config, module_names: Sequence[str], classes: Mapping[str, str] | None = None) -> ModulePlan:
-    """Resolve the three lists against one model's module tree; errors name the pattern and what exists."""
+def _own_name(pattern: str, aliases: Mapping[str, str | None]) -> str | None:
+    """A MindSpeed-MM module path of the pattern (text_decoder.decoder.layers.{*}) in the model's own names
+    (model.layers.{*}), by its longest aliased prefix; None: a module without parameters in this model."""
+    for prefix in sorted(aliases, key=len, reverse=True):
+        if pattern == prefix or pattern.startswith(prefix + "."):
+            own = aliases[prefix]
+            return None if own is None else own + pattern[len(prefix):]
+    return pattern
+
+
+def plan_modules(config: FSDP2Config, module_names: Sequence[str], classes: Mapping[str, str] | None = None,
+                 aliases: Mapping[str, str | None] | None = None) -> ModulePlan:
+    """Resolve the three lists against one model's module tree; errors name the pattern and what exists.
+    `aliases`: the model's table of MindSpeed-MM's module paths (its `mindspeed_mm_modules`), so that MindSpeed-MM's
+    own FSDP2 files (text_decoder.decoder.layers.{*}) name the same modules as the model's paths do."""
     names = [n for n in module_names if n]
+    if aliases:
+        config = dataclasses.replace(config, **{key: tuple(own for own in (_own_name(p, aliases) for p in
+                                                                          getattr(config, key)) if own is not None)
+                                                for key in ("sub_modules_to_wrap", "ignored_modules",
+                                                            "recompute_modules")})
     for pattern in config.moe_modules:
         hits = match_pattern(parse_pattern(pattern, f"{config.source}: moe_modules"), names, classes)
         if hits:

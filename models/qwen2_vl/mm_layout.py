@@ -19,6 +19,15 @@ _TOP_RENAMES = {"visual.patch_embed.proj": VISION + "patch_embed.proj", "visual.
                 "model.embed_tokens": TEXT + "embedding.word_embeddings", "model.norm": TEXT + "decoder.final_layernorm",
                 "lm_head": TEXT + "output_layer"}
 
+# MindSpeed-MM's module paths (the prefixes its FSDP2 files name, e.g. examples/qwen2.5vl/fsdp2_config.yaml) -> this
+# model's; None: a module without parameters here (rotary embeddings are computed, not held), nothing to shard.
+MINDSPEED_MM_MODULES: dict[str, str | None] = {
+    "text_decoder.output_layer": "lm_head", "text_decoder.embedding": "model.embed_tokens",
+    "text_decoder.rotary_pos_emb": None, "text_decoder.decoder.layers": "model.layers",
+    "text_decoder.decoder.final_layernorm": "model.norm", "text_decoder": "model",
+    "image_encoder.encoder.blocks.layers": "visual.blocks", "image_encoder.encoder.patch_embed": "visual.patch_embed",
+    "image_encoder.projector": "visual.merger", "image_encoder": "visual"}
+
 
 def hf_shapes(config: Qwen2VLConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter of the model in mmrun's (Hugging Face hub) names, with its shape, in checkpoint order."""

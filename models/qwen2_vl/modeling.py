@@ -34,6 +34,7 @@ from mmrun.models.vlm import vision_layout
 from mmrun.models.vlm.blocks import (VisionAttention, VisionPatchEmbed, causal_lm_loss, freeze_parts, host_array,
                                      merge_vision, place_features, rotary_of_positions, vision_rotary)
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, TextConfig, VisionConfig
+from mmrun.models.qwen2_vl.mm_layout import MINDSPEED_MM_MODULES
 from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation,
                                              multimodal_rotary, rotary_inv_freq)
 
@@ -195,6 +196,8 @@ class Qwen2VLForConditionalGeneration(nn.Module):
 
     # the layer loops models/recompute.py marks
     recompute_layers = {"vision_encoder": "visual.blocks", "text_decoder": "model.layers"}
+    # MindSpeed-MM's module paths in an FSDP2 file -> ours (engines/fsdp2_config.plan_modules reads it)
+    mindspeed_mm_modules = MINDSPEED_MM_MODULES
 
     def __init__(self, config: Qwen2VLConfig) -> None:
         super().__init__()
@@ -219,8 +222,10 @@ class Qwen2VLForConditionalGeneration(nn.Module):
                                                      pixel_values_videos, video_grid_thw, second_per_grid_ts,
                                                      position_ids)
         hidden = self.model(embeds, position_ids)
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = ops.linear(hidden, weight)
+        # lm_head called as a module, not through its weight: FSDP2 (MindSpeed-MM's fsdp2_config.yaml wraps
+        # text_decoder.output_layer on its own) gathers a unit's parameters in the unit's forward
+        logits = (ops.linear(hidden, self.model.embed_tokens.weight) if self.lm_head is None
+                  else self.lm_head(hidden))
         loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
         return {"logits": logits, "loss_dict": loss_dict}
 

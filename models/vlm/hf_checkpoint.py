@@ -112,9 +112,15 @@ def checked_for_model(weights: HFWeights, config: Any, described_by: str,
     return weights
 
 
+# Keys of an HF config (at any level) that do not change the network: the dtype the weights were saved in, and the
+# generation's special tokens (MindSpeed-MM's model.json has no bos/eos/pad: Qwen3-VL-8B-Instruct's text_config
+# holds them, so comparing them refused the real download against the real model_8B.json)
+NOT_THE_NETWORK = ("torch_dtype", "dtype", "architectures", "bos_token_id", "eos_token_id", "pad_token_id")
+
+
 def structure(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """An HF config without the keys that do not change the network (the dtype the weights were saved in)."""
-    return {k: v for k, v in hf_config.items() if k not in ("torch_dtype", "dtype", "architectures")}
+    """An HF config without the keys that do not change the network (NOT_THE_NETWORK, at every level)."""
+    return {k: structure(v) if isinstance(v, dict) else v for k, v in hf_config.items() if k not in NOT_THE_NETWORK}
 
 
 def config_difference(theirs: dict[str, Any], ours: dict[str, Any], prefix: str = "") -> str:

@@ -4,43 +4,17 @@ runs them through mmrun: the launch line's training flags, as the script sets th
 `models/pretrain_vlm.py`; the single YAML's gpt_args become its flags). The gate must not stop a job whose model
 mmrun builds (issue 37, item 6).
 
-The script is parsed as `mmrun translate` parses it (tree-sitter-bash, never run); a `${VAR}` inside a flag string
-takes the script's own literal `VAR=value` (the TP/PP/CP sizes), as the shell would.
+The script is parsed as `mmrun translate` parses it (tests/training/real_scripts.py, shared with the test that runs
+the scripts: tests/training/test_mindspeed_mm_real_scripts.py).
 """
 from __future__ import annotations
 
-import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from mmrun.features.cli import main as features_main
-from mmrun.launchers.translate.launch_forms import find_launches, read_args
-from mmrun.launchers.translate.parse import parse_script
-from mmrun.launchers.translate.words import Definitions, Words
-from mmrun.training.yaml_launch import gpt_args_of, to_argv
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mindspeed_mm"
-FRAMEWORKS = {"torchrun": "pytorch", "msrun": "mindspore"}
-_LITERAL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([^\s$`\"'()]+)\s*$", re.M)
-_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
-
-
-def launch_line(path: Path) -> tuple[str, str, list[str]]:
-    """(launcher, entry file name, training arguments) of the script's one launch line."""
-    script = parse_script(path.read_bytes(), str(path))
-    words = Words(script, Definitions(script))
-    launches = find_launches(script, words)
-    assert len(launches) == 1, f"{path}: {len(launches)} launch lines"
-    launch = launches[0]
-    parsed = read_args(launch, [w for arg in launch.args for w in words.expand(arg, union=True)[0]])
-    literal = dict(_LITERAL.findall(path.read_text(encoding="utf-8")))
-    args = [w.text if w.static else _VARIABLE.sub(lambda m: literal.get(m.group(1), m.group(0)), w.text)
-            for w in parsed.training]
-    if args and args[0].endswith(".yaml"):  # pretrain_transformers.py's single YAML: its gpt_args are the flags
-        args = to_argv(gpt_args_of(FIXTURES / args[0].removeprefix("examples/"))) + args[1:]
-    return launch.launcher, Path(parsed.script.text).name, args
+from tests.training.real_scripts import FIXTURES, FRAMEWORKS, launch_line
 
 
 # Models mmrun does not build: their scripts may stop (the model json stops them in one line anyway).

@@ -39,6 +39,7 @@ class Run:
     returncode: int
     output: str
     metrics: list[dict]
+    stdout: str = ""  # the stdout part of output (what an entry prints as its result: generated text)
 
     def losses(self) -> dict[int, float]:
         return {m["iteration"]: m["lm_loss"] for m in self.metrics if m["kind"] == "train"}
@@ -71,7 +72,7 @@ def run_training(workdir: Path, args: list[str], framework: str = "pytorch", npr
             except ProcessLookupError:
                 pass
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return Run(proc.returncode, proc.stdout + proc.stderr, records)
+    return Run(proc.returncode, proc.stdout + proc.stderr, records, proc.stdout)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import pytest
 
 from mmrun.engines.fsdp2_config import (KEYS, FSDP2ConfigError, check_with_training_args,
                                          config_from_mapping, given_from_argv, match_pattern, parse_pattern,
-                                         plan_modules)
+                                         load_fsdp2_config, plan_modules)
 from mmrun.training.yaml_launch import check_launch, read_yaml_launch, to_argv
 
 # mmrun's GPT (2 layers) and a transformers Qwen2-VL's module paths, as named_modules() gives them.
@@ -224,3 +224,18 @@ def test_mindspeed_mms_real_files_load_and_their_moe_keys_stop_only_a_moe_model(
                                                "parallelism of a mixture-of-experts model"):
         config_from_mapping({"expert_parallel_size": 2}, "f.yaml")
     assert load_fsdp2_config(FIXTURES / "qwen2.5vl" / "fsdp2_config.yaml").ignored_modules == ("image_encoder",)
+
+
+def test_mindspeed_mms_qwen2_5_vl_file_names_our_modules_through_the_models_table():
+    """examples/qwen2.5vl/fsdp2_config.yaml names MindSpeed-MM's modules (text_decoder.decoder.layers.{*},
+    text_decoder.output_layer, image_encoder); the Qwen2-VL model's mindspeed_mm_modules maps them onto its own."""
+    from mmrun.models.qwen2_vl.mm_layout import MINDSPEED_MM_MODULES
+
+    config = load_fsdp2_config(Path(__file__).parents[1] / "fixtures" / "mindspeed_mm" / "qwen2.5vl" / "fsdp2_config.yaml")
+    names = ["visual", "visual.blocks", "visual.blocks.0", "visual.merger", "model", "model.embed_tokens",
+             "model.layers", "model.layers.0", "model.layers.1", "model.norm", "lm_head"]
+    plan = plan_modules(config, names, aliases=MINDSPEED_MM_MODULES)
+    assert plan.wrap == ["model.embed_tokens", "model.layers.0", "model.layers.1", "lm_head"]  # rotary: no module
+    assert plan.ignore == ["visual"] and plan.recompute == ["model.layers.0", "model.layers.1"]
+    with pytest.raises(FSDP2ConfigError, match="'text_decoder.output_layer' matches no module"):
+        plan_modules(config, names)

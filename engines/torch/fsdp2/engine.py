@@ -164,7 +164,8 @@ class TorchNativeEngine:
             # warning about in-place ops on a view output cannot apply.
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         classes = {n: f"{type(m).__module__}.{type(m).__qualname__}" for n, m in model.named_modules()}
-        self.plan = plan_modules(self.config, [n for n, _ in model.named_modules()], classes)
+        self.plan = plan_modules(self.config, [n for n, _ in model.named_modules()], classes,
+                                 aliases=getattr(model, "mindspeed_mm_modules", None))
         shard = self.config.shard_size(world)
         self.mesh = build_mesh(device.detect().kind, world, shard)
         units = apply_fsdp2(model, self.config, self.plan, self.mesh, default_param_dtype=precision)
