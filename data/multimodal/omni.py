@@ -161,3 +161,42 @@ def encode_media(dataset, sample, out: dict) -> tuple[list[dict], int]:
     messages = expand_messages(messages, dataset.template, rope, image_tokens, out.get("video_grid_thw", []),
                                out.get("second_per_grid_ts", []), lengths, rope.use_audio_in_video, sample.where)
     return messages, int(audio_token_count(lengths).sum()) if lengths.size else 0
+
+
+def encode_prompt(tokenizer, template: ChatTemplate, text: str, rope: OmniRopeConfig, *, images=(), videos=(),
+                  audios=(), image_config=None, video_config=None, settings: WhisperFeatures | None = None,
+                  sampling_rate: int = 16000) -> dict[str, np.ndarray]:
+    """One user turn for generation (inference_vlm.py): the images, the videos (each (frames, frames a second),
+    data/multimodal/video_files.py; with rope.use_audio_in_video each followed by its sound track, the first
+    len(videos) of `audios`), the other audios (waveforms at `sampling_rate`), then the text; the processor's
+    arrays as OmniPrompt takes them (input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+    second_per_grid_ts, input_features, feature_attention_mask)."""
+    from mmrun.data.multimodal.image_processing import preprocess_images, preprocess_video
+    from mmrun.data.multimodal.templates import USER
+    from mmrun.data.multimodal.vlm_prompt import user_turn_ids
+
+    out: dict[str, np.ndarray] = {}
+    merge = rope.spatial_merge_size ** 2
+    image_tokens, grids, seconds, lengths = [], [], [], np.zeros(0, np.int64)
+    if images:
+        out["pixel_values"], out["image_grid_thw"] = preprocess_images(list(images), image_config)
+        image_tokens = [int(np.prod(g)) // merge for g in out["image_grid_thw"]]
+    if videos:
+        pixels = []
+        for frames, rate in videos:
+            flat, grid = preprocess_video(list(frames), video_config)
+            pixels.append(flat)
+            grids.append(grid)
+            seconds.append(video_config.temporal_patch_size / rate)
+        out["pixel_values_videos"], out["video_grid_thw"] = np.concatenate(pixels), np.concatenate(grids)
+        out["second_per_grid_ts"] = np.asarray(seconds, dtype=np.float32)
+    if len(audios):
+        out.update(settings.batch(list(audios), sampling_rate))
+        lengths = out["feature_attention_mask"].sum(axis=1)
+    paired = rope.use_audio_in_video and len(videos) > 0
+    content = (IMAGE_PLACEHOLDER * len(images) + (VIDEO_PLACEHOLDER + AUDIO_PLACEHOLDER * paired) * len(videos)
+               + AUDIO_PLACEHOLDER * (len(audios) - len(videos) * paired) + text)
+    message = expand_messages([{"role": USER, "content": content}], template, rope, image_tokens,
+                              out.get("video_grid_thw", []), seconds, lengths, paired, "prompt")[0]
+    out["input_ids"] = user_turn_ids(tokenizer, template, message["content"])
+    return out

@@ -85,6 +85,14 @@ class HFWeights(vlm_checkpoint.HFWeights):
     stored_name_to_ours = staticmethod(lambda stored: mmrun_name(stored))
 
 
+def open_for_model(path: str | os.PathLike, config: OmniConfig, described_by: str) -> HFWeights:
+    """An --load of a thinker or whole Omni directory: its weights, read lazily, checked against `config` (the
+    settings that shape the network: configuration.network_dict)."""
+    from mmrun.models.qwen2_5_omni.configuration import network_dict
+
+    return vlm_checkpoint.checked_for_model(HFWeights(path), config, described_by, network_dict)
+
+
 def stored_shapes(config: OmniConfig) -> dict[str, tuple[int, ...]]:
     """The audio Conv1d kernels as a thinker directory stores them, (D, C, 3) (mmrun keeps them (D, C*3))."""
     a = config.audio
