@@ -50,3 +50,35 @@ def test_a_split_omni_run_is_refused_in_one_line(tk, job):
     done = _train(tk, job, "pytorch", ["--pipeline-model-parallel-size", "2"])
     assert done.returncode == 2
     assert "Qwen2.5-Omni trains unsplit for now" in done.output
+
+
+@pytest.mark.slow
+def test_mmrun_converts_split_loads_into_the_unsplit_run_as_its_hf_directory(tk, job):
+    """MindSpeed-MM's README flow: `mm-convert Qwen2_5_OmniConverter hf_to_mm` (here TP=2 x PP=2, the audio encoder
+    and ViT on stage 0), then LOAD_PATH = the converted directory: the run trains from the same weights as from the
+    Hugging Face directory itself (the same losses), and not from its own initial ones."""
+    import json
+
+    import torch
+    import transformers
+
+    from mmrun.checkpoint.convert_cli import main as convert
+    from mmrun.models.qwen2_5_omni import model_json
+
+    paths, root = job
+    raw = json.loads(paths["model_json"].read_text())
+    torch.manual_seed(0)
+    transformers.Qwen2_5OmniThinkerForConditionalGeneration(transformers.Qwen2_5OmniThinkerConfig(
+        **model_json.parse_model_json(raw).hf_config)).save_pretrained(root / "hf")
+    assert convert(["Qwen2_5_OmniConverter", "hf_to_mm", "--cfg.mm_dir", str(root / "mm"), "--cfg.hf_config.hf_dir",
+                    str(root / "hf"), "--cfg.parallel_config.llm_pp_layers", "[[1,1]]",
+                    "--cfg.parallel_config.vit_pp_layers", "[[2,0]]", "--cfg.parallel_config.audio_pp_layers",
+                    "[[2,0]]", "--cfg.parallel_config.tp_size", "2"]) == 0
+    runs = {name: _train(tk, job, "pytorch", ["--load", str(root / name), *extra, "--train-iters", "2"])
+            for name, extra in (("hf", ()), ("mm", ("--no-load-optim", "--no-load-rng")))}
+    for run in runs.values():
+        assert run.returncode == 0, run.output[-3000:]
+    assert "successfully loaded checkpoint from" in runs["mm"].output and "loaded Hugging Face weights" in runs[
+        "hf"].output
+    losses = {name: run.losses() for name, run in runs.items()}
+    assert sorted(losses["mm"]) == [1, 2] and losses["mm"] == losses["hf"], losses
