@@ -95,7 +95,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> shared
 
 # What a split Omni run is built for: pipeline stages on megatron-core (PyTorch), the audio encoder and ViT on stage 0.
 SPLIT_FRAMEWORKS = ("pytorch",)
-BUILT_SPLITS = ("--pipeline-model-parallel-size",)
+BUILT_SPLITS = ("--pipeline-model-parallel-size", "--tensor-model-parallel-size")
 
 
 def check_split(spec: shared_json.ModelJson, framework: str, split: Mapping[str, str], lora: bool) -> None:

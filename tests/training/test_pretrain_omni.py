@@ -1,6 +1,7 @@
 """models/pretrain_vlm.py trains Qwen2.5-Omni's thinker from MindSpeed-MM's own job files (scripts/qwen2_5omni/:
 model_7b.json shrunk, data_7b.json as it is) on a synthetic audio dataset, unsplit, with the same losses on
-PyTorch and MindSpore; a split run is refused in one line."""
+PyTorch and MindSpore; split over pipeline stages on megatron-core (the real script's PP=2) with the unsplit run's
+losses; a split run on MindSpore is refused in one line."""
 from __future__ import annotations
 
 import importlib.util
@@ -46,17 +47,19 @@ def test_pytorch_and_mindspore_train_the_same_losses(tk, job):
     assert pt_losses[ITERS] < pt_losses[1] - 0.2, pt_losses
 
 
-def test_a_split_omni_run_is_refused_in_one_line(tk, job):
-    done = _train(tk, job, "pytorch", ["--pipeline-model-parallel-size", "2"])
+def test_a_split_omni_run_on_mindspore_is_refused_in_one_line(tk, job):
+    done = _train(tk, job, "mindspore", ["--pipeline-model-parallel-size", "2"])
     assert done.returncode == 2
-    assert "Qwen2.5-Omni trains unsplit for now" in done.output
+    assert "Qwen2.5-Omni splits over pipeline stages on PyTorch (megatron-core) only" in done.output
 
 
 @pytest.mark.slow
 def test_mmrun_converts_split_loads_into_the_unsplit_run_as_its_hf_directory(tk, job):
     """MindSpeed-MM's README flow: `mm-convert Qwen2_5_OmniConverter hf_to_mm` (here TP=2 x PP=2, the audio encoder
     and ViT on stage 0), then LOAD_PATH = the converted directory: the run trains from the same weights as from the
-    Hugging Face directory itself (the same losses), and not from its own initial ones."""
+    Hugging Face directory itself (the same losses), and not from its own initial ones. The launch script's own
+    split, PP=2 on megatron-core (the audio encoder and ViT on stage 0), loads the same directory and trains the
+    same losses (1e-5) with every part trainable (the audio encoder's and ViT's gradients cross the stages)."""
     import json
 
     import torch
@@ -74,11 +77,28 @@ def test_mmrun_converts_split_loads_into_the_unsplit_run_as_its_hf_directory(tk,
                     str(root / "hf"), "--cfg.parallel_config.llm_pp_layers", "[[1,1]]",
                     "--cfg.parallel_config.vit_pp_layers", "[[2,0]]", "--cfg.parallel_config.audio_pp_layers",
                     "[[2,0]]", "--cfg.parallel_config.tp_size", "2"]) == 0
-    runs = {name: _train(tk, job, "pytorch", ["--load", str(root / name), *extra, "--train-iters", "2"])
-            for name, extra in (("hf", ()), ("mm", ("--no-load-optim", "--no-load-rng")))}
+    trainable = root / "model_trainable.json"  # model.json with every freeze switch off
+    trainable.write_text(json.dumps(_unfrozen(raw)))
+    pp2 = ("--no-load-optim", "--no-load-rng", "--use-mcore-models", "--pipeline-model-parallel-size", "2")
+    runs = {name: tk.run_training(root / f"run-{name}", [*ARGS, "--mm-model", str(trainable), "--mm-data",
+                                                         str(paths["data_json"]), "--load", str(root / source),
+                                                         *extra, "--train-iters", "2"],
+                                  framework="pytorch", nproc=nproc, timeout=600, entry=VLM_ENTRY)
+            for name, source, nproc, extra in (("hf", "hf", 1, ()), ("mm", "mm", 1, ("--no-load-optim", "--no-load-rng")),
+                                               ("pp2", "mm", 2, pp2))}
     for run in runs.values():
         assert run.returncode == 0, run.output[-3000:]
     assert "successfully loaded checkpoint from" in runs["mm"].output and "loaded Hugging Face weights" in runs[
         "hf"].output
+    assert "frozen (no gradients, no optimizer state): nothing" in runs["pp2"].output
+    assert "on megatron-core" in runs["pp2"].output and "successfully loaded checkpoint from" in runs["pp2"].output
     losses = {name: run.losses() for name, run in runs.items()}
-    assert sorted(losses["mm"]) == [1, 2] and losses["mm"] == losses["hf"], losses
+    assert sorted(losses["mm"]) == sorted(losses["pp2"]) == [1, 2] and losses["mm"] == losses["hf"], losses
+    assert max(abs(losses["pp2"][i] - losses["hf"][i]) for i in (1, 2)) <= 1e-5, losses
+
+
+def _unfrozen(raw):
+    """model.json with every `freeze` switch off."""
+    if isinstance(raw, dict):
+        return {key: False if key == "freeze" else _unfrozen(value) for key, value in raw.items()}
+    return raw
