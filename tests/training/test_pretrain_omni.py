@@ -5,6 +5,7 @@ losses; a split run on MindSpore is refused in one line."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_pytorch_and_mindspore_train_the_same_losses(tk, job):
 def test_a_split_omni_run_on_mindspore_is_refused_in_one_line(tk, job):
     done = _train(tk, job, "mindspore", ["--pipeline-model-parallel-size", "2"])
     assert done.returncode == 2
-    assert "Qwen2.5-Omni splits over pipeline stages on PyTorch (megatron-core) only" in done.output
+    assert "Qwen2.5-Omni splits over tensor/pipeline ranks on PyTorch (megatron-core) only" in done.output
 
 
 @pytest.mark.slow
@@ -102,3 +103,26 @@ def _unfrozen(raw):
     if isinstance(raw, dict):
         return {key: False if key == "freeze" else _unfrozen(value) for key, value in raw.items()}
     return raw
+
+
+def test_the_split_checks_of_model_json():
+    """The real script's placement (audio encoder and ViT on stage 0) passes on PyTorch; audio layers on a later
+    stage, a split on MindSpore and LoRA are one line each (exit 2 in pretrain_vlm.py)."""
+    import json
+
+    from mmrun.backend.errors import UsageError
+    from mmrun.models.qwen2_5_omni import model_json
+
+    raw = json.loads((ROOT / "scripts" / "qwen2_5omni" / "model_tiny.json").read_text())
+    pp2 = {"--pipeline-model-parallel-size": "2"}
+    model_json.check_split(model_json.parse_model_json(raw), "pytorch", pp2, lora=False)
+    moved = json.loads(json.dumps(raw))
+    moved["audio_encoder"]["audio_encoder"]["pipeline_num_layers"] = [1, 1]
+    refusals = {"keeps the whole audio encoder (2 layers) on the first pipeline stage, beside the ViT; give [2, 0":
+                (moved, "pytorch", pp2, False),
+                "splits over tensor/pipeline ranks on PyTorch (megatron-core) only, and trains unsplit on mindspore":
+                (raw, "mindspore", pp2, False),
+                "LoRA is not built for Qwen2.5-Omni": (raw, "pytorch", {}, True)}
+    for words, (spec, framework, split, lora) in refusals.items():
+        with pytest.raises(UsageError, match=re.escape(words)):
+            model_json.check_split(model_json.parse_model_json(spec), framework, split, lora)
