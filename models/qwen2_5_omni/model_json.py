@@ -95,7 +95,7 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> shared
 
 # Where a split Omni run is built: tensor and pipeline parallelism on megatron-core (PyTorch), the audio encoder and
 # the ViT on stage 0 (engines/torch/megatron_core/omni_vlm.py).
-SPLIT_FRAMEWORKS = ("pytorch",)
+SPLIT_FRAMEWORKS = ("pytorch", "mindspore")
 
 
 def check_split(spec: shared_json.ModelJson, framework: str, split: Mapping[str, str], lora: bool) -> None:
