@@ -38,6 +38,7 @@ CONVERTERS: dict[str, str] = {
     "Qwen2VLConverter": "mmrun.checkpoint.vlm",
     "Qwen2_5_VLConverter": "mmrun.checkpoint.vlm",
     "Qwen3VLMegatronConverter": "mmrun.checkpoint.vlm",  # MindSpeed-MM's mcore Qwen3-VL names
+    "Qwen2_5_OmniConverter": "mmrun.checkpoint.vlm",  # Qwen2.5-Omni's thinker (models/qwen2_5_omni/mm_layout.py)
     "WanConverter": "mmrun.checkpoint.wan",
 }
 

@@ -38,7 +38,7 @@ from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
 
 CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl",
-                         "Qwen3VLMegatronConverter": "qwen3_vl"}
+                         "Qwen3VLMegatronConverter": "qwen3_vl", "Qwen2_5_OmniConverter": "qwen2_5_omni_thinker"}
 LOAD_HINT = "--no-load-optim --no-load-rng, or --finetune"
 
 
@@ -120,11 +120,29 @@ def _layout(cfg: dict[str, Any], key: str, config: Qwen2VLConfig) -> VLMLayout:
                           f"{json.dumps(parallel['llm_pp_layers'])} give different numbers of pipeline stages or "
                           "virtual chunks; give both one entry per stage and the same number of chunks")
     pp = shapes.pop()[0] if shapes else 1
+    if "audio_pp_layers" in parallel:
+        _check_audio_stages(parallel["audio_pp_layers"], f"{key}.audio_pp_layers", config, pp)
     try:
         return VLMLayout.build(config, tp, pp, given.get("vit_pp_layers"), given.get("llm_pp_layers"))
     except LayoutError as err:
         raise LayoutError(f"--cfg.{key} (tp_size {tp}, {pp} pipeline stage{'s' if pp > 1 else ''}) does not fit this "
                           f"{config.model_type} model: {err}") from None
+
+
+def _check_audio_stages(value: Any, option: str, config: Any, pp: int) -> None:
+    """mm-convert's audio_pp_layers (Qwen2.5-Omni): mmrun keeps the whole audio encoder on the first stage, beside
+    the ViT, as MindSpeed-MM's example does ([[32,0]])."""
+    audio = getattr(config, "audio", None)
+    if audio is None:
+        raise UsageError(f"--cfg.{option}: a {config.model_type} model has no audio encoder; leave the option out")
+    layers = _stage_layers(value, option)
+    chunks = virtual_chunks(layers)
+    flat = _flat(layers)
+    wanted = [audio.num_layers] + [0] * (max(pp, 1) * chunks - 1)
+    if flat != wanted:
+        shown = [wanted[c * pp:(c + 1) * pp] for c in range(chunks)]
+        raise LayoutError(f"--cfg.{option} {json.dumps(value)}: mmrun keeps the whole audio encoder "
+                          f"({audio.num_layers} layers) on the first pipeline stage; give {json.dumps(shown)}")
 
 
 def _flat(layers: list[Any]) -> list[int]:

@@ -45,7 +45,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2_5_omni", ("qwen2_5_omni_thinker", "qwen2_5_omni"), (), "OmniConfig",
            "Qwen2_5OmniThinkerForConditionalGeneration", "qwen2_omni",
            {"configuration": "configuration", "modeling": "modeling", "hf_checkpoint": "hf_checkpoint",
-            "model_json": "model_json", "decoding": "generation:OmniDecoding"}, base="qwen2_vl"),
+            "model_json": "model_json", "decoding": "generation:OmniDecoding", "mm_layout": "mm_layout"},
+           base="qwen2_vl"),
     Family("qwen3_vl", ("qwen3_vl", "qwen3_vl_moe"), ("qwen3_vl", "qwen3vl"), "Qwen3VLConfig",
            "Qwen3VLForConditionalGeneration", "qwen3_vl_nothink", {**_VLM_PARTS, "decoding": "generation:Qwen3VLDecoding"}),
     # Wan2.1's DiT: diffusers names its class in config.json's _class_name; MindSpeed-MM's predictor model_id.

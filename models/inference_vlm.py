@@ -19,6 +19,11 @@ its qwen3_vl_nothink template and its weights from a Hugging Face directory or a
 A LoRA adapter in PEFT's layout (peft's save_pretrained, or `mmrun convert Qwen2VLConverter lora_to_peft`) is
 folded into those weights before generation: the json's `lora_path` (mmrun's key: MindSpeed-MM merges adapters
 offline and has none) or --lora-load DIR (MindSpeed-LLM's flag; it wins over the json).
+Qwen2.5-Omni's thinker: MindSpeed-MM ships no Omni inference json; here the Qwen2.5-VL json serves with Omni's
+model.json sections (text_decoder.model_id qwen2_5_omni_thinker, an audio_encoder section) and mmrun's keys for
+its other inputs: `audio_path` (audio files), `video_path` (video files, sampled at `video_fps` up to
+`video_maxlen` frames of `video_max_pixels` as MindSpeed-MM's data does) and `use_audio_in_video` (each video's own
+sound track interleaved with it); the prompt is the images, the videos, the audios, then the text.
 
 The answer streams to stdout token by token; a summary line goes to stderr. The launch script's other Megatron
 flags (parallel sizes, --use-flash-attn, ...) are accepted and ignored in one notice: one process runs the
@@ -41,9 +46,14 @@ PIPELINES = ("Qwen2VlPipeline",)
 # The inference / evaluation json's own keys (not model.json's): read here, not passed to the model reader.
 INFERENCE_KEYS = ("pipeline_class", "tokenizer", "generation_config", "image_path", "video_path", "prompts",
                   "min_pixels", "max_pixels", "dtype", "device", "dataset_path", "evaluation_dataset",
-                  "evaluation_model", "result_output_path", "use_custom_prompt", "lora_path")
+                  "evaluation_model", "result_output_path", "use_custom_prompt", "lora_path",
+                  "audio_path", "use_audio_in_video", "video_fps", "video_maxlen", "video_max_pixels",
+                  "video_min_pixels")
+# Qwen2.5-Omni's video settings in the json, with MindSpeed-MM's data defaults (data_config.py's).
+VIDEO_DEFAULTS = {"video_fps": 2.0, "video_maxlen": 128, "video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16}
 # text_decoder.model_id -> model.json's model_id (the inference json has no model-level one).
-TEXT_DECODERS = {"qwen2lm": "qwen2vl", "qwen2_5_lm": "qwen2_5vl", "qwen3_lm": "qwen3_vl", "qwen3lm": "qwen3_vl"}
+TEXT_DECODERS = {"qwen2lm": "qwen2vl", "qwen2_5_lm": "qwen2_5vl", "qwen3_lm": "qwen3_vl", "qwen3lm": "qwen3_vl",
+                 "qwen2_5_omni_thinker": "qwen2_5vl"}  # Omni's model.json: model_id qwen2_5vl, an audio_encoder
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "fp32": "float32",
           "float32": "float32"}
 
@@ -102,6 +112,16 @@ def read_inference_json(path: str) -> dict[str, Any]:
 def model_spec(raw: dict[str, Any], path: str) -> Any:
     """model.json's part of the inference json, read by its family's model.json reader (model_id from
     text_decoder's)."""
+    model = _model_sections(raw, path)
+    return families.part(families.by_model_json(model), "model_json").parse_model_json(model, path)
+
+
+def inference_family(raw: dict[str, Any], path: str) -> Any:
+    """The family (models/families.py) of the inference json's model sections (Omni's claims its own)."""
+    return families.by_model_json(_model_sections(raw, path))
+
+
+def _model_sections(raw: dict[str, Any], path: str) -> dict[str, Any]:
     model = {k: v for k, v in raw.items() if k not in INFERENCE_KEYS and k != "model_id"}
     text_id = (raw.get("text_decoder") or {}).get("model_id")
     if text_id not in TEXT_DECODERS:
@@ -112,14 +132,14 @@ def model_spec(raw: dict[str, Any], path: str) -> Any:
         if key not in model and isinstance(generation.get(key), int):
             model[key] = generation[key]
     model["model_id"] = TEXT_DECODERS[text_id]
-    return families.part(families.by_model_id(model["model_id"]), "model_json").parse_model_json(model, path)
+    return model
 
 
 def build_model(raw: dict[str, Any], path: str, load: str | None, log: Callable[[str], None]) -> Any:
     """The model from --load (an HF directory or an mmrun checkpoint) or tokenizer.from_pretrained's weights."""
     spec = model_spec(raw, path)
-    model_id = TEXT_DECODERS[raw["text_decoder"]["model_id"]]
-    family = families.by_model_id(model_id)
+    model_id = raw["text_decoder"]["model_id"]
+    family = inference_family(raw, path)
     model_class = family.model_class
     hf_checkpoint, modeling = families.part(family, "hf_checkpoint"), families.part(family, "modeling")
     for line in spec.warnings:
@@ -170,6 +190,7 @@ class Qwen2VlPipeline:
     def __init__(self, raw: dict[str, Any], path: str, load: str | None, seed: int, quiet: bool = False) -> None:
         from mmrun import backend
         from mmrun.backend import tensors
+        from mmrun.data.multimodal import omni
         from mmrun.data.multimodal.image_processing import ImageProcessorConfig
         from mmrun.data.multimodal.mllm_dataset import special_token_ids
         from mmrun.data.multimodal.templates import TEMPLATES
@@ -181,7 +202,7 @@ class Qwen2VlPipeline:
         generation = GenerationConfig.from_dict(raw.get("generation_config") or {}, "generation_config")
         model_dir = raw["tokenizer"]["from_pretrained"]
         self.tokenizer = HuggingFaceTokenizer(model_dir)
-        self.template = TEMPLATES[families.by_model_id(TEXT_DECODERS[raw["text_decoder"]["model_id"]]).chat_template]
+        self.template = TEMPLATES[inference_family(raw, path).chat_template]
         ids = special_token_ids(self.tokenizer, self.template, f"{model_dir}/tokenizer.json")
         if not generation.eos_token_id:
             generation = generation.replace(eos_token_id=(ids["end_of_turn"], ids["pad"]))
@@ -208,17 +229,60 @@ class Qwen2VlPipeline:
             shown = ", ".join(generation.ignored[:6]) + (", ..." if len(generation.ignored) > 6 else "")
             say(f"generation_config keys not used by mmrun's generation: {len(generation.ignored)} ({shown})")
         self.generator = Generator(model)
+        self.omni = self.template.name == omni.TEMPLATE_NAME
+        if self.omni:  # Qwen2.5-Omni: its processor's audio and video settings
+            self.rope = omni.rope_config(model_dir, self.image_config.merge_size, self.tokenizer.vocab,
+                                         bool(raw.get("use_audio_in_video", False)))
+            self.audio_settings = omni.WhisperFeatures.from_pretrained(model_dir)
+            self.video_config = ImageProcessorConfig.from_pretrained(model_dir, video=True)
+            self.video = {key: raw.get(key, default) for key, default in VIDEO_DEFAULTS.items()}
         # Not printed, as transformers' skip_special_tokens: the template's special tokens and the EOS ids.
         self.hidden = (set(self.generation.eos_token_id) | set(ids.values())
                        | {self.tokenizer.vocab.get("<|im_start|>", -1)})
 
-    def answer(self, text: str, images: list[Any], streamer: Callable[[str], None] | None = None
-               ) -> tuple[list[int], str, int]:
-        """(new token ids, the answer's text, prompt length) for one user turn: the images, then the text."""
-        from mmrun.data.multimodal.vlm_prompt import TextStream, encode_prompt
+    def prompt(self, text: str, images: list[Any], videos: list[str] = (), audios: list[str] = ()) -> Any:
+        """The generation prompt of one user turn: the images, the videos and audios (files; Qwen2.5-Omni), then
+        the text."""
+        from mmrun.data.multimodal.vlm_prompt import encode_prompt
         from mmrun.models.vlm.generation import Prompt
 
-        prompt = Prompt(**encode_prompt(self.tokenizer, self.template, text, images, self.image_config))
+        if not self.omni:
+            if videos or audios:
+                raise UsageError(f"video_path / audio_path: the {self.template.name} pipeline answers about images "
+                                 "only; leave them out (Qwen2.5-Omni's json takes them)")
+            return Prompt(**encode_prompt(self.tokenizer, self.template, text, images, self.image_config))
+        return self._omni_prompt(text, images, videos, audios)
+
+    def _omni_prompt(self, text: str, images: list[Any], videos: list[str], audios: list[str]) -> Any:
+        from mmrun.data.audio.reader import read_audio
+        from mmrun.data.multimodal import omni
+        from mmrun.data.multimodal.image_processing import regularize_image
+        from mmrun.data.multimodal.video_files import read_video_file
+        from mmrun.models.qwen2_5_omni.generation import OmniPrompt
+
+        rate, settings = self.audio_settings.sampling_rate, self.video
+        if self.rope.use_audio_in_video and (audios or not videos):
+            raise UsageError("use_audio_in_video reads each video's own sound track: give video_path and no "
+                             f"audio_path (received {len(videos)} video(s), {len(audios)} audio file(s))")
+        clips = []
+        for path in videos:
+            frames, fps = read_video_file(path, settings["video_fps"], settings["video_maxlen"])
+            clips.append(([regularize_image(f, settings["video_max_pixels"], settings["video_min_pixels"])
+                           for f in frames], fps))
+        waves = ([read_audio(p, rate, "video") for p in videos] if self.rope.use_audio_in_video
+                 else [read_audio(p, rate) for p in audios])
+        arrays = omni.encode_prompt(self.tokenizer, self.template, text, self.rope, images=images, videos=clips,
+                                    audios=waves, image_config=self.image_config, video_config=self.video_config,
+                                    settings=self.audio_settings, sampling_rate=rate)
+        return OmniPrompt(**arrays, use_audio_in_video=self.rope.use_audio_in_video)
+
+    def answer(self, text: str, images: list[Any], streamer: Callable[[str], None] | None = None,
+               videos: list[str] = (), audios: list[str] = ()) -> tuple[list[int], str, int]:
+        """(new token ids, the answer's text, prompt length) for one user turn: the images (the videos and audios
+        of Qwen2.5-Omni), then the text."""
+        from mmrun.data.multimodal.vlm_prompt import TextStream
+
+        prompt = self.prompt(text, images, videos, audios)
         stream = TextStream(self.tokenizer, self.hidden)
         emit = (lambda token: streamer(stream.push(token))) if streamer is not None else stream.push
         tokens = self.generator.generate(prompt, self.generation, streamer=emit)
@@ -245,16 +309,27 @@ def run(argv: list[str]) -> int:
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise UsageError(f"--mm-model {args.mm_model}: prompts must be a string or a list of strings; received "
                          f"{raw.get('prompts')!r}")
+    videos, audios = (_paths(raw, key, args.mm_model) for key in ("video_path", "audio_path"))
     pipeline = Qwen2VlPipeline(raw, args.mm_model, args.load, args.seed)
     for text in prompts:
         start = time.perf_counter()
-        tokens, _, prompt_length = pipeline.answer(text, pictures, lambda piece: print(piece, end="", flush=True))
+        tokens, _, prompt_length = pipeline.answer(text, pictures, lambda piece: print(piece, end="", flush=True),
+                                                   videos, audios)
         seconds = time.perf_counter() - start
         print(flush=True)
         print(f"> {len(tokens)} new tokens after a prompt of {prompt_length} in {seconds:.2f} s "
               f"({len(tokens) / max(seconds, 1e-9):.1f} tokens/s), {pipeline.info.framework} on "
               f"{pipeline.info.device_kind}, {pipeline.dtype}", file=sys.stderr, flush=True)
     return 0
+
+
+def _paths(raw: dict[str, Any], key: str, path: str) -> list[str]:
+    """A json key that holds a file path or a list of them ([] when absent)."""
+    value = raw.get(key)
+    value = [] if value in (None, "") else [value] if isinstance(value, str) else value
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UsageError(f"--mm-model {path}: {key} must be a file path or a list of them; received {raw.get(key)!r}")
+    return value
 
 
 def input_errors() -> tuple[type[Exception], ...]:

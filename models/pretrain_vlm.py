@@ -97,12 +97,16 @@ def _model_source(argv: list[str]) -> ModelSource:
     raw = read_mm_json(known.mm_model, "--mm-model")
     lora = any(token.split("=")[0] in LORA_FLAGS for token in argv)
     from mmrun.models.qwen2_5_omni import model_json as omni_model_json
-    if omni_model_json.is_omni_model_json(raw):  # Qwen2.5-Omni's thinker: unsplit, data parallel
+    if omni_model_json.is_omni_model_json(raw):  # Qwen2.5-Omni's thinker: unsplit, or split on megatron-core
+        from mmrun.backend.selection import resolve
+
         _MODEL_JSON = omni_model_json.parse_model_json(raw, known.mm_model)
-        omni_model_json.check_split(known.mm_model, any(
-            getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS) or lora)
+        split = {flag: getattr(known, flag[2:].replace("-", "_")) for flag in SPLIT_FLAGS}
+        omni_model_json.check_split(_MODEL_JSON, resolve(argv).framework, {
+            flag: value for flag, value in split.items() if value not in (None, "1")}, lora)
         omni_model_json.warn_all(_MODEL_JSON, partial(say_rank0, "warning"))
-        return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data", data_parallel_only=True)
+        return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
+                           data_parallel_only=all(value in (None, "1") for value in split.values()))
     if qwen3_model_json.is_qwen3_model_json(raw):
         if lora:
             raise UsageError(f"--lora-target-modules: LoRA is built for Qwen2-VL / Qwen2.5-VL, not yet for "
@@ -179,6 +183,10 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     args = get_args()
     args.recompute_sections = _MODEL_JSON.recompute  # model.json's per-module recompute keys (engines/portable.py)
     if _MODEL_JSON.hf_config["model_type"] == "qwen2_5_omni_thinker":
+        if args.use_mcore_models:  # a split run on PyTorch: megatron-core (engines/torch/megatron_core/omni_vlm.py)
+            from mmrun.models.qwen2_5_omni.configuration import OmniConfig
+
+            return _core_model(OmniConfig.from_hf_config(_MODEL_JSON.hf_config), pre_process, post_process, vp_stage)
         return _omni_model(args)
     if _MODEL_JSON.hf_config["model_type"] in ("qwen3_vl", "qwen3_vl_moe"):  # unsplit: _model_source checked it
         from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
@@ -254,6 +262,8 @@ def _hf_weights(config: Any) -> Any:
     args = get_args()
     if config.model_type in ("qwen3_vl", "qwen3_vl_moe"):
         hf_checkpoint = qwen3_checkpoint
+    if config.model_type == "qwen2_5_omni_thinker":
+        from mmrun.models.qwen2_5_omni import hf_checkpoint
     if not (args.load and hf_checkpoint.is_hf_directory(args.load)):
         return None
     return hf_checkpoint.open_for_model(args.load, config, str(_MODEL_JSON.path))

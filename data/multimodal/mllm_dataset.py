@@ -13,7 +13,9 @@ is replaced by the next good one (the same one every time, so every rank and fra
 batch), counted in `skipped`, and warned about once per process. Nothing is written anywhere.
 
 Media paths are resolved as MindSpeed-MM does: `dataset_dir/<path>` when that file exists, else `<path>`.
-Videos are lists of frame images (MindSpeed-MM's nested-image form); video files would need a decoder.
+Videos are lists of frame images (MindSpeed-MM's nested-image form); with the qwen2_omni template a video may
+also be a video file, decoded and sampled as MindSpeed-MM's Qwen2OmniPlugin (data/multimodal/video_files.py), whose
+own sound track serves use_audio_in_video when the sample lists no audios (data/multimodal/omni.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from PIL import Image
 
 from mmrun.data.gpt_dataset import DatasetConfigError
 from mmrun.data.multimodal import omni
+from mmrun.data.multimodal.video_files import read_video_file
 from mmrun.data.multimodal.collate import collate
 from mmrun.data.multimodal.data_config import MultimodalDataConfig, parse_dataset_param
 from mmrun.data.multimodal.image_processing import (ImageProcessorConfig, preprocess_images, preprocess_video,
@@ -146,9 +149,12 @@ def parse_sample(record: object, config: MultimodalDataConfig, file: str, index:
     images = [_resolve_media(p, dataset_dir, where, "image") for p in _media_list(record, attr["images"])]
     videos = []
     for video in _media_list(record, attr["videos"]):
+        if isinstance(video, str) and video and config.basic.get("template") == omni.TEMPLATE_NAME:
+            videos.append(_resolve_media(video, dataset_dir, where, "video"))  # a video file (Qwen2.5-Omni)
+            continue
         if not isinstance(video, list) or not video:
             raise SampleError(f"{where}: a video must be a list of frame image paths. Received: {video!r}; "
-                              "decode video files to frames first (mmrun reads no video containers).")
+                              "decode video files to frames first (mmrun reads video files with the qwen2_omni template only).")
         videos.append(tuple(_resolve_media(p, dataset_dir, where, "video frame") for p in video))
     audios = [_resolve_media(p, dataset_dir, where, "audio") for p in _media_list(record, attr["audios"])]
     checks = [(IMAGE_PLACEHOLDER, images, "images"), (VIDEO_PLACEHOLDER, videos, "videos")]
@@ -290,7 +296,13 @@ class MultimodalDataset:
         if sample.videos:
             pixels, grids, seconds, counts = [], [], [], []
             for frames_paths in sample.videos:
-                frames = [_open_image(p, sample.where) for p in frames_paths]
+                if isinstance(frames_paths, str):  # a video file (the qwen2_omni template): its sampled frames
+                    try:
+                        frames, rate = read_video_file(frames_paths, pre["video_fps"], pre["video_maxlen"])
+                    except DatasetConfigError as exc:
+                        raise SampleError(f"{sample.where}: {exc}") from None
+                else:
+                    frames, rate = [_open_image(p, sample.where) for p in frames_paths], pre["video_fps"]
                 sampled = len(frames)
                 if len(frames) % 2:
                     frames.append(frames[-1])  # MindSpeed-MM pads odd frame counts before the processor
@@ -302,7 +314,7 @@ class MultimodalDataset:
                 pixels.append(flat)
                 grids.append(grid)
                 counts.append(sampled)
-                seconds.append(self.video_config.temporal_patch_size / pre["video_fps"])
+                seconds.append(self.video_config.temporal_patch_size / rate)
             out["pixel_values_videos"] = np.concatenate(pixels)
             out["video_grid_thw"] = np.concatenate(grids)
             out["second_per_grid_ts"] = np.asarray(seconds, dtype=np.float32)

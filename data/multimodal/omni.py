@@ -6,6 +6,8 @@ audio token + `<|audio_eos|>`; each `<video>` `<|vision_bos|>` + `<|VIDEO|>`* + 
 preprocess_parameters.use_audio_in_video every `<video>` must be followed by an `<audio>` (its sound track, listed in
 `audios`): the pair becomes `<|vision_bos|><|audio_bos|>` + video and audio tokens interleaved by 2-second chunks
 (TMRoPE's, data/multimodal/omni_rope_index.py) + `<|audio_eos|><|vision_eos|>`.
+A sample that lists no audios and whose videos are video files (data/multimodal/video_files.py) takes each video's
+own sound track as its audio (a video without one is refused in one line).
 
 Audio files are read at preprocess_parameters.audio_sampling_rate (data/audio/reader.py) and turned into Whisper
 log-mel features (data/audio/features.py, the model directory's preprocessor_config.json); a sample's
@@ -29,10 +31,12 @@ class OmniSampleError(ValueError):
     """A sample whose audio or placeholders cannot be used (the dataset reports it as its SampleError)."""
 
 
-def audio_features(paths, settings: WhisperFeatures, sampling_rate: int, where: str) -> dict[str, np.ndarray]:
-    """input_features (audios, mel, longest) and feature_attention_mask (audios, longest) of the audio files."""
+def audio_features(paths, settings: WhisperFeatures, sampling_rate: int, where: str,
+                   what: str = "audio") -> dict[str, np.ndarray]:
+    """input_features (audios, mel, longest) and feature_attention_mask (audios, longest) of the audio files
+    (`what`: "video" when they are the sound tracks of video files)."""
     try:
-        waves = [read_audio(path, sampling_rate) for path in paths]
+        waves = [read_audio(path, sampling_rate, what) for path in paths]
         return settings.batch(waves, sampling_rate)
     except AudioInputError as error:
         raise OmniSampleError(f"{where}: {error}") from None
@@ -132,17 +136,67 @@ def rope_config(model_dir: str, merge_size: int, vocab: dict, use_audio_in_video
     return OmniRopeConfig(spatial_merge_size=merge_size, use_audio_in_video=use_audio_in_video, **ids, **timing)
 
 
+def with_video_sound(messages) -> list[dict]:
+    """Messages whose every <video> is followed by the <audio> of its own sound track (use_audio_in_video with the
+    audio read from the video files themselves)."""
+    pair = VIDEO_PLACEHOLDER + AUDIO_PLACEHOLDER
+    return [{**m, "content": m["content"].replace(pair, VIDEO_PLACEHOLDER).replace(VIDEO_PLACEHOLDER, pair)}
+            for m in messages]
+
+
 def encode_media(dataset, sample, out: dict) -> tuple[list[dict], int]:
     """The sample's audio features into `out` (beside its pixels, already there) and its messages expanded; returns
     (messages, number of audio tokens the text must keep)."""
     lengths = np.zeros(0, np.int64)
-    if sample.audios:
-        features = audio_features(sample.audios, dataset.audio_settings,
-                                  dataset.config.preprocess["audio_sampling_rate"], sample.where)
+    rope = dataset.rope_config
+    audios, what, messages = sample.audios, "audio", sample.messages
+    if rope.use_audio_in_video and not audios and sample.videos and all(isinstance(v, str) for v in sample.videos):
+        audios, what, messages = sample.videos, "video", with_video_sound(messages)  # each video file's own sound
+    if audios:
+        features = audio_features(audios, dataset.audio_settings,
+                                  dataset.config.preprocess["audio_sampling_rate"], sample.where, what)
         out.update(features)
         lengths = features["feature_attention_mask"].sum(axis=1)
-    rope = dataset.rope_config
     image_tokens = [int(np.prod(g)) // rope.spatial_merge_size ** 2 for g in out.get("image_grid_thw", [])]
-    messages = expand_messages(sample.messages, dataset.template, rope, image_tokens, out.get("video_grid_thw", []),
+    messages = expand_messages(messages, dataset.template, rope, image_tokens, out.get("video_grid_thw", []),
                                out.get("second_per_grid_ts", []), lengths, rope.use_audio_in_video, sample.where)
     return messages, int(audio_token_count(lengths).sum()) if lengths.size else 0
+
+
+def encode_prompt(tokenizer, template: ChatTemplate, text: str, rope: OmniRopeConfig, *, images=(), videos=(),
+                  audios=(), image_config=None, video_config=None, settings: WhisperFeatures | None = None,
+                  sampling_rate: int = 16000) -> dict[str, np.ndarray]:
+    """One user turn for generation (inference_vlm.py): the images, the videos (each (frames, frames a second),
+    data/multimodal/video_files.py; with rope.use_audio_in_video each followed by its sound track, the first
+    len(videos) of `audios`), the other audios (waveforms at `sampling_rate`), then the text; the processor's
+    arrays as OmniPrompt takes them (input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+    second_per_grid_ts, input_features, feature_attention_mask)."""
+    from mmrun.data.multimodal.image_processing import preprocess_images, preprocess_video
+    from mmrun.data.multimodal.templates import USER
+    from mmrun.data.multimodal.vlm_prompt import user_turn_ids
+
+    out: dict[str, np.ndarray] = {}
+    merge = rope.spatial_merge_size ** 2
+    image_tokens, grids, seconds, lengths = [], [], [], np.zeros(0, np.int64)
+    if images:
+        out["pixel_values"], out["image_grid_thw"] = preprocess_images(list(images), image_config)
+        image_tokens = [int(np.prod(g)) // merge for g in out["image_grid_thw"]]
+    if videos:
+        pixels = []
+        for frames, rate in videos:
+            flat, grid = preprocess_video(list(frames), video_config)
+            pixels.append(flat)
+            grids.append(grid)
+            seconds.append(video_config.temporal_patch_size / rate)
+        out["pixel_values_videos"], out["video_grid_thw"] = np.concatenate(pixels), np.concatenate(grids)
+        out["second_per_grid_ts"] = np.asarray(seconds, dtype=np.float32)
+    if len(audios):
+        out.update(settings.batch(list(audios), sampling_rate))
+        lengths = out["feature_attention_mask"].sum(axis=1)
+    paired = rope.use_audio_in_video and len(videos) > 0
+    content = (IMAGE_PLACEHOLDER * len(images) + (VIDEO_PLACEHOLDER + AUDIO_PLACEHOLDER * paired) * len(videos)
+               + AUDIO_PLACEHOLDER * (len(audios) - len(videos) * paired) + text)
+    message = expand_messages([{"role": USER, "content": content}], template, rope, image_tokens,
+                              out.get("video_grid_thw", []), seconds, lengths, paired, "prompt")[0]
+    out["input_ids"] = user_turn_ids(tokenizer, template, message["content"])
+    return out

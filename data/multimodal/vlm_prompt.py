@@ -68,11 +68,17 @@ def encode_prompt(tokenizer, template: ChatTemplate, text: str, images: Sequence
         tokens = [int(np.prod(g)) // image_config.merge_size ** 2 for g in out["image_grid_thw"]]
     content = IMAGE_PLACEHOLDER * len(images) + text
     message = expand_placeholders([{"role": USER, "content": content}], template, tokens, [])[0]
+    out["input_ids"] = user_turn_ids(tokenizer, template, message["content"], system)
+    return out
+
+
+def user_turn_ids(tokenizer, template: ChatTemplate, content: str, system: str | None = None) -> np.ndarray:
+    """(1, S) int64 ids of the system prompt (the template's default when None) and one user turn whose
+    placeholders are already expanded, ready for the assistant's answer."""
     system = template.default_system if system is None else system
     formatted = (template.system_slot.format(content=system) if system else "") + \
-        template.slots[USER].format(content=message["content"])
-    out["input_ids"] = np.asarray([tokenizer.tokenize(formatted)], dtype=np.int64)
-    return out
+        template.slots[USER].format(content=content)
+    return np.asarray([tokenizer.tokenize(formatted)], dtype=np.int64)
 
 
 class TextStream:

@@ -90,6 +90,11 @@ class OmniConfig:
         """The thinker's config.json model_type: what the family table (models/families.py) knows it by."""
         return THINKER_MODEL_TYPE
 
+    @property
+    def is_qwen2_5(self) -> bool:
+        """Its ViT is Qwen2.5-VL's (gated MLP, RMSNorm): what the shared split (models/vlm/mm_layout.py) asks."""
+        return True
+
     def as_qwen2_5_vl(self) -> Qwen2VLConfig:
         """The Qwen2.5-VL config of this model's vision tower and decoder (what the Qwen2-VL family's blocks take)."""
         return Qwen2VLConfig(model_type="qwen2_5_vl", vision=self.vision, text=self.text,

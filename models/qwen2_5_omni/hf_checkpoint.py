@@ -16,20 +16,18 @@ rule); `modeling.load_hf_weights` widens them.
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import numpy as np
 
-from mmrun.checkpoint.formats.hf_directory import (INDEX_FILE, SINGLE_FILE, NotAnHFDirectoryError, holds_model,
-                                                   read_model_config)
-from mmrun.checkpoint.formats.safetensors import SafetensorsFile
-from mmrun.models.vlm.hf_checkpoint import check_names
+from mmrun.checkpoint.formats.hf_directory import holds_model, read_model_config
+from mmrun.models.vlm import hf_checkpoint as vlm_checkpoint
 from mmrun.models.qwen2_vl.hf_checkpoint import hf_parameter_names as qwen2_vl_names
 from mmrun.models.qwen2_5_omni.configuration import MODEL_TYPES, OmniConfig
 
-FLATTENED = ("audio_tower.conv1.weight", "audio_tower.conv2.weight", "visual.patch_embed.proj.weight")
+PATCH_EMBED = "visual.patch_embed.proj.weight"
+AUDIO_CONVS = ("audio_tower.conv1.weight", "audio_tower.conv2.weight")
+FLATTENED = AUDIO_CONVS + (PATCH_EMBED,)
 SKIPPED_PREFIXES = ("talker.", "token2wav.")
 _PREFIXES = (("thinker.", ""), ("model.audio_tower.", "audio_tower."), ("model.visual.", "visual."),
              ("model.language_model.", "model."))
@@ -75,28 +73,34 @@ def load_hf_config(path: str | os.PathLike) -> OmniConfig:
     return OmniConfig.from_hf_config(read_model_config(path, MODEL_TYPES, "Qwen2.5-Omni", "qwen2_5_omni"))
 
 
+class HFWeights(vlm_checkpoint.HFWeights):
+    """A thinker directory's or a whole Qwen2.5-Omni's weights, read lazily (models/vlm/hf_checkpoint.py) in
+    mmrun's names (the table above); the talker's and token2wav's tensors are not read."""
+
+    patch_embed_name = PATCH_EMBED
+    other_flattened = AUDIO_CONVS
+    skipped_prefixes = SKIPPED_PREFIXES
+    load_config = staticmethod(lambda path: load_hf_config(path))
+    parameter_names = staticmethod(lambda config: hf_parameter_names(config))
+    stored_name_to_ours = staticmethod(lambda stored: mmrun_name(stored))
+
+
+def open_for_model(path: str | os.PathLike, config: OmniConfig, described_by: str) -> HFWeights:
+    """An --load of a thinker or whole Omni directory: its weights, read lazily, checked against `config` (the
+    settings that shape the network: configuration.network_dict)."""
+    from mmrun.models.qwen2_5_omni.configuration import network_dict
+
+    return vlm_checkpoint.checked_for_model(HFWeights(path), config, described_by, network_dict)
+
+
+def stored_shapes(config: OmniConfig) -> dict[str, tuple[int, ...]]:
+    """The audio Conv1d kernels as a thinker directory stores them, (D, C, 3) (mmrun keeps them (D, C*3))."""
+    a = config.audio
+    return {AUDIO_CONVS[0]: (a.hidden_size, a.num_mel_bins, 3), AUDIO_CONVS[1]: (a.hidden_size, a.hidden_size, 3)}
+
+
 def load_hf_directory(path: str | os.PathLike) -> tuple[OmniConfig, dict[str, np.ndarray]]:
     """(config, {parameter name: array}) of a thinker directory or a whole Qwen2.5-Omni, in mmrun's layout;
     the names are checked against the config (one error listing what is missing or unexpected)."""
-    path = Path(path)
-    config = load_hf_config(path)
-    if (path / INDEX_FILE).is_file():
-        files = sorted(set(json.loads((path / INDEX_FILE).read_text())["weight_map"].values()))
-    elif (path / SINGLE_FILE).is_file():
-        files = [SINGLE_FILE]
-    else:
-        raise NotAnHFDirectoryError(f"{path} has no {SINGLE_FILE} or {INDEX_FILE}; mmrun reads safetensors weights "
-                                    "only (re-save with save_pretrained(safe_serialization=True))")
-    arrays: dict[str, np.ndarray] = {}
-    for file in files:
-        opened = SafetensorsFile(path / file)
-        for key in opened:
-            if key.startswith(SKIPPED_PREFIXES) or key.endswith(".inv_freq"):
-                continue
-            name = mmrun_name(key)
-            array = opened[key]
-            arrays[name] = array.reshape(array.shape[0], -1) if name in FLATTENED else array
-    if config.tie_word_embeddings:
-        arrays.pop("lm_head.weight", None)
-    check_names(str(path), config.as_qwen2_5_vl(), set(arrays), hf_parameter_names(config))
-    return config, arrays
+    weights = HFWeights(path)
+    return weights.config, {name: weights[name] for name in weights}

@@ -93,10 +93,31 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> shared
                                                                                 section)})
 
 
-def check_split(path: str, split: bool) -> None:
-    if split:
-        raise UsageError(f"{path}: Qwen2.5-Omni trains unsplit for now (data parallel, any number of ranks); "
-                         "set --tensor-model-parallel-size 1 and --pipeline-model-parallel-size 1")
+# Where a split Omni run is built: tensor and pipeline parallelism on megatron-core (PyTorch), the audio encoder and
+# the ViT on stage 0 (engines/torch/megatron_core/omni_vlm.py).
+SPLIT_FRAMEWORKS = ("pytorch", "mindspore")
+
+
+def check_split(spec: shared_json.ModelJson, framework: str, split: Mapping[str, str], lora: bool) -> None:
+    """One line (exit 2) for what a run of this model.json asks that is not built: LoRA, a split on MindSpore,
+    the audio encoder beyond stage 0. `split`: the split flags given above 1."""
+    path = spec.path
+    if lora:
+        raise UsageError(f"{path}: LoRA is not built for Qwen2.5-Omni; drop the --lora-* flags")
+    if not split:
+        return
+    shown = " ".join(f"{flag} {value}" for flag, value in split.items())
+    if framework not in SPLIT_FRAMEWORKS:
+        raise UsageError(f"{path}: Qwen2.5-Omni splits over tensor/pipeline ranks on PyTorch (megatron-core) only, and "
+                         f"trains unsplit on {framework} for now. Received: {shown}; set --tensor-model-parallel-size 1 "
+                         "and --pipeline-model-parallel-size 1, or run with --ai-framework pytorch")
+    audio = spec.pipeline_layers.get("audio")
+    layers = int(spec.hf_config["audio_config"]["encoder_layers"])
+    flat = [n for chunk in audio for n in (chunk if isinstance(chunk, list) else [chunk])] if audio else []
+    if audio is not None and (not flat or flat[0] != layers or any(flat[1:])):
+        raise UsageError(f"{path}: audio_encoder.audio_encoder.pipeline_num_layers {list(audio)}: mmrun keeps the "
+                         f"whole audio encoder ({layers} layers) on the first pipeline stage, beside the ViT; give "
+                         f"[{layers}, 0, ...] (one count per stage; lists per virtual chunk: {layers} in the first)")
 
 
 def warn_all(spec: shared_json.ModelJson, warn: Callable[[str], None]) -> None:

@@ -38,6 +38,8 @@ class HFWeights(Mapping[str, np.ndarray]):
     `load_config(path)`, `parameter_names(config)` and, where its files use other names, `stored_name_to_ours`."""
 
     patch_embed_name: str = ""
+    other_flattened: tuple[str, ...] = ()  # further kernels read flattened (Qwen2.5-Omni's audio Conv1d)
+    skipped_prefixes: tuple[str, ...] = ()  # stored tensors of no part the model reads (Qwen2.5-Omni's talker)
 
     @staticmethod
     def load_config(path: Path) -> Any:
@@ -67,7 +69,7 @@ class HFWeights(Mapping[str, np.ndarray]):
         for file in files:
             opened = SafetensorsFile(path / file)
             for stored in opened:
-                if not stored.endswith(".inv_freq"):  # rotary buffers some old checkpoints carry; computed, not learned
+                if not stored.endswith(".inv_freq") and not stored.startswith(self.skipped_prefixes):  # rotary buffers some old checkpoints carry; computed, not learned
                     self._where[self.stored_name_to_ours(stored)] = (opened, stored)
         if self.config.tie_word_embeddings:
             self._where.pop("lm_head.weight", None)  # a copy of embed_tokens where a writer kept it
@@ -84,7 +86,8 @@ class HFWeights(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         file, stored = self._where[name]
         array = file[stored]
-        return array.reshape(array.shape[0], -1) if name == self.patch_embed_name else array
+        flat = name == self.patch_embed_name or name in self.other_flattened
+        return array.reshape(array.shape[0], -1) if flat else array
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
@@ -171,8 +174,10 @@ def write_hf_directory(path: str | os.PathLike, config: Any, tensors: Iterable[t
     v = config.vision
     shapes = dict(hf_shapes(config))
     check_names("the tensors to save", config, set(dtypes), expected=shapes)
-    patch = families.part(config, "hf_checkpoint").PATCH_EMBED
+    names = families.part(config, "hf_checkpoint")
+    patch = names.PATCH_EMBED
     shapes[patch] = (shapes[patch][0], v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size)
+    shapes.update(getattr(names, "stored_shapes", lambda c: {})(config))  # a family's other flattened kernels
     return write_directory(path, config.to_hf_config(), shapes, tensors, dtypes, dtype=dtype,
                            max_shard_bytes=max_shard_bytes, copy_files_from=copy_files_from,
                            replaceable=is_vlm_directory, what="Qwen2-VL / Qwen3-VL")

@@ -98,7 +98,8 @@ class Recipe:
     """How one MindSpeed-MM tensor is made of Hugging Face tensors: `sources` joined by `fuse`."""
 
     sources: tuple[str, ...]
-    fuse: str  # "copy", "qkv" (interleave rows per group), "concat" (gate; up)
+    fuse: str  # "copy", "qkv" (interleave rows per group), "concat" (gate; up), "qkv_zero_k" (qkv from q and v,
+    #            k zeros: Qwen2.5-Omni's audio attention has no k bias)
     groups: int = 1  # qkv: query groups (text) or heads (vision)
 
 
@@ -113,6 +114,8 @@ def _fuse(recipe: Recipe, parts: Sequence[np.ndarray]) -> np.ndarray:
     if recipe.fuse == "concat":
         return np.concatenate(parts, axis=0)
     g = recipe.groups
+    if recipe.fuse == "qkv_zero_k":
+        parts = [parts[0], np.zeros_like(parts[0]), parts[1]]
     if len(parts) == 1:  # the ViT's qkv: [Q; K; V], each `heads` row blocks -> per head [q_h; k_h; v_h]
         q, k, vv = np.split(parts[0], 3, axis=0)
     else:
@@ -127,13 +130,15 @@ def _unfuse(recipe: Recipe, fused: np.ndarray, shapes: Mapping[str, tuple[int, .
     if recipe.fuse == "concat":
         return np.split(fused, 2, axis=0)
     g = recipe.groups
-    if len(recipe.sources) == 1:
+    if len(recipe.sources) == 1 or recipe.fuse == "qkv_zero_k":
         q_rows = kv_rows = fused.shape[0] // 3
     else:
         q_rows, kv_rows = shapes[recipe.sources[0]][0], shapes[recipe.sources[1]][0]
     grouped = fused.reshape(g, (q_rows + 2 * kv_rows) // g, *fused.shape[1:])
     q, k, vv = np.split(grouped, [q_rows // g, (q_rows + kv_rows) // g], axis=1)
     q, k, vv = (x.reshape(-1, *fused.shape[1:]) for x in (q, k, vv))
+    if recipe.fuse == "qkv_zero_k":
+        return [q, vv]
     return [np.concatenate([q, k, vv], axis=0)] if len(recipe.sources) == 1 else [q, k, vv]
 
 
@@ -298,7 +303,8 @@ class VLMLayout:
         needs = {"vision num_attention_heads": v.num_heads, "vision ffn_hidden_size": v.intermediate_size,
                  "projector ffn_hidden_size": v.hidden_size * v.spatial_merge_size ** 2,
                  "text num_attention_heads": t.num_attention_heads, "text num_query_groups": t.num_key_value_heads,
-                 "text ffn_hidden_size": t.intermediate_size, "vocab_size": t.vocab_size}
+                 "text ffn_hidden_size": t.intermediate_size, "vocab_size": t.vocab_size,
+                 **getattr(_family(self.config), "tp_sizes", lambda config: {})(self.config)}
         for what, size in needs.items():
             if self.tp < 1 or size % self.tp:
                 raise LayoutError(f"{what} {size} is not divisible by --tensor-model-parallel-size {self.tp}; "
@@ -385,7 +391,8 @@ class VLMLayout:
                             "deepstack_layer.encoder.linear_fc1")):
             return COLUMN
         if module.endswith("mlp.linear_fc1"):
-            return GLU if (module.startswith(TEXT) or getattr(self.config, "is_qwen2_5", False)) else COLUMN
+            return GLU if (module.startswith(TEXT) or module.startswith(VISION) and getattr(
+                self.config, "is_qwen2_5", False)) else COLUMN
         if module.endswith(("linear_proj", "linear_fc2")):
             return ROW if param == "weight" else REPLICATED
         return REPLICATED
@@ -452,6 +459,8 @@ def _fused_shape(recipe: Recipe, hf: Mapping[str, tuple[int, ...]]) -> tuple[int
     first = hf[recipe.sources[0]]
     if recipe.fuse == "copy" or len(recipe.sources) == 1:
         return first
+    if recipe.fuse == "qkv_zero_k":
+        return (3 * first[0],) + first[1:]
     return (sum(hf[s][0] for s in recipe.sources),) + first[1:]
 
 

@@ -107,3 +107,67 @@ def test_audio_with_a_template_that_takes_none_is_refused(tmp_path):
     param["basic_parameters"]["template"] = "qwen2vl"
     with pytest.raises(DatasetConfigError, match=r"attr.audios is 'audios' but the qwen2vl template takes no audio"):
         MultimodalDataset(param, seq_length=1024)
+
+
+def _video_file_job(root: Path, **preprocess) -> Path:
+    """make_job's dataset with sample 3's video a video file (3 s, 12 frames at 4 fps, a 440 Hz sound track) listed
+    without audios: use_audio_in_video reads the file's own sound."""
+    pytest.importorskip("av")
+    job = _job_module()
+    job.make_job(root, samples=4, use_audio_in_video=True)
+    job.write_video_with_sound(root / "data" / "clip.mp4")
+    records = json.loads((root / "data" / "omni.json").read_text())
+    records[3].update(videos=["clip.mp4"], audios=[])
+    records[3]["messages"][0]["content"] = "<video>What do you hear?"
+    (root / "data" / "omni.json").write_text(json.dumps(records))
+    data = json.loads((root / "data.json").read_text())
+    data["dataset_param"]["preprocess_parameters"].update(preprocess)
+    (root / "data.json").write_text(json.dumps(data))
+    return root / "data.json"
+
+
+def test_a_video_file_gives_its_frames_and_its_own_sound_track(tmp_path):
+    import av
+
+    from mmrun.data.multimodal.image_processing import preprocess_video, regularize_image
+
+    dataset = MultimodalDataset(json.loads(_video_file_job(tmp_path).read_text())["dataset_param"], seq_length=1024)
+    sample = dataset[3]
+    # MindSpeed-MM's sampling: floor(3 s x video_fps 2) = 6 frames, linspace(0, 11, 6) -> 0 2 4 6 8 11; rate 6 / 3 s
+    with av.open(str(tmp_path / "data" / "clip.mp4")) as container:
+        frames = [f.to_image() for i, f in enumerate(container.decode(video=0)) if i in (0, 2, 4, 6, 8, 11)]
+    expected, grid = preprocess_video([regularize_image(f, 16384, 0) for f in frames], dataset.video_config)
+    np.testing.assert_array_equal(sample["pixel_values_videos"], expected)
+    assert sample["video_grid_thw"].tolist() == grid.tolist() == [[3, 4, 4]]
+    assert sample["second_per_grid_ts"].tolist() == [1.0]  # temporal_patch_size 2 / 2.0 frames a second
+    wave = read_audio(tmp_path / "data" / "clip.mp4", what="video")
+    features, frames_kept = WhisperFeatures(feature_size=16).features(wave, 16000)
+    np.testing.assert_array_equal(sample["input_features"][0], features)
+    assert sample["feature_attention_mask"].sum() == frames_kept > 300  # about 3 s of sound
+    ids = sample["input_ids"].tolist()
+    block = ids[ids.index(VISION_BOS):ids.index(VISION_EOS) + 1]
+    assert block[:3] == [VISION_BOS, AUDIO_BOS, VIDEO] and block.count(VIDEO) == 12  # video and sound interleaved
+    batch = dataset.collate_fn([dataset[2], sample])
+    np.testing.assert_array_equal(batch["position_ids"], _hf_positions(dataset, batch))
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"silent": True}, r"sample 3: video file .*clip.mp4 has no audio track \(use_audio_in_video"),
+    ({"audio_sampling_rate": 8000}, r"sample 3: audio 0: sampled at 8000 Hz, but the feature extractor takes 16000 Hz"),
+    ({"chunk_length": 2}, r"sample 3: audio 0: 3.\d+ s long, above the extractor's limit of 2 s \(chunk_length\)"),
+    ({"broken": True}, r"sample 3: video file .*clip.mp4 will not decode"),
+])
+def test_a_video_file_that_cannot_give_its_sound_is_one_line(tmp_path, change, words):
+    data_json = _video_file_job(tmp_path, **{k: v for k, v in change.items() if k == "audio_sampling_rate"})
+    clip = tmp_path / "data" / "clip.mp4"
+    if "silent" in change:
+        _job_module().write_video_with_sound(clip, hertz=None)
+    if "broken" in change:
+        clip.write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 20)
+    if "chunk_length" in change:
+        processor = tmp_path / "model" / "preprocessor_config.json"
+        processor.write_text(json.dumps({**json.loads(processor.read_text()), "chunk_length": change["chunk_length"]}))
+    dataset = MultimodalDataset(json.loads(data_json.read_text())["dataset_param"], seq_length=1024)
+    with pytest.raises(SampleError, match=words) as error:
+        dataset[3]
+    assert "\n" not in str(error.value)

@@ -88,3 +88,35 @@ def make_job(root: Path, samples: int = 8, use_audio_in_video: bool = False, fil
     (root / "data.json").write_text(json.dumps(data, indent=1))
     return {"model_json": files / "model_tiny.json", "data_json": root / "data.json", "model_dir": model_dir,
             "dataset": data_dir / "omni.json"}
+
+
+def write_video_with_sound(path: Path, seconds: float = 3.0, fps: int = 4, size: int = 56, hertz: float | None = 440.0,
+                           rate: int = 16000, seed: int = 0) -> Path:
+    """An MP4 (H.264 random frames, and with `hertz` an AAC sine track at `rate` Hz) written through PyAV."""
+    import av
+
+    rng = np.random.default_rng(seed)
+    with av.open(str(path), "w", format="mp4") as container:
+        video = container.add_stream("libx264", rate=fps)
+        video.width = video.height = size
+        video.pix_fmt = "yuv420p"
+        sound = None
+        if hertz is not None:
+            sound = container.add_stream("aac", rate=rate)
+            sound.layout = "mono"
+        for _ in range(int(seconds * fps)):
+            frame = av.VideoFrame.from_ndarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8), format="rgb24")
+            for packet in video.encode(frame):
+                container.mux(packet)
+        for packet in video.encode():
+            container.mux(packet)
+        if sound is not None:
+            wave = (0.4 * np.sin(2 * np.pi * hertz * np.arange(int(seconds * rate)) / rate)).astype(np.float32)
+            for start in range(0, wave.size, 1024):
+                piece = av.AudioFrame.from_ndarray(wave[None, start:start + 1024], format="fltp", layout="mono")
+                piece.sample_rate = rate
+                for packet in sound.encode(piece):
+                    container.mux(packet)
+            for packet in sound.encode():
+                container.mux(packet)
+    return path

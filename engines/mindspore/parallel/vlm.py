@@ -58,7 +58,7 @@ VLM_FIXED_FIELDS = ("input_ids", "position_ids", "pixel_values", "pixel_segment_
                     "loss_mask")
 # model.json's freeze switches -> the MindSpeed-MM name prefix of the part they freeze.
 FREEZE_PREFIXES = {"vision_projector": "image_encoder.projector.", "vision_encoder": "image_encoder.encoder.",
-                   "text_decoder": "text_decoder."}
+                   "text_decoder": "text_decoder.", "audio_encoder": "audio_encoder."}  # the last: Qwen2.5-Omni's
 
 
 def _vision_norm(config: VisionConfig, qwen2_5: bool) -> nn.Module:
@@ -422,7 +422,7 @@ class Qwen2VLFixedShapeStage(Qwen2VLStage):
 
 # ------------------------------------------------------------------------------------------ the step
 
-def micro_batch(batch: dict[str, np.ndarray]) -> tuple[Any, ...]:
+def micro_batch(batch: dict[str, np.ndarray], fields: tuple[str, ...] | None = None) -> tuple[Any, ...]:
     """A collated batch (data/multimodal/collate.py) as VLM_FIELDS (VLM_FIXED_FIELDS when padded to fixed
     shapes): the labels shifted as the portable loss
     shifts them (token s predicts labels[s + 1]), -100 -> 0 with loss_mask 0, so Megatron's
@@ -431,7 +431,7 @@ def micro_batch(batch: dict[str, np.ndarray]) -> tuple[Any, ...]:
     shifted = np.full_like(labels, IGNORE_INDEX)
     shifted[:, :-1] = labels[:, 1:]
     mask = shifted != IGNORE_INDEX
-    fields = VLM_FIXED_FIELDS if "pixel_segment_ids" in batch else VLM_FIELDS
+    fields = fields or (VLM_FIXED_FIELDS if "pixel_segment_ids" in batch else VLM_FIELDS)
     return (*(batch.get(name) for name in fields[:-2]), np.where(mask, shifted, 0).astype(np.int64),
             mask.astype(np.float32))
 
@@ -456,7 +456,7 @@ def compiles(args: Any, spec: Any) -> bool:
 
 
 def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState,
-                       per_token: bool = False) -> list[tuple[Any, ...]]:
+                       per_token: bool = False, fields: tuple[str, ...] | None = None) -> list[tuple[Any, ...]]:
     """`count` micro-batches from the loader as ParallelTrainStep takes them (StopIteration passes).
 
     per_token (--calculate-per-token-loss, Megatron's): the step's loss is the sum of every token loss of the
@@ -464,7 +464,7 @@ def read_micro_batches(data_iterator: Iterator, count: int, state: ParallelState
     micro-batches and data-parallel ranks, so each micro-batch's loss is its token-loss sum times
     count x dp / tokens of the global batch (`token_sum` below, the mask carrying the factor), as the portable
     entry's per-token weighting does."""
-    batches = [micro_batch(next(data_iterator)) for _ in range(count)]
+    batches = [micro_batch(next(data_iterator), fields) for _ in range(count)]
     if not per_token:
         return batches
     from mmrun import backend

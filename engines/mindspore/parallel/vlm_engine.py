@@ -10,12 +10,13 @@ from typing import Any, Callable, Iterator
 
 from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
 from mmrun.backend.mindspore.parallel.groups import ParallelState
-from mmrun.engines.mindspore.parallel import qwen3_vlm, vlm
+from mmrun.engines.mindspore.parallel import omni_vlm, qwen3_vlm, vlm
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.engines.mindspore.parallel.optimizer import optimizer_and_step
 
 # family (models/families.py) -> its stage class on the parallel layers
-STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage}
+STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage,
+                          "qwen2_5_omni": omni_vlm.OmniStage}
 
 
 def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], None] = print) -> ParallelTrainStep:
@@ -49,9 +50,9 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     per_token = bool(getattr(args, "calculate_per_token_loss", False))
     return optimizer_and_step(args, model, state, clip_grad=args.clip_grad, jit=fixed,
-                             fields=vlm.VLM_FIXED_FIELDS if fixed else vlm.VLM_FIELDS,
-                             hidden_size=getattr(model, "message_size", config.text.hidden_size),
-                             loss_func=vlm.token_sum if per_token else None)
+                              fields=getattr(model, "fields", vlm.VLM_FIXED_FIELDS if fixed else vlm.VLM_FIELDS),
+                              hidden_size=getattr(model, "message_size", config.text.hidden_size),
+                              loss_func=vlm.token_sum if per_token else None)
 
 
 
@@ -82,4 +83,4 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
 
     def _micro_batches(self, data_iterator: Iterator) -> list[tuple[Any, ...]]:
         return vlm.read_micro_batches(data_iterator, self.args.num_micro_batches, self.state,
-                                  bool(getattr(self.args, "calculate_per_token_loss", False)))
+                                  bool(getattr(self.args, "calculate_per_token_loss", False)), self.step.fields)

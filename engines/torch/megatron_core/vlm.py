@@ -408,7 +408,7 @@ def build_layout(args: Any, config: Any, vit_pp_layers: list[Any] | None, llm_pp
 
 # MindSpeed-MM's three freezable parts by name prefix (model.json's `freeze` switches).
 PARTS = {"vision_encoder": "image_encoder.encoder.", "vision_projector": "image_encoder.projector.",
-         "text_decoder": "text_decoder."}
+         "text_decoder": "text_decoder.", "audio_encoder": "audio_encoder."}  # the last: Qwen2.5-Omni's
 
 
 def freeze(model: torch.nn.Module, **frozen: bool) -> None:

@@ -10,11 +10,12 @@ import numpy as np
 
 from mmrun.backend.errors import UsageError
 from mmrun.backend.torch.megatron_core import runtime
-from mmrun.engines.torch.megatron_core import qwen3_vlm, vlm
+from mmrun.engines.torch.megatron_core import omni_vlm, qwen3_vlm, vlm
 from mmrun.models import families
 
 # family (models/families.py) -> its megatron-core stage
-STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage}
+STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage,
+                          "qwen2_5_omni": omni_vlm.OmniStage}
 
 
 def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
