@@ -124,7 +124,8 @@ class PortableEngine:
             self._step = backend.train_step.TrainStep(
                 self.model, self.optimizer, loss_fn=self._plan.loss, lr_scheduler=self.scheduler,
                 clip_grad=args.clip_grad, increment=args.global_batch_size,
-                jit=self._plan.jit if self.framework == "mindspore" else None, grad_scaler=self.grad_scaler)
+                jit=self._plan.jit if self.framework == "mindspore" else None, grad_scaler=self.grad_scaler,
+                local_grads=getattr(self.model, "local_gradients", None))  # expert parallelism's experts
             self._step.timers = self.timers
             if self.framework == "mindspore":
                 self._step.announce = self.log

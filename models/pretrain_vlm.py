@@ -62,6 +62,8 @@ FIRST_BUCKET_MAX = 4096
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
 # Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: checkpoint/peft.py).
 ENTRY_FEATURES = ("lora",)
+# ... and on Qwen3-VL MoE (expert parallelism on the data-parallel engine: models/qwen3_vl/moe.py)
+MOE_FEATURES = ("expert-parallel", "moe-allgather-dispatcher")
 _MODEL_JSON: Any = None  # models.vlm.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -112,12 +114,16 @@ def _model_source(argv: list[str]) -> ModelSource:
         from mmrun.backend.selection import resolve
 
         qwen3_model_json.check_split(_MODEL_JSON, resolve(argv).framework, split)
-        for line in qwen3_model_json.check_experts(_MODEL_JSON, known.expert_model_parallel_size, argv):
+        from mmrun.backend.rank_env import read_rank_info
+
+        for line in qwen3_model_json.check_experts(_MODEL_JSON, known.expert_model_parallel_size, argv,
+                                                   read_rank_info().world_size):
             say_rank0("notice", line)
         for line in _MODEL_JSON.warnings:
             say_rank0("warning", line)
+        moe = _MODEL_JSON.hf_config["model_type"] == "qwen3_vl_moe"
         return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
-                           data_parallel_only=not split)
+                           data_parallel_only=not split, features=MOE_FEATURES if moe else ())
     _MODEL_JSON = read_model_json(known.mm_model, warn=partial(say_rank0, "warning"))
     from mmrun.backend.selection import resolve
 
@@ -214,7 +220,31 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
                  text_decoder=freeze["text_decoder"])
     frozen = [name for name, on in freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
+    if config.model_type == "qwen3_vl_moe" and (args.expert_model_parallel_size or 1) > 1:
+        _shard_experts(model, args.expert_model_parallel_size)
     return model
+
+
+def _shard_experts(model: Any, ep: int) -> None:
+    """Expert parallelism on the data-parallel engine: each rank keeps num_experts / EP experts of the weights
+    every rank built alike (the seed's or --load's), dispatches tokens over its expert-parallel group, and tells
+    the train step that those gradients are reduced over the expert-data-parallel group only."""
+    from mmrun import backend
+    from mmrun.backend.train_step_shared import LocalGradients
+    from mmrun.models.qwen3_vl import model_json as qwen3_model_json
+    from mmrun.models.qwen3_vl.moe import shard_experts
+
+    dist = backend.distributed
+    world = dist.get_world_size()
+    ep_groups, edp_groups = qwen3_model_json.expert_groups(world, ep)
+    group = dist.subgroup(ep_groups)
+    replicas = dist.subgroup(edp_groups)
+    kept = shard_experts(model, group)
+    names = frozenset(name for name, _ in model.named_parameters() if ".mlp.experts." in name)
+    object.__setattr__(model, "local_gradients", LocalGradients(names, replicas, replicas.size))
+    print_rank_0(f" > expert parallelism: {ep} ranks per expert-parallel group, {kept} experts per rank and layer "
+                 f"(megatron-core's numbering: EP rank r holds experts r*{kept} .. r*{kept}+{kept - 1}), "
+                 f"{world // ep} data-parallel replica(s) of each")
 
 
 def _omni_model(args: Any) -> Any:

@@ -150,3 +150,54 @@ def all_gather_object(obj: Any) -> list[Any]:
     chunks = [mindspore.Tensor(np.zeros(max(lengths), dtype=np.uint8)) for _ in range(world)]
     mdist.all_gather(chunks, mindspore.Tensor(padded))
     return [object_codec.decode(c.asnumpy()[:n]) for c, n in zip(chunks, lengths)]
+
+
+# ------------------------------------------------------------------------- groups of ranks (expert parallelism)
+def subgroup(partition: Any) -> Any:
+    """This rank's group among `partition` (lists of ranks covering the world, each rank in one), created on first
+    use (MindSpore's create_group, by the members only), as parallel.groups.Group: ranks, rank, size, name."""
+    from mmrun.backend.mindspore.parallel import groups
+
+    rank = get_rank()
+    mine = next([int(r) for r in ranks] for ranks in partition if rank in ranks)
+    world_name = GlobalComm.WORLD_COMM_GROUP if _initialized() else "world"
+    name = groups._group_name(mine, get_world_size(), world_name)
+    if name is not None and name != world_name and name not in groups._created:
+        comm.create_group(name, mine)
+        groups._created.add(name)
+    return groups.Group(tuple(mine), mine.index(rank), name)
+
+
+def group_all_reduce(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
+    """The sum of `x` over `group`, as a new tensor (not differentiable; the identity in a group of one)."""
+    out = x.copy()
+    if group.name is not None:
+        mdist.all_reduce(out, op="sum", group=group.name)
+    return out
+
+
+_regions: dict[tuple[str, str], Any] = {}
+
+
+def _region(kind: str, group: Any) -> Any:
+    """The cell of backend/mindspore/parallel/mappings.py (a collective with its own bprop) over `group`, made once:
+    on CPU (mccl: no all-gather outside the world group, no reduce-scatter) built from all-reduces."""
+    from mmrun.backend.mindspore.parallel import mappings
+
+    key = (kind, group.name)
+    if key not in _regions:
+        _regions[key] = (mappings.GatherFromSequenceParallelRegion(group, tensor_parallel_output_grad=True)
+                         if kind == "gather" else mappings.ReduceScatterToSequenceParallelRegion(group))
+    return _regions[key]
+
+
+def gather_rows(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
+    """Every group member's `x` (the same shape on each), concatenated along dim 0 in group order; differentiable:
+    the backward sums the gradient over the group and keeps this rank's rows (megatron-core's allgather dispatch)."""
+    return x if group.size == 1 else _region("gather", group)(x)
+
+
+def reduce_scatter_rows(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
+    """The sum of `x` over the group, of which this rank keeps its share of dim 0 (rank order); differentiable:
+    the backward gathers the gradient."""
+    return x if group.size == 1 else _region("scatter", group)(x)
