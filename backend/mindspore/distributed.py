@@ -176,28 +176,50 @@ def group_all_reduce(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
     return out
 
 
-_regions: dict[tuple[str, str], Any] = {}
+_primitives: dict[tuple[str, str], Any] = {}
 
 
-def _region(kind: str, group: Any) -> Any:
-    """The cell of backend/mindspore/parallel/mappings.py (a collective with its own bprop) over `group`, made once:
-    on CPU (mccl: no all-gather outside the world group, no reduce-scatter) built from all-reduces."""
-    from mmrun.backend.mindspore.parallel import mappings
+def _primitive(kind: str, group: Any) -> Any:
+    """ops.AllReduce / AllGather / ReduceScatter over `group`, made once. Their own derivatives are what an
+    expert dispatch needs (each rank's loss is its own, summed over ranks): AllReduce's is an all-reduce of the
+    gradient, AllGather's a reduce-scatter, ReduceScatter's an all-gather; no custom bprop (a Cell with a bprop
+    fails under MindSpore's recompute in PyNative: "Stack input_args_info_stack_ is empty", 2.10)."""
+    from mindspore import ops as _ops
 
     key = (kind, group.name)
-    if key not in _regions:
-        _regions[key] = (mappings.GatherFromSequenceParallelRegion(group, tensor_parallel_output_grad=True)
-                         if kind == "gather" else mappings.ReduceScatterToSequenceParallelRegion(group))
-    return _regions[key]
+    if key not in _primitives:
+        make = {"all_reduce": lambda: _ops.AllReduce(_ops.ReduceOp.SUM, group.name),
+                "all_gather": lambda: _ops.AllGather(group.name),
+                "reduce_scatter": lambda: _ops.ReduceScatter(_ops.ReduceOp.SUM, group.name)}[kind]
+        _primitives[key] = make()
+    return _primitives[key]
+
+
+def _emulated() -> bool:
+    # MindSpore 2.10's CPU collectives (mccl): AllGather on the world group only, no ReduceScatter kernel. There an
+    # all-gather is an all-reduce of a buffer holding x in this rank's slot and zeros elsewhere (adding zeros is
+    # exact), a reduce-scatter an all-reduce of which this rank keeps its slice (the same numbers).
+    return device.detect().kind == "cpu"
 
 
 def gather_rows(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
     """Every group member's `x` (the same shape on each), concatenated along dim 0 in group order; differentiable:
     the backward sums the gradient over the group and keeps this rank's rows (megatron-core's allgather dispatch)."""
-    return x if group.size == 1 else _region("gather", group)(x)
+    if group.size == 1:
+        return x
+    if _emulated():
+        zeros = mindspore.ops.zeros_like(x)  # mint.zeros_like has no CPU kernel
+        return _primitive("all_reduce", group)(mindspore.mint.cat([x if i == group.rank else zeros
+                                                                   for i in range(group.size)]))
+    return _primitive("all_gather", group)(x)
 
 
 def reduce_scatter_rows(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
     """The sum of `x` over the group, of which this rank keeps its share of dim 0 (rank order); differentiable:
     the backward gathers the gradient."""
-    return x if group.size == 1 else _region("scatter", group)(x)
+    if group.size == 1:
+        return x
+    if _emulated():
+        rows = x.shape[0] // group.size
+        return mindspore.mint.narrow(_primitive("all_reduce", group)(x), 0, group.rank * rows, rows)
+    return _primitive("reduce_scatter", group)(x)
