@@ -57,6 +57,9 @@ class LocalGradients(NamedTuple):
     names: frozenset  # the parameters' names (optimizer.names)
     group: Any  # backend distributed.subgroup's Group
     replicas: int  # ranks holding each of these parameters (the group's size)
+    # joins / splits these tensors of a checkpoint's state (models/qwen3_vl/moe.py ExpertShards: gather(state),
+    # take(state), whole_shape(name, shape)); None: the checkpoint holds this rank's own tensors
+    shards: Any = None
 
 
 def local_indices(names: Sequence[str], local: LocalGradients | None) -> tuple[list[int], list[int]]:

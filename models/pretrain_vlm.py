@@ -232,7 +232,7 @@ def _shard_experts(model: Any, ep: int) -> None:
     from mmrun import backend
     from mmrun.backend.train_step_shared import LocalGradients
     from mmrun.models.qwen3_vl import model_json as qwen3_model_json
-    from mmrun.models.qwen3_vl.moe import shard_experts
+    from mmrun.models.qwen3_vl.moe import ExpertShards, shard_experts
 
     dist = backend.distributed
     world = dist.get_world_size()
@@ -241,7 +241,8 @@ def _shard_experts(model: Any, ep: int) -> None:
     replicas = dist.subgroup(edp_groups)
     kept = shard_experts(model, group)
     names = frozenset(name for name, _ in model.named_parameters() if ".mlp.experts." in name)
-    object.__setattr__(model, "local_gradients", LocalGradients(names, replicas, replicas.size))
+    object.__setattr__(model, "local_gradients", LocalGradients(names, replicas, replicas.size,
+                                                                ExpertShards(group, names)))
     print_rank_0(f" > expert parallelism: {ep} ranks per expert-parallel group, {kept} experts per rank and layer "
                  f"(megatron-core's numbering: EP rank r holds experts r*{kept} .. r*{kept}+{kept - 1}), "
                  f"{world // ep} data-parallel replica(s) of each")

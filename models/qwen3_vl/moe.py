@@ -197,6 +197,39 @@ def shard_experts(model: Any, group: Any) -> int:
     return kept
 
 
+class ExpertShards:
+    """A checkpoint of an expert-parallel run holds every expert (transformers' fused layout, global numbering: the
+    one-process checkpoint's tensors): `gather` joins the EP group's local experts of a state (model or optimizer
+    tensors, numpy) before a save, `take` keeps this rank's experts of a whole state on load. So a checkpoint
+    resumes with any --expert-model-parallel-size that divides the experts (EP=1 included)."""
+
+    def __init__(self, group: Any, names: Sequence[str]) -> None:
+        self.group, self.names = group, tuple(sorted(names))
+
+    def _held(self, key: str) -> bool:
+        return any(key == name or key.startswith(name + ".") for name in self.names)
+
+    def gather(self, state: dict) -> dict:
+        """Every rank of the group calls it with the same keys (a collective per expert tensor)."""
+        from mmrun.backend import distributed
+
+        return {key: tensors.to_numpy(distributed.gather_rows(tensors.from_numpy(np.ascontiguousarray(value)),
+                                                              self.group)) if self._held(key) else value
+                for key, value in sorted(state.items())}
+
+    def take(self, state: dict) -> dict:
+        out = {}
+        for key, value in state.items():
+            if self._held(key):
+                local = value.shape[0] // self.group.size
+                value = value[self.group.rank * local:(self.group.rank + 1) * local]
+            out[key] = value
+        return out
+
+    def whole_shape(self, key: str, shape: tuple) -> tuple:
+        return (shape[0] * self.group.size, *shape[1:]) if self._held(key) else shape
+
+
 def load_balancing_loss(router_logits: Sequence[Any], moe: MoeConfig, attention_mask: Any = None):
     """transformers' load_balancing_loss_func over every sparse layer's logits (B*S, E): a scalar fp32 tensor.
     attention_mask (B, S) (tensor or numpy, 1 = token) leaves padding rows out."""
