@@ -202,7 +202,7 @@ def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str],
     if experts is not None and ep > 1 and dispatcher in (None, "alltoall"):
         notices.append(f"--expert-model-parallel-size {ep}: tokens are dispatched over the expert-parallel group as "
                        "Megatron's allgather dispatcher does (all-gather, local experts, reduce-scatter: the same "
-                       "numbers as alltoall, which is not built on this backend)")
+                       "numbers as alltoall, whose all-to-all exchange mmrun does not build)")
     tokens = {token.split("=")[0] for token in argv}
     given = [flag for flag in MOE_SPEED_FLAGS if {flag, "--" + flag[2:].replace("-", "_")} & tokens]
     if experts is None or not given:
