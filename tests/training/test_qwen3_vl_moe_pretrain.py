@@ -185,3 +185,25 @@ def test_an_expert_parallel_checkpoint_resumes_with_ep_1(tk, moe_runs, tmp_path)
         losses[f"{source} with EP={ep}"] = run.losses()
     assert all(sorted(found) == [3] and abs(found[3] - reference) <= 1e-5 for found in losses.values()), \
         (reference, losses)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
+def test_the_dispatch_with_uneven_tokens_equals_every_expert(tk, framework, tmp_path):
+    """tests/training/workers/moe_dispatch.py on 2 ranks holding 5 and 9 tokens (the gather pads to the longest):
+    each rank's output and router gradient equal one module with every expert on its tokens, and its experts'
+    gradients equal that module's gradient of both ranks' losses, within 1e-5."""
+    import json
+    import subprocess
+    import sys
+
+    worker = Path(__file__).resolve().parent / "workers" / "moe_dispatch.py"
+    proc = subprocess.run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", framework,
+                           "--nproc-per-node", "2", "--master-port", "0", str(worker), "--out-dir", str(tmp_path)],
+                          cwd=tmp_path, env=tk.clean_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["tokens"] for r in results] == [5, 9]
+    for result in results:
+        assert result["expert_grad_size"] > 1.0  # the experts learned from the tokens of both ranks
+        assert max(result["output"], result["router_grad"], result["expert_grads"]) <= 1e-5, result
