@@ -49,13 +49,16 @@ LORA = ("the trainer layer's --lora-target-modules row speaks for mmrun's GPT; p
 TODAY = {
     "mindspore/qwen2.5vl/finetune_qwen2_5_vl_7b_lora.sh": pytest.mark.xfail(strict=False, reason=LORA),
     "mindspore/qwen2.5vl/finetune_qwen2_5_vl_72b_lora.sh": pytest.mark.xfail(strict=False, reason=LORA),
+    "mindspore/qwen3vl/finetune_qwen3vl_30B.sh": pytest.mark.xfail(strict=False, reason=(
+        "the trainer layer's --expert-model-parallel-size row speaks for mmrun's GPT; pretrain_vlm.py takes expert "
+        "parallelism for Qwen3-VL MoE itself (MOE_FEATURES) but `mmrun features --check` does not read an entry's "
+        "own features yet")),
 }
 # Models mmrun does not build: their scripts may stop (the model json stops them in one line anyway).
 NOT_BUILT = {
     "mindspore/qwen2.5omni/finetune_qwen2_5_omni_7b.sh": (
         "--log-tps under msrun: the stack layer's row says MindSpeed-MM's msrun scripts drop it (its Qwen2.5-VL twins "
         "do; this Omni twin keeps it), so the gate asks to drop it"),
-    "mindspore/qwen3vl/finetune_qwen3vl_30B.sh": "Qwen3-VL 30B-A3B is MoE (--expert-model-parallel-size 2): not built",
 }
 SCRIPTS = sorted(str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*.sh"))
 
