@@ -190,9 +190,10 @@ def test_an_expert_parallel_checkpoint_resumes_with_ep_1(tk, moe_runs, tmp_path)
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
 def test_the_dispatch_with_uneven_tokens_equals_every_expert(tk, framework, tmp_path):
-    """tests/training/workers/moe_dispatch.py on 2 ranks holding 5 and 9 tokens (the gather pads to the longest):
-    each rank's output and router gradient equal one module with every expert on its tokens, and its experts'
-    gradients equal that module's gradient of both ranks' losses, within 1e-5."""
+    """tests/training/workers/moe_dispatch.py on 2 ranks holding 5 and 9 tokens (the gather pads to the longest), the
+    load-balancing loss in each rank's loss: each rank's output, aux loss and router gradient equal one module with
+    every expert on its tokens, and its experts' gradients equal that module's gradient of both ranks' losses, within
+    1e-5."""
     import json
     import subprocess
     import sys
@@ -206,4 +207,5 @@ def test_the_dispatch_with_uneven_tokens_equals_every_expert(tk, framework, tmp_
     assert [r["tokens"] for r in results] == [5, 9]
     for result in results:
         assert result["expert_grad_size"] > 1.0  # the experts learned from the tokens of both ranks
+        assert result["aux_loss"][0] > 0.5 and abs(result["aux_loss"][0] - result["aux_loss"][1]) <= 1e-6
         assert max(result["output"], result["router_grad"], result["expert_grads"]) <= 1e-5, result
