@@ -24,6 +24,10 @@ The load-balancing loss (`load_balancing_loss`) is transformers' load_balancing_
 layers together, num_experts x sum_e (share of top-k assignments to e) x (mean router probability of e), padding
 rows left out by the attention mask; the model adds router_aux_loss_coef x it to the loss when
 output_router_logits is set.
+
+Expert parallelism (`--expert-model-parallel-size`, models/pretrain_vlm.py): `shard_experts` keeps each rank's
+num_experts / EP experts (megatron-core's numbering) and `dispatch_allgather` moves the tokens as megatron-core's
+allgather token dispatcher (see SparseMoeBlock); `ExpertShards` joins / splits the experts of a checkpoint.
 """
 from __future__ import annotations
 
