@@ -187,8 +187,10 @@ def test_an_expert_parallel_checkpoint_resumes_with_ep_1(tk, moe_runs, tmp_path)
         (reference, losses)
 
 
+# PyTorch in CI (17 s); MindSpore's run of the same worker (38 s here; the same within 1e-5: output and router
+# gradient equal, experts' 3.8e-6) is left out for time: its collectives run in test_expert_parallel_2_equals_one_process
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
+@pytest.mark.parametrize("framework", ["pytorch"])
 def test_the_dispatch_with_uneven_tokens_equals_every_expert(tk, framework, tmp_path):
     """tests/training/workers/moe_dispatch.py on 2 ranks holding 5 and 9 tokens (the gather pads to the longest), the
     load-balancing loss in each rank's loss: each rank's output, aux loss and router gradient equal one module with
