@@ -156,6 +156,11 @@ def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Sou
     keys = [name for name in ("tp_size", "vit_pp_layers", "llm_pp_layers") if name in cfg[key]]
     fields = {"tp_size": lambda lay: lay.tp, "vit_pp_layers": lambda lay: lay.pipeline_num_layers("vit"),
               "llm_pp_layers": lambda lay: lay.pipeline_num_layers("llm")}
+    ep = _ep_size(cfg, key)
+    if "ep_size" in cfg[key] and ep != source.ep:
+        raise UsageError(f"--cfg.{key}.ep_size {ep} does not match the checkpoint in {source.path}, whose experts are "
+                         f"split over {source.ep} expert-parallel rank{'s' if source.ep > 1 else ''}; pass ep_size "
+                         f"{source.ep} (or leave it out: mmrun reads the split from the files)")
     if any(fields[name](given) != fields[name](held) for name in keys):
         what = "data-parallel checkpoint" if source.names == checkpoint_vlm.HF_NAMES else "checkpoint"
         raise UsageError(f"--cfg.{key} ({_describe(given)}) does not match the {what} in {source.path}, which holds "

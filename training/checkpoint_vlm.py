@@ -277,6 +277,11 @@ class Source:
         self.files = files if files is not None else {key: rank.model for key, rank in ranks.items()}
         self.meta = ranks[(0, 0)].meta
 
+    @property
+    def ep(self) -> int:
+        """The expert-parallel ranks each (tp, pp) rank's experts are split over (1: one directory each)."""
+        return max(len(self.ranks[(0, 0)].parts), 1)
+
     def describe(self) -> str:
         """`iteration 10; <names and split>` for the progress lines."""
         lay = self.layout
@@ -284,7 +289,7 @@ class Source:
         if self.names == HF_NAMES:
             return f"{where}; Hugging Face names, one data-parallel shard"
         return (f"{where}; MindSpeed-MM names, tp_size {lay.tp}, vit_pp_layers {lay.pipeline_num_layers('vit')}, "
-                f"llm_pp_layers {lay.pipeline_num_layers('llm')}")
+                f"llm_pp_layers {lay.pipeline_num_layers('llm')}" + (f", ep_size {self.ep}" if self.ep > 1 else ""))
 
     # ------------------------------------------------------------------ optimizer state
 

@@ -55,8 +55,15 @@ def test_moe_hf_to_tp_pp_ep_split_to_ep3_to_hf_is_bit_exact_and_loads_in_transfo
                  str(tmp_path / "ep3"), "--cfg.target_parallel_config.ep_size", "3"]) == 0
     assert sorted(p.name for p in (tmp_path / "ep3" / "release").iterdir()) == [
         "mp_rank_00_000", "mp_rank_00_001", "mp_rank_00_002"]  # megatron-core's names: no pipeline stage, EP rank
+    capsys.readouterr()
     assert main([CONVERTER, "mm_to_hf", "--cfg.save_hf_dir", str(tmp_path / "back"), "--cfg.mm_dir",
-                 str(tmp_path / "ep3"), "--cfg.hf_config.hf_dir", str(original)]) == 0
+                 str(tmp_path / "ep3"), "--cfg.hf_config.hf_dir", str(original), "--cfg.parallel_config.ep_size",
+                 "2"]) == 2  # a checkpoint split for another EP
+    err = capsys.readouterr().err
+    assert "ep_size 2 does not match" in err and "pass ep_size 3" in err and err.count("\n") == 1, err
+    assert main([CONVERTER, "mm_to_hf", "--cfg.save_hf_dir", str(tmp_path / "back"), "--cfg.mm_dir",
+                 str(tmp_path / "ep3"), "--cfg.hf_config.hf_dir", str(original), "--cfg.parallel_config.ep_size",
+                 "3"]) == 0
     before, after = _tensors(original), _tensors(tmp_path / "back")
     assert sorted(before) == sorted(after)
     for name in before:  # the same bytes (bf16 through mmrun's fp32 checkpoints is exact)
