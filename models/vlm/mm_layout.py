@@ -185,10 +185,8 @@ def hf_sources(config: Any) -> dict[str, tuple[str, ...]]:
 
 def hf_parts(config: Any, name: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """The Hugging Face tensors (name, array) that one whole MindSpeed-MM tensor (global name) holds: mm_to_hf for
-    one tensor, for readers that hold only some of them (e.g. optimizer state, which frozen parameters lack)."""
-    recipe = _recipes(config)[name]
-    return [(source, np.ascontiguousarray(part))
-            for source, part in zip(recipe.sources, _unfuse(recipe, array, hf_shapes(config)))]
+    one tensor (one expert of a fused experts tensor is none: hf_stream stacks them)."""
+    return list(hf_stream(config, [(name, array)]))
 
 
 # ------------------------------------------------------------------------------------------ the split
