@@ -45,3 +45,24 @@ def advance_schedule(lr_scheduler: Any, increment: int, skipped: bool) -> None:
     """After an update: the scheduler moves on by `increment` (Megatron counts samples); not after a skip."""
     if lr_scheduler is not None and not skipped:
         lr_scheduler.step(increment)
+
+
+class LocalGradients(NamedTuple):
+    """Parameters that are not replicated on every rank: expert parallelism's experts, each held by the ranks of
+    one expert-parallel slot. Their gradients (already summed over the expert-parallel group by the dispatch's
+    backward) are summed over `group` (the expert-data-parallel group: the ranks holding the same experts) and
+    divided by the world size, not averaged over every rank (megatron-core's expert_gradient_scaling_factor);
+    in the gradient norm their squares count once per expert: summed over the world, divided by the group's size."""
+
+    names: frozenset  # the parameters' names (optimizer.names)
+    group: Any  # backend distributed.subgroup's Group
+    replicas: int  # ranks holding each of these parameters (the group's size)
+    # joins / splits these tensors of a checkpoint's state (models/qwen3_vl/moe.py ExpertShards: gather(state),
+    # take(state), whole_shape(name, shape)); None: the checkpoint holds this rank's own tensors
+    shards: Any = None
+
+
+def local_indices(names: Sequence[str], local: LocalGradients | None) -> tuple[list[int], list[int]]:
+    """(replicated, local) parameter positions of `names`."""
+    held = frozenset() if local is None else local.names
+    return ([i for i, n in enumerate(names) if n not in held], [i for i, n in enumerate(names) if n in held])

@@ -45,8 +45,9 @@ CONVERTERS: dict[str, str] = {
 USAGE = f"""usage: {PROG} CONVERTER SUBCOMMAND [--cfg.KEY VALUE ...] [--config FILE.yaml]
 
 converters: {', '.join(CONVERTERS)}
-subcommands: hf_to_mm (Hugging Face directory -> mmrun checkpoint, split over TP/PP ranks), mm_to_hf (mmrun
-checkpoint of any split -> Hugging Face directory), resplit (any tensor/pipeline split -> any other)
+subcommands: hf_to_mm (Hugging Face directory -> mmrun checkpoint, split over TP/PP ranks; a MoE model's experts
+also over EP ranks: --cfg.parallel_config.ep_size), mm_to_hf (mmrun checkpoint of any split -> Hugging Face
+directory), resplit (any tensor/pipeline/expert split -> any other)
 WanConverter: mm_to_hf (pretrain_sora.py checkpoint -> diffusers transformer/ directory, LoRA folded in),
 lora_to_peft (its LoRA adapters -> PEFT's adapter directory), merge_lora_to_base (diffusers dir + adapter -> merged)
 

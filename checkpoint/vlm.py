@@ -37,8 +37,10 @@ from mmrun.models.vlm.mm_layout import LayoutError, VLMLayout, stages_given, vir
 from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
 
-CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": "qwen2_vl", "Qwen2_5_VLConverter": "qwen2_5_vl",
-                         "Qwen3VLMegatronConverter": "qwen3_vl", "Qwen2_5_OmniConverter": "qwen2_5_omni_thinker"}
+# converter -> the model_types it converts (MindSpeed-MM's Qwen3VLMegatronConverter takes dense and MoE alike)
+CONVERTER_MODEL_TYPES = {"Qwen2VLConverter": ("qwen2_vl",), "Qwen2_5_VLConverter": ("qwen2_5_vl",),
+                         "Qwen3VLMegatronConverter": ("qwen3_vl", "qwen3_vl_moe"),
+                         "Qwen2_5_OmniConverter": ("qwen2_5_omni_thinker",)}
 LOAD_HINT = "--no-load-optim --no-load-rng, or --finetune"
 
 
@@ -60,16 +62,16 @@ def _given(cfg: dict[str, Any], prefix: str = "") -> str:
 
 def _check_model_type(converter: str, config: Qwen2VLConfig, where: str) -> Qwen2VLConfig:
     wanted = CONVERTER_MODEL_TYPES[converter]
-    if config.model_type != wanted:
-        other = next(name for name, kind in CONVERTER_MODEL_TYPES.items() if kind == config.model_type)
-        raise UsageError(f"{converter} converts model_type {wanted}, but {where} says {config.model_type}; "
+    if config.model_type not in wanted:
+        other = next(name for name, kinds in CONVERTER_MODEL_TYPES.items() if config.model_type in kinds)
+        raise UsageError(f"{converter} converts model_type {' or '.join(wanted)}, but {where} says {config.model_type}; "
                          f"use {other}")
     return config
 
 
 def _checkpoints(converter: str) -> Any:
     """The module reading this converter's Hugging Face directories: its family's (models/families.py)."""
-    return families.part(families.by_model_type(CONVERTER_MODEL_TYPES[converter]), "hf_checkpoint")
+    return families.part(families.by_model_type(CONVERTER_MODEL_TYPES[converter][0]), "hf_checkpoint")
 
 
 def _config(converter: str, hf_dir: str) -> Qwen2VLConfig:
@@ -145,13 +147,22 @@ def _check_audio_stages(value: Any, option: str, config: Any, pp: int) -> None:
                           f"({audio.num_layers} layers) on the first pipeline stage; give {json.dumps(shown)}")
 
 
+def _ep_size(cfg: dict[str, Any], key: str) -> int:
+    """--cfg.<key>.ep_size (mm-convert's expert-parallel size: each rank directory holds num_experts / ep_size
+    experts); 1 when left out."""
+    ep = (cfg.get(key) or {}).get("ep_size", 1) if isinstance(cfg.get(key), dict) else 1
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        raise UsageError(f"--cfg.{key}.ep_size must be a positive integer. Received: {json.dumps(ep)}")
+    return ep
+
+
 def _flat(layers: list[Any]) -> list[int]:
     return [n for chunk in layers for n in chunk] if virtual_chunks(layers) > 1 else list(layers)
 
 
-def _describe(layout: VLMLayout) -> str:
+def _describe(layout: VLMLayout, ep: int = 1) -> str:
     return (f"tp_size {layout.tp}, vit_pp_layers {layout.pipeline_num_layers('vit')}, llm_pp_layers "
-            f"{layout.pipeline_num_layers('llm')}")
+            f"{layout.pipeline_num_layers('llm')}" + (f", ep_size {ep}" if ep > 1 else ""))
 
 
 def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Source) -> None:
@@ -164,6 +175,11 @@ def _check_given_split(cfg: dict[str, Any], key: str, source: checkpoint_vlm.Sou
     keys = [name for name in ("tp_size", "vit_pp_layers", "llm_pp_layers") if name in cfg[key]]
     fields = {"tp_size": lambda lay: lay.tp, "vit_pp_layers": lambda lay: lay.pipeline_num_layers("vit"),
               "llm_pp_layers": lambda lay: lay.pipeline_num_layers("llm")}
+    ep = _ep_size(cfg, key)
+    if "ep_size" in cfg[key] and ep != source.ep:
+        raise UsageError(f"--cfg.{key}.ep_size {ep} does not match the checkpoint in {source.path}, whose experts are "
+                         f"split over {source.ep} expert-parallel rank{'s' if source.ep > 1 else ''}; pass ep_size "
+                         f"{source.ep} (or leave it out: mmrun reads the split from the files)")
     if any(fields[name](given) != fields[name](held) for name in keys):
         what = "data-parallel checkpoint" if source.names == checkpoint_vlm.HF_NAMES else "checkpoint"
         raise UsageError(f"--cfg.{key} ({_describe(given)}) does not match the {what} in {source.path}, which holds "
@@ -191,18 +207,20 @@ def hf_to_mm(converter: str, cfg: dict[str, Any]) -> None:
     mm_dir, hf_dir = _get(cfg, "mm_dir"), _get(cfg, "hf_config.hf_dir")
     config = _config(converter, hf_dir)
     layout = _layout(cfg, "parallel_config", config)
+    ep = _ep_size(cfg, "parallel_config")
+    checkpoint_vlm.check_expert_split(layout, ep)
     try:
         weights = _checkpoints(converter).HFWeights(hf_dir)
     except ValueError as err:  # NotAnHFDirectoryError, wrong tensor names
         raise UsageError(f"--cfg.hf_config.hf_dir: {err}") from None
     total = sum(weights.nbytes(name) for name in weights)
-    print(f"converting {hf_dir} ({len(weights)} tensors, {total / 1e6:.1f} MB) to {_describe(layout)} ...",
+    print(f"converting {hf_dir} ({len(weights)} tensors, {total / 1e6:.1f} MB) to {_describe(layout, ep)} ...",
           flush=True)
     tensors = _progress(len(layout.full_shapes()), total)(mm_layout.hf_to_mm(config, weights.__getitem__))
     meta = {"iteration": 0, "converted_from": str(Path(hf_dir).resolve()), "model_type": config.model_type}
-    written = checkpoint_vlm.write_checkpoint(mm_dir, layout, tensors, meta)
-    print(f"wrote {layout.tp * layout.pp} rank directories to {written} (load it with --load {mm_dir} {LOAD_HINT})",
-          flush=True)
+    written = checkpoint_vlm.write_checkpoint(mm_dir, layout, tensors, meta, ep=ep)
+    print(f"wrote {layout.tp * layout.pp * ep} rank directories to {written} (load it with --load {mm_dir} "
+          f"{LOAD_HINT})", flush=True)
 
 
 def _saved_dtype(hf_dir: str) -> str | None:
@@ -244,14 +262,16 @@ def resplit(converter: str, cfg: dict[str, Any]) -> None:
     source = _open(converter, source_dir, "source_dir", config)
     _check_given_split(cfg, "source_parallel_config", source)
     layout = _layout(cfg, "target_parallel_config", source.config)
-    print(f"resplitting {source.path} ({source.describe()}) to {_describe(layout)} ...",
+    ep = _ep_size(cfg, "target_parallel_config")
+    checkpoint_vlm.check_expert_split(layout, ep)
+    print(f"resplitting {source.path} ({source.describe()}) to {_describe(layout, ep)} ...",
           flush=True)
     iteration = source.meta.get("iteration", 0)
     meta = {"iteration": iteration if isinstance(iteration, int) else 0, "converted_from": str(source.path.resolve()),
             "model_type": source.config.model_type}
     tensors = _progress(len(layout.full_shapes()), source.total_bytes())(source.mm_tensors())
-    written = checkpoint_vlm.write_checkpoint(target_dir, layout, tensors, meta)
-    print(f"wrote {layout.tp * layout.pp} rank directories to {written} (load it with --load {target_dir} "
+    written = checkpoint_vlm.write_checkpoint(target_dir, layout, tensors, meta, ep=ep)
+    print(f"wrote {layout.tp * layout.pp * ep} rank directories to {written} (load it with --load {target_dir} "
           f"{LOAD_HINT})", flush=True)
 
 

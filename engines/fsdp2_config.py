@@ -94,7 +94,9 @@ class FSDP2Config:
     pin_memory: bool = False
     num_to_forward_prefetch: int = 0
     num_to_backward_prefetch: int = 1
-    # MindSpeed-MM's MoE keys (features/mindspeed_mm_keys.yaml): patterns of expert modules; a match is refused
+    # MindSpeed-MM's MoE keys (features/mindspeed_mm_keys.yaml): patterns of a MoE model's expert modules. With
+    # expert_parallel_size 1 (the only value taken) MindSpeed-MM shards them inside their FSDP unit like every
+    # other module (its _init_ep_model returns before reading moe_modules / reshard_local_experts); so does mmrun
     moe_modules: tuple[str, ...] = ()
     source: str = "<fsdp2 config>"
 
@@ -347,6 +349,7 @@ class ModulePlan:
     wrap: list[str] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
     recompute: list[str] = field(default_factory=list)
+    moe: list[str] = field(default_factory=list)  # the expert modules moe_modules names (sharded in their unit)
 
 
 def _inside(name: str, parent: str) -> bool:
@@ -382,13 +385,10 @@ def plan_modules(config: FSDP2Config, module_names: Sequence[str], classes: Mapp
                                                                           getattr(config, key)) if own is not None)
                                                 for key in ("sub_modules_to_wrap", "ignored_modules",
                                                             "recompute_modules")})
-    for pattern in config.moe_modules:
-        hits = match_pattern(parse_pattern(pattern, f"{config.source}: moe_modules"), names, classes)
-        if hits:
-            raise FSDP2ConfigError(f"{config.source}: moe_modules: {pattern!r} matches {hits[0]!r}: sharding the "
-                                   "experts of a mixture-of-experts (MoE) model on their own is not built yet; train "
-                                   "a dense model, or take the MoE model's experts out of moe_modules")
     plan = ModulePlan()
+    for pattern in config.moe_modules:  # no match: a dense model (MindSpeed-MM ships one file for 8B and 30B)
+        hits = match_pattern(parse_pattern(pattern, f"{config.source}: moe_modules"), names, classes)
+        plan.moe.extend(h for h in hits if h not in plan.moe)
     for key, target in (("sub_modules_to_wrap", plan.wrap), ("ignored_modules", plan.ignore),
                         ("recompute_modules", plan.recompute)):
         patterns = [parse_pattern(p, f"{config.source}: {key}") for p in getattr(config, key)]

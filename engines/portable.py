@@ -143,7 +143,8 @@ class PortableEngine:
             self._step = step_class(
                 self.model, self.optimizer, loss_fn=self._plan.loss, lr_scheduler=self.scheduler,
                 clip_grad=args.clip_grad, increment=args.global_batch_size,
-                jit=self._plan.jit if self.framework == "mindspore" else None, grad_scaler=self.grad_scaler)
+                jit=self._plan.jit if self.framework == "mindspore" else None, grad_scaler=self.grad_scaler,
+                local_grads=getattr(self.model, "local_gradients", None))  # expert parallelism's experts
             self._step.timers = self.timers
             if self.framework == "mindspore":
                 self._step.announce = self.log
@@ -178,35 +179,53 @@ class PortableEngine:
         return {k: float(reduced[2 * i] / reduced[2 * i + 1]) for i, k in enumerate(keys)}
 
     # ------------------------------------------------------------------------------ checkpoints
+    def _expert_shards(self) -> Any:
+        """Expert parallelism's checkpoint joiner (train_step_shared.LocalGradients.shards), else None."""
+        local = getattr(self.model, "local_gradients", None)
+        return None if local is None else local.shards
+
     def checkpoint_state(self) -> ShardState | None:
         from mmrun import backend
         from mmrun.backend import tensors
 
         # the distributed optimizer gathers its shards into whole tensors: every rank takes part
         sharded_state = self.optimizer.state_dict() if getattr(self.optimizer, "sharded", False) else None
-        if backend.distributed.get_rank() != 0:
+        shards = self._expert_shards()
+        if backend.distributed.get_rank() != 0 and shards is None:
             return None  # every rank holds the same replica: rank 0 writes it
         state = sharded_state or self.optimizer.state_dict()
-        optimizer = {**{k: v for k, v in state.items() if k != "tensors"},
-                     "tensors": tensors.state_dict_to_numpy(state["tensors"])}
-        return ShardState(model=tensors.state_dict_to_numpy(self.model.state_dict()), optimizer=optimizer,
+        model, moments = tensors.state_dict_to_numpy(self.model.state_dict()), tensors.state_dict_to_numpy(state["tensors"])
+        if shards is not None:  # expert parallelism: every rank's experts joined (a collective), rank 0 writes
+            model, moments = shards.gather(model), shards.gather(moments)
+            if backend.distributed.get_rank() != 0:
+                return None
+        optimizer = {**{k: v for k, v in state.items() if k != "tensors"}, "tensors": moments}
+        return ShardState(model=model, optimizer=optimizer,
                           meta={"grad_scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict()})
 
     def expected_shapes(self) -> tuple[dict, dict, dict]:
         from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS
 
-        model = {name: tuple(int(d) for d in value.shape) for name, value in self.model.state_dict().items()}
-        params = {name: tuple(int(d) for d in p.shape) for name, p in zip(self.optimizer.names, self.optimizer.params)}
+        shards = self._expert_shards()
+        whole = (lambda name, shape: shape) if shards is None else shards.whole_shape
+        model = {name: whole(name, tuple(int(d) for d in value.shape)) for name, value in self.model.state_dict().items()}
+        params = {name: whole(name, tuple(int(d) for d in p.shape))
+                  for name, p in zip(self.optimizer.names, self.optimizer.params)}
         optimizer = {f"{n}.{k}": s for n, s in params.items() for k in STATE_KEYS}
         return model, optimizer, {f"{n}.{MAIN_PARAM_KEY}": s for n, s in params.items()}
 
     def load_checkpoint_state(self, state: ShardState, load_optimizer: bool) -> None:
         from mmrun.backend import tensors
 
-        self.model.load_state_dict(tensors.state_dict_from_numpy(state.model))
+        shards = self._expert_shards()
+        model = state.model if shards is None else shards.take(state.model)  # this rank's experts
+        self.model.load_state_dict(tensors.state_dict_from_numpy(model))
         self.optimizer.reload_model_params()  # fp32 main params follow the loaded weights (a saved main param wins next)
         if load_optimizer and state.optimizer is not None:
-            self.optimizer.load_state_dict(state.optimizer)
+            optimizer = state.optimizer
+            if shards is not None:
+                optimizer = {**optimizer, "tensors": shards.take(optimizer["tensors"])}
+            self.optimizer.load_state_dict(optimizer)
             if self.grad_scaler is not None and state.meta.get("grad_scaler"):
                 self.grad_scaler.load_state_dict(state.meta["grad_scaler"])
 

@@ -17,7 +17,8 @@ from mmrun.features.table import STACK, TRAINER
 # passes them to the startup gate; `mmrun features --check --entry` and `mmrun translate` read them here).
 TRAINER_ENTRIES: dict[str, tuple[str, ...]] = {
     "models/pretrain_gpt.py": (),
-    "models/pretrain_vlm.py": ("lora",),
+    # LoRA on Qwen2-VL / Qwen2.5-VL, expert parallelism on Qwen3-VL MoE (refused at start-up for a dense model)
+    "models/pretrain_vlm.py": ("lora", "expert-parallel", "moe-allgather-dispatcher"),
     "models/pretrain_sora.py": ("lora", "attention-mask-type"),
     "models/pretrain_transformers.py": (),
 }

@@ -32,6 +32,8 @@ Qwen2.5-VL, videos and --no-ms-jit run in PyNative).
 --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
 say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
+Qwen3-VL MoE trains unsplit, with --expert-model-parallel-size N splitting its experts over groups of N ranks on
+both frameworks (models/qwen3_vl/moe.py: Megatron's allgather token dispatch; docs/qwen3-vl.md).
 """
 from __future__ import annotations
 
@@ -62,7 +64,11 @@ FIXED_SHAPE_MODELS = vision_layout.FIXED_SHAPE_MODELS
 FIRST_BUCKET_MAX = 4096
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
 # Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: checkpoint/peft.py).
+# Features this entry implements itself (features/entries.py lists them all for `mmrun features --check`): LoRA on
+# Qwen2-VL / Qwen2.5-VL (checkpoint/peft.py), expert parallelism on Qwen3-VL MoE (models/qwen3_vl/moe.py).
 ENTRY_FEATURES = TRAINER_ENTRIES["models/pretrain_vlm.py"]
+LORA_FEATURES = ("lora",)
+MOE_FEATURES = ("expert-parallel", "moe-allgather-dispatcher")
 _MODEL_JSON: Any = None  # models.vlm.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -117,12 +123,17 @@ def _model_source(argv: list[str]) -> ModelSource:
         from mmrun.backend.selection import resolve
 
         qwen3_model_json.check_split(_MODEL_JSON, resolve(argv).framework, split)
-        for line in qwen3_model_json.check_experts(_MODEL_JSON, known.expert_model_parallel_size, argv):
+        from mmrun.backend.rank_env import read_rank_info
+
+        for line in qwen3_model_json.check_experts(_MODEL_JSON, known.expert_model_parallel_size, argv,
+                                                   read_rank_info().world_size):
             say_rank0("notice", line)
         for line in _MODEL_JSON.warnings:
             say_rank0("warning", line)
+        moe = _MODEL_JSON.hf_config["model_type"] == "qwen3_vl_moe"
         return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
-                           data_parallel_only=not split, shards_optimizer=resolve(argv).framework == "mindspore")
+                           data_parallel_only=not split, shards_optimizer=resolve(argv).framework == "mindspore",
+                           features=MOE_FEATURES if moe else ())
     _MODEL_JSON = read_model_json(known.mm_model, warn=partial(say_rank0, "warning"))
     from mmrun.backend.selection import resolve
 
@@ -148,7 +159,7 @@ def _model_source(argv: list[str]) -> ModelSource:
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
                        or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore or lora,
-                       ms_jit=compiled and not videos, features=ENTRY_FEATURES,
+                       ms_jit=compiled and not videos, features=LORA_FEATURES,
                        shards_optimizer=framework == "mindspore")
 
 
@@ -224,7 +235,32 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
                  text_decoder=freeze["text_decoder"])
     frozen = [name for name, on in freeze.items() if on]
     print_rank_0(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
+    if config.model_type == "qwen3_vl_moe" and (args.expert_model_parallel_size or 1) > 1:
+        _shard_experts(model, args.expert_model_parallel_size)
     return model
+
+
+def _shard_experts(model: Any, ep: int) -> None:
+    """Expert parallelism on the data-parallel engine: each rank keeps num_experts / EP experts of the weights
+    every rank built alike (the seed's or --load's), dispatches tokens over its expert-parallel group, and tells
+    the train step that those gradients are reduced over the expert-data-parallel group only."""
+    from mmrun import backend
+    from mmrun.backend.train_step_shared import LocalGradients
+    from mmrun.models.qwen3_vl import model_json as qwen3_model_json
+    from mmrun.models.qwen3_vl.moe import ExpertShards, shard_experts
+
+    dist = backend.distributed
+    world = dist.get_world_size()
+    ep_groups, edp_groups = qwen3_model_json.expert_groups(world, ep)
+    group = dist.subgroup(ep_groups)
+    replicas = dist.subgroup(edp_groups)
+    kept = shard_experts(model, group)
+    names = frozenset(name for name, _ in model.named_parameters() if ".mlp.experts." in name)
+    object.__setattr__(model, "local_gradients", LocalGradients(names, replicas, replicas.size,
+                                                                ExpertShards(group, names)))
+    print_rank_0(f" > expert parallelism: {ep} ranks per expert-parallel group, {kept} experts per rank and layer "
+                 f"(megatron-core's numbering: EP rank r holds experts r*{kept} .. r*{kept}+{kept - 1}), "
+                 f"{world // ep} data-parallel replica(s) of each")
 
 
 def _omni_model(args: Any) -> Any:

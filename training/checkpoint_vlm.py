@@ -48,7 +48,7 @@ MM_NAMES = "mindspeed-mm"  # MindSpeed-MM's names, one rank directory per (TP, P
 HF_NAMES = "hf-qwen2-vl"  # Hugging Face names, one shard: the data-parallel VLM's checkpoints
 CHECKPOINT_DTYPE = np.dtype(np.float32)
 PROGRESS_MIN_BYTES = 1 << 30  # progress lines for conversions of at least this many bytes
-_RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?")
+_RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?")  # tp[, pp][, expert-parallel rank]
 _CHUNK_PREFIX = re.compile(r"model(\d+)\.")  # a virtual pipeline chunk's tensors (mm_layout.chunk_prefix)
 
 
@@ -86,6 +86,7 @@ class _Rank:
     meta: dict[str, Any]
     model: SafetensorsFile
     optimizer: SafetensorsFile | None
+    parts: tuple["_Rank", ...] = ()  # expert-parallel ranks joined into this one (model: _ExpertRanks)
 
 
 def _read_rank(path: Path) -> _Rank:
@@ -106,6 +107,10 @@ def _read_rank(path: Path) -> _Rank:
 
 def _verify(rank: _Rank) -> None:
     """The rank's tensors against the checksum recorded when it was saved, one tensor at a time."""
+    if rank.parts:
+        for part in rank.parts:
+            _verify(part)
+        return
     checksums = rank.meta.get("checksums") or {}
     for part, file in (("model", rank.model), ("optimizer", rank.optimizer)):
         if file is not None and part in checksums and tensor_digest(file) != checksums[part]:
@@ -113,15 +118,40 @@ def _verify(rank: _Rank) -> None:
                                   "was saved; use another checkpoint")
 
 
-def _rank_grid(path: Path) -> dict[tuple[int, int], Path]:
-    """(tp_rank, pp_rank) -> rank directory of one iteration directory; one naming form only."""
-    found: dict[tuple[int, int], Path] = {}
+def _expert_rank_of(child: Path, match: re.Match) -> tuple[int, int, int]:
+    """(tp, pp, expert-parallel rank) of a rank directory: `mp_rank_00_001` is pipeline stage 1, or expert rank 1
+    when its meta.json says the checkpoint is split over experts alone (ep > 1, pp 1), as megatron-core names it."""
+    tp, second, third = int(match.group(1)), match.group(2), match.group(3)
+    if third is not None:
+        return tp, int(second), int(third)
+    if second is not None:
+        try:
+            parallel = json.loads((child / checkpoint_io.META_FILE).read_text(encoding="utf-8")).get("parallel", {})
+        except (OSError, ValueError):
+            parallel = {}
+        if parallel.get("ep", 1) > 1 and parallel.get("pp", 1) == 1:
+            return tp, 0, int(second)
+    return tp, int(second or 0), 0
+
+
+def _rank_grid(path: Path) -> dict[tuple[int, int], list[Path]]:
+    """(tp_rank, pp_rank) -> its rank directories (one per expert-parallel rank, in rank order) of one iteration
+    directory; one naming form only."""
+    found: dict[tuple[int, int], list[Path]] = {}
     forms = set()
+    experts: dict[tuple[int, int], dict[int, Path]] = {}
     for child in sorted(path.iterdir()) if path.is_dir() else []:
         match = _RANK_DIR.fullmatch(child.name)
         if match and child.is_dir():
             forms.add(match.group(2) is None)
-            found[(int(match.group(1)), int(match.group(2) or 0))] = child
+            t, p, e = _expert_rank_of(child, match)
+            experts.setdefault((t, p), {})[e] = child
+    for key, by_rank in experts.items():
+        if sorted(by_rank) != list(range(len(by_rank))) or len({len(r) for r in experts.values()}) > 1:
+            raise CheckpointError(f"{path} is missing expert-parallel rank directories (found "
+                                  f"{', '.join(p.name for r in experts.values() for p in r.values())}); copy the "
+                                  "whole checkpoint directory")
+        found[key] = [by_rank[e] for e in sorted(by_rank)]
     if not found:
         raise CheckpointError(f"{path} holds no mp_rank_* directory; pass the --save directory of a training run "
                               "or the --cfg.mm_dir of a conversion")
@@ -164,6 +194,51 @@ def _config_of(meta: Mapping[str, Any], given: Qwen2VLConfig | None) -> Qwen2VLC
                      "Hugging Face directory")
 
 
+class _ExpertRanks(Mapping[str, np.ndarray]):
+    """The model files of one (tp, pp) rank's expert-parallel ranks read as one, experts in global numbers
+    (rank r's local expert k is expert r * per_rank + k; every other tensor is rank 0's)."""
+
+    def __init__(self, files: list[SafetensorsFile]) -> None:
+        local = [int(m.group(1)) for name in files[0] for m in [mm_layout._EXPERT.search(name)] if m]
+        experts = (1 + max(local, default=0)) * len(files)
+        self.where: dict[str, tuple[SafetensorsFile, str]] = {}
+        for r, file in enumerate(files):
+            for name in file:
+                whole = mm_layout.expert_global_name(name, experts, len(files), r)
+                if r == 0 or whole != name:
+                    self.where[whole] = (file, name)
+        self.path = files[0].path
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        file, local = self.where[name]
+        return file[local]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        file, local = self.where[name]
+        return file.shape(local)
+
+    def dtype(self, name: str) -> np.dtype:
+        file, local = self.where[name]
+        return file.dtype(local)
+
+    def nbytes(self, name: str) -> int:
+        file, local = self.where[name]
+        return file.nbytes(local)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
+def _join_expert_ranks(parts: list[_Rank]) -> _Rank:
+    """One (tp, pp) rank's expert-parallel ranks as one _Rank (model weights; their optimizer state is not read)."""
+    if len(parts) == 1:
+        return parts[0]
+    return _Rank(parts[0].path, parts[0].meta, _ExpertRanks([p.model for p in parts]), None, tuple(parts))
+
+
 class _Suffixed(Mapping[str, np.ndarray]):
     """The `<param>.<key>` tensors of an optimizer file, named `<param>` (one state key, e.g. exp_avg)."""
 
@@ -202,6 +277,11 @@ class Source:
         self.files = files if files is not None else {key: rank.model for key, rank in ranks.items()}
         self.meta = ranks[(0, 0)].meta
 
+    @property
+    def ep(self) -> int:
+        """The expert-parallel ranks each (tp, pp) rank's experts are split over (1: one directory each)."""
+        return max(len(self.ranks[(0, 0)].parts), 1)
+
     def describe(self) -> str:
         """`iteration 10; <names and split>` for the progress lines."""
         lay = self.layout
@@ -209,7 +289,7 @@ class Source:
         if self.names == HF_NAMES:
             return f"{where}; Hugging Face names, one data-parallel shard"
         return (f"{where}; MindSpeed-MM names, tp_size {lay.tp}, vit_pp_layers {lay.pipeline_num_layers('vit')}, "
-                f"llm_pp_layers {lay.pipeline_num_layers('llm')}")
+                f"llm_pp_layers {lay.pipeline_num_layers('llm')}" + (f", ep_size {self.ep}" if self.ep > 1 else ""))
 
     # ------------------------------------------------------------------ optimizer state
 
@@ -253,7 +333,7 @@ class Source:
         if self.names == HF_NAMES:
             held = self.files[(0, 0)]
             return ((name, held[name]) for name in mm_layout.hf_shapes(self.config) if name in held)
-        return (part for name, whole in self.mm_tensors() for part in mm_layout.hf_parts(self.config, name, whole))
+        return mm_layout.hf_stream(self.config, self.mm_tensors())
 
     def rank_tensors(self, target: VLMLayout, tp_rank: int, pp_rank: int) -> dict[str, np.ndarray]:
         """What rank (tp_rank, pp_rank) of `target` holds (what the checkpoint holds of it), in its local names."""
@@ -309,7 +389,7 @@ def open_checkpoint(root: str | os.PathLike, config: Qwen2VLConfig | None = None
 def open_iteration(path: Path, iteration: int | str, config: Qwen2VLConfig | None = None,
                    verify: bool = True) -> Source:
     """open_checkpoint for one iteration directory (`<root>/iter_0000010`, `<root>/release`)."""
-    ranks = {key: _read_rank(rank_path) for key, rank_path in _rank_grid(path).items()}
+    ranks = {key: _join_expert_ranks([_read_rank(p) for p in paths]) for key, paths in _rank_grid(path).items()}
     first = ranks[(0, 0)]
     config = _config_of(first.meta, config)
     names = _names_of(first, config)
@@ -387,46 +467,74 @@ def _check_tensors(rank: _Rank, expected: Mapping[str, tuple[int, ...]], what: s
 # ------------------------------------------------------------------------------------------ writing
 
 def write_checkpoint(root: str | os.PathLike, layout: VLMLayout, tensors: Iterable[tuple[str, np.ndarray]],
-                     meta: Mapping[str, Any], iteration: int | str = RELEASE) -> Path:
+                     meta: Mapping[str, Any], iteration: int | str = RELEASE, ep: int = 1) -> Path:
     """`<root>/<iteration>/mp_rank_*` in MindSpeed-MM names for `layout`, from whole tensors in global names
     (`tensors`, each yielded once, any dtype mmrun reads), written as they come; then the tracker. Returns the
     iteration directory. `meta` goes into every rank's meta.json (with model_names, parallel, hf_config,
-    checksums added)."""
-    ranks = [(t, p) for p in range(layout.pp) for t in range(layout.tp)]
+    checksums added). `ep` > 1 splits a MoE model's experts over that many expert-parallel ranks
+    (`mp_rank_TT[_PPP]_EEE`, megatron-core's names: each holds its num_experts / ep experts numbered from 0 and
+    every other tensor of its (tp, pp) rank)."""
+    experts = check_expert_split(layout, ep)
+    ranks = [(t, p, e) for p in range(layout.pp) for t in range(layout.tp) for e in range(ep)]
+
+    def rank_dir(directory: Path, t: int, p: int, e: int) -> Path:
+        return directory / rank_dir_name(t, p, layout.pp, e if ep > 1 else None)
+
+    def places(local: str) -> list[tuple[int, str]]:
+        place = mm_layout.expert_place(local, experts, ep) if ep > 1 else None
+        return [place] if place is not None else [(e, local) for e in range(ep)]
 
     def fill(directory: Path) -> None:
-        writers: dict[tuple[int, int], SafetensorsWriter] = {}
+        writers: dict[tuple[int, int, int], SafetensorsWriter] = {}
         try:
-            for t, p in ranks:
-                rank_dir = directory / rank_dir_name(t, p, layout.pp)
-                rank_dir.mkdir()
-                writers[(t, p)] = SafetensorsWriter(
-                    rank_dir / checkpoint_io.MODEL_FILE,
-                    {name: (CHECKPOINT_DTYPE, shape) for name, shape in layout.rank_shapes(t, p).items()},
+            for t, p, e in ranks:
+                path = rank_dir(directory, t, p, e)
+                path.mkdir()
+                shapes = {there: shape for name, shape in layout.rank_shapes(t, p).items()
+                          for r, there in places(name) if r == e}
+                writers[(t, p, e)] = SafetensorsWriter(
+                    path / checkpoint_io.MODEL_FILE, {name: (CHECKPOINT_DTYPE, shape) for name, shape in shapes.items()},
                     metadata={"format": checkpoint_io.FORMAT})
             for name, array in tensors:
                 whole = as_checkpoint_dtype(array)
                 for stage, local in layout.locate(name):
                     for t in range(layout.tp):
-                        writers[(t, stage)].write(local, layout.shard(local, whole, t))
+                        shard = layout.shard(local, whole, t)
+                        for e, there in places(local):
+                            writers[(t, stage, e)].write(there, shard)
             for writer in writers.values():
                 writer.close()
         except BaseException:
             for writer in writers.values():
                 writer.abort()
             raise
-        for t, p in ranks:
-            rank_dir = directory / rank_dir_name(t, p, layout.pp)
-            digest = tensor_digest(SafetensorsFile(rank_dir / checkpoint_io.MODEL_FILE))
+        for t, p, e in ranks:
+            path = rank_dir(directory, t, p, e)
+            digest = tensor_digest(SafetensorsFile(path / checkpoint_io.MODEL_FILE))
+            parallel = {"tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": 1, "dp": 1, "tp_rank": t,
+                        "pp_rank": p, **({"ep": ep, "ep_rank": e} if ep > 1 else {})}
             info = {"format": checkpoint_io.FORMAT, "version": checkpoint_io.VERSION, **meta,
-                    "iteration": meta.get("iteration", 0), "model_names": MM_NAMES,
-                    "parallel": {"tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": 1, "dp": 1, "tp_rank": t,
-                                 "pp_rank": p},
+                    "iteration": meta.get("iteration", 0), "model_names": MM_NAMES, "parallel": parallel,
                     "hf_config": layout.config.to_hf_config(), "checksums": {"model": digest}}
-            with open(rank_dir / checkpoint_io.META_FILE, "w", encoding="utf-8") as f:
+            with open(path / checkpoint_io.META_FILE, "w", encoding="utf-8") as f:
                 f.write(json.dumps(info, indent=2, sort_keys=True) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
-            fsync_dir(rank_dir)
+            fsync_dir(path)
 
     return write_iteration(root, iteration, fill)
+
+
+def check_expert_split(layout: VLMLayout, ep: int) -> int:
+    """The model's experts per MoE layer, checked against `ep` (one line, exit 2, when they do not split)."""
+    moe = getattr(layout.config.text, "moe", None)
+    experts = moe.num_experts if moe is not None else 0
+    if ep == 1:
+        return experts
+    if not experts:
+        raise mm_layout.LayoutError(f"expert-parallel size {ep} for a {layout.config.model_type} model, which has no "
+                                    "experts; use ep_size 1")
+    if experts % ep:
+        raise mm_layout.LayoutError(f"expert-parallel size {ep} does not divide the model's {experts} experts; use "
+                                    f"a divisor of {experts}")
+    return experts

@@ -150,3 +150,76 @@ def all_gather_object(obj: Any) -> list[Any]:
     chunks = [mindspore.Tensor(np.zeros(max(lengths), dtype=np.uint8)) for _ in range(world)]
     mdist.all_gather(chunks, mindspore.Tensor(padded))
     return [object_codec.decode(c.asnumpy()[:n]) for c, n in zip(chunks, lengths)]
+
+
+# ------------------------------------------------------------------------- groups of ranks (expert parallelism)
+def subgroup(partition: Any) -> Any:
+    """This rank's group among `partition` (lists of ranks covering the world, each rank in one), created on first
+    use (MindSpore's create_group, by the members only), as parallel.groups.Group: ranks, rank, size, name."""
+    from mmrun.backend.mindspore.parallel import groups
+
+    rank = get_rank()
+    mine = next([int(r) for r in ranks] for ranks in partition if rank in ranks)
+    world_name = GlobalComm.WORLD_COMM_GROUP if _initialized() else "world"
+    name = groups._group_name(mine, get_world_size(), world_name)
+    if name is not None and name != world_name and name not in groups._created:
+        comm.create_group(name, mine)
+        groups._created.add(name)
+    return groups.Group(tuple(mine), mine.index(rank), name)
+
+
+def group_all_reduce(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
+    """The sum of `x` over `group`, as a new tensor (not differentiable; the identity in a group of one)."""
+    out = x.copy()
+    if group.name is not None:
+        mdist.all_reduce(out, op="sum", group=group.name)
+    return out
+
+
+_primitives: dict[tuple[str, str], Any] = {}
+
+
+def _primitive(kind: str, group: Any) -> Any:
+    """ops.AllReduce / AllGather / ReduceScatter over `group`, made once. Their own derivatives are what an
+    expert dispatch needs (each rank's loss is its own, summed over ranks): AllReduce's is an all-reduce of the
+    gradient, AllGather's a reduce-scatter, ReduceScatter's an all-gather; no custom bprop (a Cell with a bprop
+    fails under MindSpore's recompute in PyNative: "Stack input_args_info_stack_ is empty", 2.10)."""
+    from mindspore import ops as _ops
+
+    key = (kind, group.name)
+    if key not in _primitives:
+        make = {"all_reduce": lambda: _ops.AllReduce(_ops.ReduceOp.SUM, group.name),
+                "all_gather": lambda: _ops.AllGather(group.name),
+                "reduce_scatter": lambda: _ops.ReduceScatter(_ops.ReduceOp.SUM, group.name)}[kind]
+        _primitives[key] = make()
+    return _primitives[key]
+
+
+def _emulated() -> bool:
+    # MindSpore 2.10's CPU collectives (mccl): AllGather on the world group only, no ReduceScatter kernel. There an
+    # all-gather is an all-reduce of a buffer holding x in this rank's slot and zeros elsewhere (adding zeros is
+    # exact), a reduce-scatter an all-reduce of which this rank keeps its slice (the same numbers).
+    return device.detect().kind == "cpu"
+
+
+def gather_rows(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
+    """Every group member's `x` (the same shape on each), concatenated along dim 0 in group order; differentiable:
+    the backward sums the gradient over the group and keeps this rank's rows (megatron-core's allgather dispatch)."""
+    if group.size == 1:
+        return x
+    if _emulated():
+        zeros = mindspore.ops.zeros_like(x)  # mint.zeros_like has no CPU kernel
+        return _primitive("all_reduce", group)(mindspore.mint.cat([x if i == group.rank else zeros
+                                                                   for i in range(group.size)]))
+    return _primitive("all_gather", group)(x)
+
+
+def reduce_scatter_rows(x: mindspore.Tensor, group: Any) -> mindspore.Tensor:
+    """The sum of `x` over the group, of which this rank keeps its share of dim 0 (rank order); differentiable:
+    the backward gathers the gradient."""
+    if group.size == 1:
+        return x
+    if _emulated():
+        rows = x.shape[0] // group.size
+        return mindspore.mint.narrow(_primitive("all_reduce", group)(x), 0, group.rank * rows, rows)
+    return _primitive("reduce_scatter", group)(x)

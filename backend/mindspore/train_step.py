@@ -36,7 +36,8 @@ from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.precision.timers import NO_TIMERS
 from mmrun.backend.mindspore import optim
 from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
-    StepResult, advance_schedule, call_model, check_micro_batches, set_step_lr, world_size)
+    LocalGradients, StepResult, advance_schedule, call_model, check_micro_batches, local_indices, set_step_lr,
+    world_size)
 
 # Measured (docs/parity.md, docs/portable-api.md): jit gives the same losses as PyNative and is several
 # times faster per step; the one-off compile (5 to 25 s on CPU) pays off within a few dozen steps.
@@ -102,7 +103,7 @@ def _batch(micro_batch: Sequence[Any]) -> Any:
 class TrainStep(ms.nn.Cell):
     def __init__(self, model: ms.nn.Cell, optimizer: optim.AdamW, loss_fn: Callable[..., Any] | None = None,
                  lr_scheduler: Any = None, clip_grad: float = 1.0, increment: int = 1, jit: bool | None = None,
-                 grad_scaler: ConstantGradScaler | None = None) -> None:
+                 grad_scaler: ConstantGradScaler | None = None, local_grads: LocalGradients | None = None) -> None:
         # auto_prefix=False: holding the model must not rename its parameters to `model.*`.
         super().__init__(auto_prefix=False)
         self.model, self.optimizer = model, optimizer
@@ -112,6 +113,8 @@ class TrainStep(ms.nn.Cell):
         self.jit = DEFAULT_JIT if jit is None else bool(jit)
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
         self.grad_scaler = grad_scaler
+        # expert parallelism's experts (train_step_shared.LocalGradients): reduced eagerly, on the scaler's path
+        self.local_grads = local_grads
         self.timers = NO_TIMERS  # per-phase timers (mmrun.precision.timers), set by the engine when asked for
         self.announce: Callable[[str], None] | None = None  # prints the compile time of each new batch shape
         self._compiled_shapes: set = set()
@@ -195,7 +198,8 @@ class TrainStep(ms.nn.Cell):
         lr = set_step_lr(self.lr_scheduler, self.optimizer)
         num_micro = len(micro_batches)
         timers = self.timers
-        if self.grad_scaler is None and self.jit and num_micro == 1:
+        split = self.grad_scaler is not None or (self.local_grads is not None and self.world_size > 1)
+        if not split and self.jit and num_micro == 1:
             # One compiled graph: the all-reduce's and the optimizer's time are inside forward-backward here.
             with timers.phase("forward-backward"):
                 loss_norm = self._announce_compile("fused", micro_batches[0], self.optimizer._next_scalars())
@@ -216,7 +220,7 @@ class TrainStep(ms.nn.Cell):
                     micro_loss, grads = self._compiled["accumulate"](ms.mutable(tuple(grads)), _batch(batch), scale_t)
                     loss = loss + micro_loss
             loss = loss / num_micro
-        if self.grad_scaler is None:
+        if not split:
             # The data-parallel all-reduce is inside the update graph (see _update).
             with timers.phase("optimizer"):
                 what = "gradient all-reduce, clipping and AdamW" if self._all_reduce is not None else \
@@ -226,16 +230,47 @@ class TrainStep(ms.nn.Cell):
             return self._finish_pair(loss_norm, lr)
         if self.world_size > 1:
             with timers.phase("grads-all-reduce"):
-                *grads, loss = _all_reduce_mean(list(grads) + [loss])
+                if self.local_grads is None:
+                    *grads, loss = _all_reduce_mean(list(grads) + [loss])
+                else:
+                    grads, loss = self._reduce_with_local(list(grads), loss)
         factor = Tensor(1.0 / scale, ms.float32)
         with timers.phase("optimizer"):
             grads, norm = self._compiled["unscale"](ms.mutable(tuple(grads)), factor)
+            if self.local_grads is not None and self.world_size > 1:
+                norm = self._norm_with_local(grads)
             norm_value = float(norm)
             skipped = not math.isfinite(norm_value)  # one inf/nan anywhere makes the global norm non-finite
-            self.grad_scaler.update(skipped)
+            if self.grad_scaler is not None:
+                self.grad_scaler.update(skipped)
             if not skipped:
                 self._compiled["apply"](ms.mutable(tuple(grads)), norm, self.optimizer._next_scalars())
-        return self._finish(loss, norm_value, lr, skipped, scale)
+        return self._finish(loss, norm_value, lr, skipped, scale if self.grad_scaler is not None else None)
+
+    def _reduce_with_local(self, grads: list, loss: Tensor) -> tuple[list, Tensor]:
+        """Replicated gradients (and the loss) averaged over every rank; the local ones (LocalGradients) summed
+        over their group and divided by the world size (eagerly, as the scaler's path does)."""
+        from mmrun.backend.mindspore import distributed
+
+        replicated, local = local_indices(self.optimizer.names, self.local_grads)
+        *reduced, loss = _all_reduce_mean([grads[i] for i in replicated] + [loss])
+        for i, g in zip(replicated, reduced):
+            grads[i] = g
+        if local:
+            flat = mint.cat([mint.reshape(grads[i], (-1,)) for i in local])
+            flat = distributed.group_all_reduce(flat, self.local_grads.group) / self.world_size
+            for i, piece in zip(local, mint.split(flat, [int(grads[i].size) for i in local])):
+                grads[i] = mint.reshape(piece, grads[i].shape)
+        return grads, loss
+
+    def _norm_with_local(self, grads: Sequence[Tensor]) -> Tensor:
+        """The global L2 norm when some parameters are local: each expert's squares counted once over the world."""
+        from mmrun.backend.mindspore import distributed
+
+        replicated, local = local_indices(self.optimizer.names, self.local_grads)
+        squares = [sum(float(mint.sum(grads[i] * grads[i])) for i in indices) for indices in (replicated, local)]
+        held = distributed.all_reduce(Tensor([squares[1]], ms.float32), op="sum").asnumpy()[0]
+        return Tensor(math.sqrt(squares[0] + float(held) / self.local_grads.replicas), ms.float32)
 
     def _zero_grads(self) -> tuple[Tensor, ...]:
         if self._zeros is None:

@@ -110,3 +110,89 @@ def all_gather_object(obj: Any) -> list[Any]:
     chunks = [torch.zeros(longest, dtype=torch.uint8, device=where) for _ in range(world)]
     dist.all_gather(chunks, torch.from_numpy(padded).to(where))
     return [object_codec.decode(c.cpu().numpy()[: int(s.item())]) for c, s in zip(chunks, sizes)]
+
+
+# ------------------------------------------------------------------------- groups of ranks (expert parallelism)
+class Group:
+    """One communication group as this rank sees it: its ranks, this process's index in them, torch's handle
+    (None when the group is this rank alone). The MindSpore backend's twin is parallel.groups.Group."""
+
+    def __init__(self, ranks: tuple[int, ...], rank: int, handle: Any) -> None:
+        self.ranks, self.rank, self.handle = ranks, rank, handle
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+_subgroups: dict[tuple[int, ...], Any] = {}
+
+
+def subgroup(partition: Any) -> Group:
+    """This rank's group among `partition` (lists of ranks covering the world, each rank in one), created on first
+    use. Every rank calls it with the same partition: torch's new_group must be entered by every process."""
+    rank = get_rank()
+    for ranks in partition:
+        key = tuple(int(r) for r in ranks)
+        if len(key) > 1 and key not in _subgroups and _grouped():
+            _subgroups[key] = None if len(key) == get_world_size() else dist.new_group(list(key))
+    mine = next(tuple(int(r) for r in ranks) for ranks in partition if rank in ranks)
+    return Group(mine, mine.index(rank), _subgroups.get(mine))  # handle None: the world (torch's default) or alone
+
+
+def group_all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """The sum of `x` over `group`, as a new tensor (not differentiable; the identity in a group of one)."""
+    out = x.clone()
+    if group.size > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group.handle)
+    return out
+
+
+def _gather(x: torch.Tensor, group: Group) -> torch.Tensor:
+    pieces = [torch.empty_like(x) for _ in range(group.size)]
+    dist.all_gather(pieces, x.contiguous(), group=group.handle)
+    return torch.cat(pieces, dim=0)
+
+
+def _sum_own_rows(x: torch.Tensor, group: Group) -> torch.Tensor:
+    # gloo has no reduce-scatter: the sum over the group, of which this rank keeps its rows (the same numbers)
+    if backend_name() != "gloo":
+        out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(out, x.contiguous(), group=group.handle)
+        return out
+    return group_all_reduce(x, group).chunk(group.size, dim=0)[group.rank].contiguous()
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        ctx.group = group
+        return _gather(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _sum_own_rows(grad, ctx.group), None
+
+
+class _ReduceScatterRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        ctx.group = group
+        return _sum_own_rows(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _gather(grad, ctx.group), None
+
+
+def gather_rows(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """Every group member's `x` (the same shape on each), concatenated along dim 0 in group order; differentiable:
+    the backward sums the gradient over the group and keeps this rank's rows (megatron-core's
+    gather_from_sequence_parallel_region over the expert group: its allgather token dispatcher)."""
+    return x if group.size == 1 else _GatherRows.apply(x, group)
+
+
+def reduce_scatter_rows(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """The sum of `x` over the group, of which this rank keeps its share of dim 0 (rank order); differentiable:
+    the backward gathers the gradient (megatron-core's reduce_scatter_to_sequence_parallel_region)."""
+    return x if group.size == 1 else _ReduceScatterRows.apply(x, group)

@@ -34,7 +34,8 @@ from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.precision.timers import NO_TIMERS
 from mmrun.backend.torch import optim
 from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
-    StepResult, advance_schedule, call_model, check_micro_batches, set_step_lr, world_size)
+    LocalGradients, StepResult, advance_schedule, call_model, check_micro_batches, local_indices, set_step_lr,
+    world_size)
 
 
 def _read_back(loss: torch.Tensor, norm: torch.Tensor) -> tuple[float, float]:
@@ -54,7 +55,7 @@ def _all_reduce_mean(tensors: Sequence[torch.Tensor]) -> None:
 class TrainStep:
     def __init__(self, model: torch.nn.Module, optimizer: optim.AdamW, loss_fn: Callable[..., Any] | None = None,
                  lr_scheduler: Any = None, clip_grad: float = 1.0, increment: int = 1, jit: bool | None = None,
-                 grad_scaler: ConstantGradScaler | None = None) -> None:
+                 grad_scaler: ConstantGradScaler | None = None, local_grads: LocalGradients | None = None) -> None:
         if jit:
             raise NotImplementedError(
                 "TrainStep(jit=True) is not supported with the pytorch backend. Received: jit=True; "
@@ -63,6 +64,7 @@ class TrainStep:
         self.loss_fn = loss_fn or call_model
         self.lr_scheduler, self.clip_grad, self.increment = lr_scheduler, clip_grad, increment
         self.grad_scaler = grad_scaler
+        self.local_grads = local_grads  # expert parallelism's experts (train_step_shared.LocalGradients)
         self.world_size: int | None = None  # asked on the first step, after the launcher set up ranks
         self._fp32_sums = any(p.dtype != torch.float32 for p in optimizer.params)
         self.timers = NO_TIMERS  # per-phase timers (mmrun.precision.timers), set by the engine when asked for
@@ -78,11 +80,15 @@ class TrainStep:
             loss, grads = self._backward(micro_batches, scale)
         if self.world_size > 1:
             with timers.phase("grads-all-reduce"):
-                _all_reduce_mean(grads + [loss])
+                if self.local_grads is None:
+                    _all_reduce_mean(grads + [loss])
+                else:
+                    self._reduce_with_local(grads, loss)
         with timers.phase("optimizer"):
             if scale != 1.0:
                 torch._foreach_mul_(grads, 1.0 / scale)
-            grads, norm = optim.clip_grad_norm(grads, self.clip_grad)
+            total = None if self.local_grads is None or self.world_size == 1 else self._norm_with_local(grads)
+            grads, norm = optim.clip_grad_norm(grads, self.clip_grad, total=total)
             skipped = False
             if self.grad_scaler is not None:
                 loss_value, norm_value = _read_back(loss, norm)
@@ -95,6 +101,29 @@ class TrainStep:
         advance_schedule(self.lr_scheduler, self.increment, skipped)
         self.optimizer.zero_grad()
         return StepResult(loss_value, norm_value, lr, skipped, None if self.grad_scaler is None else scale)
+
+    def _reduce_with_local(self, grads: list[torch.Tensor], loss: torch.Tensor) -> None:
+        """Replicated gradients (and the loss) averaged over every rank; the local ones (LocalGradients) summed
+        over their group and divided by the world size. In place."""
+        from mmrun.backend.torch import distributed
+
+        replicated, local = local_indices(self.optimizer.names, self.local_grads)
+        _all_reduce_mean([grads[i] for i in replicated] + [loss])
+        if local:
+            held = [grads[i] for i in local]
+            flat = distributed.group_all_reduce(torch.cat([t.reshape(-1) for t in held]), self.local_grads.group)
+            for t, reduced in zip(held, torch.split(flat / self.world_size, [t.numel() for t in held])):
+                t.copy_(reduced.view_as(t))
+
+    def _norm_with_local(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The global L2 norm when some parameters are local: each expert's squares counted once over the world."""
+        from mmrun.backend.torch import distributed
+
+        replicated, local = local_indices(self.optimizer.names, self.local_grads)
+        squares = [sum((grads[i].float() ** 2).sum() for i in indices) + torch.zeros((), device=grads[0].device)
+                   for indices in (replicated, local)]
+        held = distributed.all_reduce(squares[1].reshape(1), op="sum")[0] / self.local_grads.replicas
+        return torch.sqrt(squares[0] + held)
 
     def _backward(self, micro_batches: Sequence[Sequence[Any]], scale: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Forward and backward of every micro-batch: (mean loss, gradients of scale x mean loss), fp32."""

@@ -14,6 +14,14 @@ model as Qwen2-VL's, with what Qwen3-VL adds (HF name -> MindSpeed-MM name, laye
     model.visual.merger.{norm,linear_fc1,linear_fc2} image_encoder.projector.{layernorm,encoder.linear_fc1,fc2}
     model.language_model.layers.N.self_attn.{q,k}_norm   text_decoder.decoder.layers.N.self_attention.{q,k}_layernorm
     (embedding, q/k/v fused per query group, o_proj, norms, [gate; up], down, final norm, lm_head: as Qwen2-VL)
+    The MoE variant's sparse layers (qwen3_vl_moe; ExpertSplitOp):
+    model.language_model.layers.N.mlp.gate.weight        text_decoder.decoder.layers.N.mlp.router.weight
+    ...layers.N.mlp.experts.gate_up_proj[k] (2 x moe_intermediate, hidden: transformers' memory layout, [gate; up])
+                                                    ...layers.N.mlp.experts.local_experts.k.linear_fc1.weight (GLU)
+    ...layers.N.mlp.experts.down_proj[k] (hidden, moe_intermediate)
+                                                    ...layers.N.mlp.experts.local_experts.k.linear_fc2.weight (row)
+    k is global here; split over expert-parallel ranks each rank holds num_experts / EP experts numbered from 0
+    (megatron-core's local numbering; checkpoint_vlm.write_checkpoint's `ep`).
 
 A DeepStack merger sits with the ViT block whose output it reads, so it lives on that block's stage (stage 0: mmrun
 keeps the ViT there). Tensor parallelism as MindSpeed-MM's qwen3_vl_tp_patterns: the DeepStack mergers' fc1
@@ -61,9 +69,14 @@ def hf_shapes(config) -> dict[str, tuple[int, ...]]:
                 shapes[f"{layer}{module}.bias"] = (rows,)
         shapes.update({layer + "q_norm.weight": (hd,), layer + "k_norm.weight": (hd,)})
         layer = f"{text}layers.{n}."
-        shapes.update({layer + "input_layernorm.weight": (h,), layer + "post_attention_layernorm.weight": (h,),
-                       layer + "mlp.gate_proj.weight": (i, h), layer + "mlp.up_proj.weight": (i, h),
-                       layer + "mlp.down_proj.weight": (h, i)})
+        shapes.update({layer + "input_layernorm.weight": (h,), layer + "post_attention_layernorm.weight": (h,)})
+        if t.moe is not None and t.moe.is_sparse(n):  # transformers' router and fused experts (memory layout)
+            e, mi = t.moe.num_experts, t.moe.moe_intermediate_size
+            shapes.update({layer + "mlp.gate.weight": (e, h), layer + "mlp.experts.gate_up_proj": (e, 2 * mi, h),
+                           layer + "mlp.experts.down_proj": (e, h, mi)})
+        else:
+            shapes.update({layer + "mlp.gate_proj.weight": (i, h), layer + "mlp.up_proj.weight": (i, h),
+                           layer + "mlp.down_proj.weight": (h, i)})
     shapes[text + "norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (t.vocab_size, h)
@@ -109,9 +122,16 @@ def recipes(config) -> dict[str, Recipe]:
         for p in params:
             copy(f"{mm}self_attention.linear_proj.{p}", f"{layer}self_attn.o_proj.{p}")
         copy(mm + "pre_mlp_layernorm.weight", layer + "post_attention_layernorm.weight")
-        out[mm + "mlp.linear_fc1.weight"] = Recipe((layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"),
-                                                    "concat")
-        copy(mm + "mlp.linear_fc2.weight", layer + "mlp.down_proj.weight")
+        if t.moe is not None and t.moe.is_sparse(n):  # megatron-core's router and experts (global numbers here)
+            copy(mm + "mlp.router.weight", layer + "mlp.gate.weight")
+            for k in range(t.moe.num_experts):
+                expert = f"{mm}mlp.experts.local_experts.{k}."
+                out[expert + "linear_fc1.weight"] = Recipe((layer + "mlp.experts.gate_up_proj",), "expert", k)
+                out[expert + "linear_fc2.weight"] = Recipe((layer + "mlp.experts.down_proj",), "expert", k)
+        else:
+            out[mm + "mlp.linear_fc1.weight"] = Recipe(
+                (layer + "mlp.gate_proj.weight", layer + "mlp.up_proj.weight"), "concat")
+            copy(mm + "mlp.linear_fc2.weight", layer + "mlp.down_proj.weight")
     copy(TEXT + "decoder.final_layernorm.weight", "model.language_model.norm.weight")
     if not config.tie_word_embeddings:
         copy(OUTPUT_LAYER, "lm_head.weight")

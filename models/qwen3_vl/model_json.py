@@ -163,11 +163,25 @@ def check_split(spec: ModelJson, framework: str, split: bool) -> None:
 
 # Megatron's MoE flags that only change speed (finetune_qwen3vl_30B.sh passes them): run without, said once.
 MOE_SPEED_FLAGS = ("--moe-grouped-gemm", "--moe-permutation-async-comm")
+# --moe-token-dispatcher-type values mmrun takes for Qwen3-VL MoE (Megatron's): both give the same numbers; with
+# expert parallelism the tokens travel as the allgather dispatcher sends them (the backends here have no
+# all-to-all that autograd runs through: MindSpore's CPU collectives have none, gloo none of torch's)
+DISPATCHERS = ("alltoall", "allgather")
 
 
-def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str]) -> list[str]:
-    """--expert-model-parallel-size against model.json's experts (one-line UsageError), and the notices for the
-    speed-only MoE flags of argv (returned, one line each)."""
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    names = {flag, "--" + flag[2:].replace("-", "_")}
+    for i, token in enumerate(argv):
+        name, _, value = token.partition("=")
+        if name in names:
+            return value if value else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str], world_size: int = 1) -> list[str]:
+    """--expert-model-parallel-size against model.json's experts and the world size, --moe-token-dispatcher-type
+    (one-line UsageError), and the notices for argv's speed-only MoE flags and the dispatcher (returned, one line
+    each)."""
     text = spec.hf_config["text_config"]
     experts = text.get("num_experts") if spec.hf_config["model_type"] == MOE_MODEL_TYPE else None
     if expert_parallel is not None and not expert_parallel.lstrip("-").isdigit():
@@ -176,12 +190,30 @@ def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str])
     if experts is not None and (ep < 1 or experts % ep):
         raise UsageError(f"--expert-model-parallel-size {ep} does not divide {spec.path}'s num_moe_experts {experts}; "
                          "pass a divisor of the experts (each rank holds num_moe_experts / EP of them)")
-    if experts is not None and ep > 1:
-        raise UsageError(f"--expert-model-parallel-size {ep}: expert parallelism of Qwen3-VL MoE is not built in mmrun "
-                         "yet (every rank holds all the experts); pass --expert-model-parallel-size 1")
+    if experts is not None and world_size % ep:
+        raise UsageError(f"--expert-model-parallel-size {ep} does not divide the world size {world_size}: the ranks "
+                         "form expert-parallel groups of EP ranks; start a multiple of EP processes, or pass a divisor "
+                         f"of {world_size}")
+    notices = []
+    dispatcher = _flag_value(argv, "--moe-token-dispatcher-type")
+    if experts is not None and dispatcher is not None and dispatcher not in DISPATCHERS:
+        raise UsageError(f"--moe-token-dispatcher-type {dispatcher}: mmrun's Qwen3-VL MoE dispatches tokens as "
+                         f"Megatron's {' or '.join(DISPATCHERS)}; pass one of those")
+    if experts is not None and ep > 1 and dispatcher in (None, "alltoall"):
+        notices.append(f"--expert-model-parallel-size {ep}: tokens are dispatched over the expert-parallel group as "
+                       "Megatron's allgather dispatcher does (all-gather, local experts, reduce-scatter: the same "
+                       "numbers as alltoall, whose all-to-all exchange mmrun does not build)")
     tokens = {token.split("=")[0] for token in argv}
     given = [flag for flag in MOE_SPEED_FLAGS if {flag, "--" + flag[2:].replace("-", "_")} & tokens]
     if experts is None or not given:
-        return []
-    return [f"{', '.join(given)}: speed flags of Megatron's MoE layer; mmrun's Qwen3-VL MoE runs each expert on its "
-            "gathered tokens instead (the same numbers)"]
+        return notices
+    return notices + [f"{', '.join(given)}: speed flags of Megatron's MoE layer; mmrun's Qwen3-VL MoE runs each "
+                      "expert on its gathered tokens instead (the same numbers)"]
+
+
+def expert_groups(world_size: int, ep: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(expert-parallel groups, expert-data-parallel groups) of the world in megatron-core's rank order (tp-cp-ep-dp
+    -pp, tensor and context parallel sizes 1 here): EP adjacent ranks share the experts out; the ranks r, r + EP,
+    ... hold the same experts."""
+    return ([list(range(start, start + ep)) for start in range(0, world_size, ep)],
+            [list(range(first, world_size, ep)) for first in range(ep)])

@@ -24,6 +24,10 @@ The load-balancing loss (`load_balancing_loss`) is transformers' load_balancing_
 layers together, num_experts x sum_e (share of top-k assignments to e) x (mean router probability of e), padding
 rows left out by the attention mask; the model adds router_aux_loss_coef x it to the loss when
 output_router_logits is set.
+
+Expert parallelism (`--expert-model-parallel-size`, models/pretrain_vlm.py): `shard_experts` keeps each rank's
+num_experts / EP experts (megatron-core's numbering) and `dispatch_allgather` moves the tokens as megatron-core's
+allgather token dispatcher (see SparseMoeBlock); `ExpertShards` joins / splits the experts of a checkpoint.
 """
 from __future__ import annotations
 
@@ -80,32 +84,60 @@ class Experts(nn.Module):
 
     def __init__(self, hidden_size: int, moe: MoeConfig, hidden_act: str) -> None:
         super().__init__()
-        self.num_experts, self.intermediate = moe.num_experts, moe.moe_intermediate_size
+        self.num_experts, self.intermediate = moe.num_experts, moe.moe_intermediate_size  # experts held here
+        self.first = 0  # the global number of local expert 0 (keep_local)
         self.gate_up_proj = nn.Parameter(ops.zeros((moe.num_experts, 2 * moe.moe_intermediate_size, hidden_size)))
         self.down_proj = nn.Parameter(ops.zeros((moe.num_experts, hidden_size, moe.moe_intermediate_size)))
         self.act = activation(hidden_act)
 
     def forward(self, x, experts: np.ndarray, weights):
         tokens, k = experts.shape
-        flat = experts.reshape(-1)
-        order = np.argsort(flat, kind="stable")  # assignments grouped by expert
-        counts = np.bincount(flat, minlength=self.num_experts)
-        rows = ops.embedding(tensors.from_numpy((order // k).astype(np.int64)), x)  # (T*K, H), expert order
+        flat = experts.reshape(-1) - self.first  # this rank's local expert numbers (megatron-core's numbering)
+        mine = np.flatnonzero((flat >= 0) & (flat < self.num_experts))
+        order = mine[np.argsort(flat[mine], kind="stable")]  # this rank's assignments grouped by expert
+        if order.size == 0:  # no token chose one of this rank's experts (expert parallelism)
+            return ops.zeros((tokens, x.shape[-1]), dtype=x.dtype, like=x)
+        counts = np.bincount(flat[order], minlength=self.num_experts)
+        rows = ops.embedding(tensors.from_numpy((order // k).astype(np.int64)), x)  # (N, H), expert order
         gate, up = ops.split(ops.grouped_linear(rows, self.gate_up_proj, counts), [self.intermediate] * 2, dim=-1)
         done = ops.grouped_linear(self.act(gate) * up, self.down_proj, counts)
-        back = ops.embedding(tensors.from_numpy(np.argsort(order).astype(np.int64)), done)  # (token, k) order
+        position = np.full(flat.size, order.size, np.int64)  # (token, k) -> its row of done; other ranks' experts:
+        position[order] = np.arange(order.size)  # the zero row appended below
+        if order.size < flat.size:
+            done = ops.cat([done, ops.zeros((1, done.shape[-1]), dtype=done.dtype, like=done)])
+        back = ops.embedding(tensors.from_numpy(position), done)  # (token, k) order
         weighted = ops.reshape(back, (tokens, k, -1)) * ops.reshape(weights, (tokens, k, 1))
         return ops.sum(weighted, dim=1)
+
+    def keep_local(self, size: int, rank: int) -> None:
+        """Expert parallelism: keep experts [rank * E / size, (rank + 1) * E / size) of the fused tensors (megatron-
+        core's split: local expert j of EP rank r is global expert r * E / size + j); the others live on the other
+        ranks of the expert-parallel group."""
+        local = self.num_experts // size
+        self.first = rank * local
+        for name in ("gate_up_proj", "down_proj"):
+            whole = tensors.to_numpy(getattr(self, name))
+            setattr(self, name, nn.Parameter(tensors.from_numpy(np.ascontiguousarray(whole[self.first:self.first + local]))))
+        self.num_experts = local
 
 
 class SparseMoeBlock(nn.Module):
     """`mlp` of a sparse decoder layer: forward(x (B, S, H), router_logits=None) -> (B, S, H); the layer's router
-    logits (B*S, E) are appended to `router_logits` when a list is given (for the load-balancing loss)."""
+    logits (B*S, E) are appended to `router_logits` when a list is given (for the load-balancing loss).
+
+    With expert parallelism (`shard_experts`) the experts are those of this rank, and the tokens are dispatched as
+    megatron-core's `allgather` token dispatcher does: the router runs on this rank's tokens; the tokens, their
+    top-k weights and experts are gathered over the expert-parallel group (padded to the group's longest); each
+    rank runs its experts on every gathered token that chose one (others: zero rows); the weighted outputs are
+    summed over the group and each rank keeps its own rows (a reduce-scatter). The backward of the gather sums
+    the gradients over the group, that of the reduce-scatter gathers them (backend distributed.gather_rows /
+    reduce_scatter_rows): the same numbers as one process holding every expert."""
 
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.experts = Experts(config.hidden_size, config.moe, config.hidden_act)
         self.gate = TopKRouter(config.hidden_size, config.moe)
+        self.group: Any = None  # the expert-parallel group (backend distributed.subgroup), None: every expert here
 
     def forward(self, x, router_logits: list | None = None):
         batch, seq, hidden = x.shape
@@ -113,7 +145,93 @@ class SparseMoeBlock(nn.Module):
         logits, weights, experts = self.gate(flat)
         if router_logits is not None:
             router_logits.append(logits)
-        return ops.reshape(self.experts(flat, experts, weights), (batch, seq, hidden))
+        if self.group is None or self.group.size == 1:
+            return ops.reshape(self.experts(flat, experts, weights), (batch, seq, hidden))
+        return ops.reshape(dispatch_allgather(self.experts, self.group, flat, experts, weights), (batch, seq, hidden))
+
+
+def dispatch_allgather(experts_module: Any, group: Any, x, experts: np.ndarray, weights):
+    """megatron-core's allgather token dispatch over `group` (see SparseMoeBlock): x (T, H) this rank's tokens,
+    experts (T, K) numpy, weights (T, K) -> (T, H), this rank's tokens after every expert of the group."""
+    from mmrun.backend import distributed
+
+    tokens = experts.shape[0]
+    counts = group_counts(group, tokens)
+    longest = max(counts)
+    pad = longest - tokens
+    if pad:
+        x = ops.pad(x, (0, 0, 0, pad))
+        weights = ops.pad(weights, (0, 0, 0, pad))
+    padded = np.full((longest, experts.shape[1]), -1, np.int64)  # padding rows choose no expert
+    padded[:tokens] = experts
+    every = tensors.to_numpy(distributed.group_all_reduce(tensors.from_numpy(
+        _own_slot(padded, group).astype(np.float32)), group)).astype(np.int64)  # exact: small integers
+    out = experts_module(distributed.gather_rows(x, group), every.reshape(-1, experts.shape[1]),
+                         distributed.gather_rows(weights, group))
+    mine = distributed.reduce_scatter_rows(out, group)
+    return ops.split(mine, [tokens, pad], dim=0)[0] if pad else mine
+
+
+def _own_slot(values: np.ndarray, group: Any) -> np.ndarray:
+    """(size * rows, ...) zeros with `values` in this rank's slot: summed over the group, every rank's values."""
+    out = np.zeros((group.size * values.shape[0], *values.shape[1:]), values.dtype)
+    out[group.rank * values.shape[0]:(group.rank + 1) * values.shape[0]] = values
+    return out
+
+
+def group_counts(group: Any, tokens: int) -> list[int]:
+    """Every group member's token count, in group order (one small all-reduce)."""
+    from mmrun.backend import distributed
+
+    mine = np.zeros(group.size, np.float32)
+    mine[group.rank] = tokens
+    return [int(n) for n in tensors.to_numpy(distributed.group_all_reduce(tensors.from_numpy(mine), group))]
+
+
+def shard_experts(model: Any, group: Any) -> int:
+    """Expert parallelism over `group` (backend distributed.subgroup): every sparse block of `model` keeps its
+    share of the experts (Experts.keep_local) and dispatches over the group. Returns the experts kept per layer."""
+    kept = 0
+    for layer in model.model.language_model.layers:
+        if isinstance(layer.mlp, SparseMoeBlock):
+            layer.mlp.experts.keep_local(group.size, group.rank)
+            layer.mlp.group = group
+            kept = layer.mlp.experts.num_experts
+    nn.refresh_parameter_names(model)  # MindSpore names a Parameter once: the new local ones get their paths
+    return kept
+
+
+class ExpertShards:
+    """A checkpoint of an expert-parallel run holds every expert (transformers' fused layout, global numbering: the
+    one-process checkpoint's tensors): `gather` joins the EP group's local experts of a state (model or optimizer
+    tensors, numpy) before a save, `take` keeps this rank's experts of a whole state on load. So a checkpoint
+    resumes with any --expert-model-parallel-size that divides the experts (EP=1 included)."""
+
+    def __init__(self, group: Any, names: Sequence[str]) -> None:
+        self.group, self.names = group, tuple(sorted(names))
+
+    def _held(self, key: str) -> bool:
+        return any(key == name or key.startswith(name + ".") for name in self.names)
+
+    def gather(self, state: dict) -> dict:
+        """Every rank of the group calls it with the same keys (a collective per expert tensor)."""
+        from mmrun.backend import distributed
+
+        return {key: tensors.to_numpy(distributed.gather_rows(tensors.from_numpy(np.ascontiguousarray(value)),
+                                                              self.group)) if self._held(key) else value
+                for key, value in sorted(state.items())}
+
+    def take(self, state: dict) -> dict:
+        out = {}
+        for key, value in state.items():
+            if self._held(key):
+                local = value.shape[0] // self.group.size
+                value = value[self.group.rank * local:(self.group.rank + 1) * local]
+            out[key] = value
+        return out
+
+    def whole_shape(self, key: str, shape: tuple) -> tuple:
+        return (shape[0] * self.group.size, *shape[1:]) if self._held(key) else shape
 
 
 def load_balancing_loss(router_logits: Sequence[Any], moe: MoeConfig, attention_mask: Any = None):

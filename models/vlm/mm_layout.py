@@ -49,7 +49,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -65,6 +65,7 @@ OUTPUT_LAYER = TEXT + "output_layer.weight"
 PARTS = ("vit", "llm")
 _FLAGS = {"vit": "image_encoder.vision_encoder", "llm": "text_decoder"}  # model.json's section of each part
 _CHUNK = re.compile(r"model(\d+)\.")  # a virtual chunk's name prefix, as the megatron-core engine writes it
+_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")  # megatron-core's expert k of a MoE layer
 
 # How a tensor splits over tensor-parallel ranks.
 COLUMN, ROW, GLU, REPLICATED = "column", "row", "glu", "replicated"
@@ -98,9 +99,9 @@ class Recipe:
     """How one MindSpeed-MM tensor is made of Hugging Face tensors: `sources` joined by `fuse`."""
 
     sources: tuple[str, ...]
-    fuse: str  # "copy", "qkv" (interleave rows per group), "concat" (gate; up), "qkv_zero_k" (qkv from q and v,
-    #            k zeros: Qwen2.5-Omni's audio attention has no k bias)
-    groups: int = 1  # qkv: query groups (text) or heads (vision)
+    fuse: str  # "copy", "qkv" (interleave rows per group), "concat" (gate; up), "expert" (one of fused experts),
+    #            "qkv_zero_k" (qkv from q and v, k zeros: Qwen2.5-Omni's audio attention has no k bias)
+    groups: int = 1  # qkv: query groups (text) or heads (vision); expert: the expert's (global) number
 
 
 def _recipes(config: Any) -> dict[str, Recipe]:
@@ -111,6 +112,8 @@ def _recipes(config: Any) -> dict[str, Recipe]:
 def _fuse(recipe: Recipe, parts: Sequence[np.ndarray]) -> np.ndarray:
     if recipe.fuse == "copy":
         return parts[0]
+    if recipe.fuse == "expert":
+        return parts[0][recipe.groups]
     if recipe.fuse == "concat":
         return np.concatenate(parts, axis=0)
     g = recipe.groups
@@ -125,7 +128,7 @@ def _fuse(recipe: Recipe, parts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _unfuse(recipe: Recipe, fused: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> list[np.ndarray]:
-    if recipe.fuse == "copy":
+    if recipe.fuse in ("copy", "expert"):  # expert: one slice, stacked by _hf_stream
         return [fused]
     if recipe.fuse == "concat":
         return np.split(fused, 2, axis=0)
@@ -145,16 +148,38 @@ def _unfuse(recipe: Recipe, fused: np.ndarray, shapes: Mapping[str, tuple[int, .
 def hf_to_mm(config: Any, read_hf: Callable[[str], np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
     """The whole model in MindSpeed-MM's names, one tensor at a time (`read_hf(name)` gives an HF tensor, any
     dtype: bf16 bits travel untouched), so memory holds a few tensors, never the model."""
+    last: dict[str, np.ndarray] = {}  # the fused experts tensor read last: each expert is one slice of it
+
+    def read(source: str) -> np.ndarray:
+        if source not in last:
+            last.clear()
+            last[source] = read_hf(source)
+        return last[source]
+
     for name, recipe in _recipes(config).items():
-        yield name, np.ascontiguousarray(_fuse(recipe, [read_hf(s) for s in recipe.sources]))
+        yield name, np.ascontiguousarray(_fuse(recipe, [read(s) for s in recipe.sources]))
 
 
 def mm_to_hf(config: Any, read_mm: Callable[[str], np.ndarray]) -> Iterator[tuple[str, np.ndarray]]:
     """The inverse of hf_to_mm, one MindSpeed-MM tensor read at a time; yields HF names in checkpoint order
     of the MindSpeed-MM tensors (hf_shapes gives the canonical order)."""
-    shapes = hf_shapes(config)
-    for name, recipe in _recipes(config).items():
-        for source, part in zip(recipe.sources, _unfuse(recipe, read_mm(name), shapes)):
+    return hf_stream(config, ((name, read_mm(name)) for name in _recipes(config)))
+
+
+def hf_stream(config: Any, items: Iterable[tuple[str, np.ndarray]]) -> Iterator[tuple[str, np.ndarray]]:
+    """Whole MindSpeed-MM tensors (global names, model order) -> the Hugging Face tensors they hold; the experts
+    of one fused tensor (Recipe "expert") come one by one and leave stacked once the last has come."""
+    recipes, shapes = _recipes(config), hf_shapes(config)
+    experts: dict[str, list[np.ndarray]] = {}
+    for name, whole in items:
+        recipe = recipes[name]
+        if recipe.fuse == "expert":
+            source = recipe.sources[0]
+            experts.setdefault(source, []).append(whole)
+            if len(experts[source]) == shapes[source][0]:
+                yield source, np.stack(experts.pop(source))
+            continue
+        for source, part in zip(recipe.sources, _unfuse(recipe, whole, shapes)):
             yield source, np.ascontiguousarray(part)
 
 
@@ -165,10 +190,8 @@ def hf_sources(config: Any) -> dict[str, tuple[str, ...]]:
 
 def hf_parts(config: Any, name: str, array: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """The Hugging Face tensors (name, array) that one whole MindSpeed-MM tensor (global name) holds: mm_to_hf for
-    one tensor, for readers that hold only some of them (e.g. optimizer state, which frozen parameters lack)."""
-    recipe = _recipes(config)[name]
-    return [(source, np.ascontiguousarray(part))
-            for source, part in zip(recipe.sources, _unfuse(recipe, array, hf_shapes(config)))]
+    one tensor (one expert of a fused experts tensor is none: hf_stream stacks them)."""
+    return list(hf_stream(config, [(name, array)]))
 
 
 # ------------------------------------------------------------------------------------------ the split
@@ -390,7 +413,7 @@ class VLMLayout:
         if module.endswith(("word_embeddings", "output_layer", "linear_qkv", "projector.encoder.linear_fc1",
                             "deepstack_layer.encoder.linear_fc1")):
             return COLUMN
-        if module.endswith("mlp.linear_fc1"):
+        if module.endswith("mlp.linear_fc1") or module.endswith("linear_fc1") and _EXPERT.search(module):
             return GLU if (module.startswith(TEXT) or module.startswith(VISION) and getattr(
                 self.config, "is_qwen2_5", False)) else COLUMN
         if module.endswith(("linear_proj", "linear_fc2")):
@@ -457,6 +480,8 @@ class VLMLayout:
 
 def _fused_shape(recipe: Recipe, hf: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
     first = hf[recipe.sources[0]]
+    if recipe.fuse == "expert":
+        return first[1:]
     if recipe.fuse == "copy" or len(recipe.sources) == 1:
         return first
     if recipe.fuse == "qkv_zero_k":
@@ -498,3 +523,25 @@ def initial_state(layout: VLMLayout, seed: int, tp_rank: int, pp_rank: int,
     shapes = hf_shapes(layout.config)
     return rank_state_from_hf(layout, lambda name: initial_value(name, shapes[name], seed, std), tp_rank, pp_rank,
                               vp_stage)
+
+
+# ------------------------------------------------------------------------------------------ expert parallelism
+
+def expert_place(name: str, num_experts: int, ep: int) -> tuple[int, str] | None:
+    """(expert-parallel rank, name there) of an expert's tensor (global expert number in `name`): rank r holds
+    experts r * num_experts / ep ... numbered from 0, as megatron-core numbers local experts; None for every
+    other tensor (each expert-parallel rank holds them all)."""
+    match = _EXPERT.search(name)
+    if match is None:
+        return None
+    per_rank = num_experts // ep
+    rank, local = divmod(int(match.group(1)), per_rank)
+    return rank, f"{name[:match.start(1)]}{local}{name[match.end(1):]}"
+
+
+def expert_global_name(name: str, num_experts: int, ep: int, ep_rank: int) -> str:
+    """expert_place's inverse: a name in expert-parallel rank `ep_rank`'s numbering -> the global number."""
+    match = _EXPERT.search(name)
+    if match is None:
+        return name
+    return f"{name[:match.start(1)]}{ep_rank * (num_experts // ep) + int(match.group(1))}{name[match.end(1):]}"

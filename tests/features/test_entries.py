@@ -30,7 +30,7 @@ def test_any_alternative_that_starts_the_trainer_adds_its_layer():
 
 
 @pytest.mark.parametrize("script, features", [
-    ("models/pretrain_vlm.py", ("lora",)),
+    ("models/pretrain_vlm.py", ("lora", "expert-parallel", "moe-allgather-dispatcher")),
     ("mmrun.models.pretrain_sora", ("lora", "attention-mask-type")),
     ("models/pretrain_gpt.py", ()),
     ("pretrain_vlm.py", ()),  # MindSpeed-MM's own entry: the stack alone judges it
@@ -46,3 +46,10 @@ def test_an_entrys_own_features_are_not_asked_of_the_trainer_layer(script, featu
 def test_alternatives_keep_only_the_features_every_entry_implements():
     assert ft.entry_features(["models/pretrain_vlm.py", "models/pretrain_sora.py"]) == ("lora",)
     assert ft.entry_features(["models/pretrain_vlm.py", "models/pretrain_gpt.py"]) == ()
+
+
+def test_the_entries_own_lists_are_the_tables():
+    from mmrun.models import pretrain_sora, pretrain_vlm
+
+    assert set(pretrain_vlm.LORA_FEATURES) | set(pretrain_vlm.MOE_FEATURES) == set(pretrain_vlm.ENTRY_FEATURES)
+    assert pretrain_sora.ENTRY_FEATURES == ft.entry_features(["models/pretrain_sora.py"])

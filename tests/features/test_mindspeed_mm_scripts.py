@@ -17,24 +17,14 @@ from mmrun.features.cli import main as features_main
 from tests.training.real_scripts import FIXTURES, FRAMEWORKS, launch_line
 
 
-# Models mmrun does not build: their scripts may stop (the model json stops them in one line anyway).
-NOT_BUILT = {
-    "mindspore/qwen3vl/finetune_qwen3vl_30B.sh": "Qwen3-VL 30B-A3B is MoE (--expert-model-parallel-size 2): not built",
-}
 SCRIPTS = sorted(str(p.relative_to(FIXTURES)) for p in FIXTURES.rglob("*.sh"))
 
 
-def _param(name: str):
-    if name in NOT_BUILT:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=False, reason=NOT_BUILT[name]), id=name)
-    return pytest.param(name, id=name)
-
-
 def test_every_script_of_the_fixtures_is_judged():
-    assert len(SCRIPTS) == 26 and set(NOT_BUILT) <= set(SCRIPTS)
+    assert len(SCRIPTS) == 26
 
 
-@pytest.mark.parametrize("name", [_param(name) for name in SCRIPTS])
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_the_gate_does_not_stop_the_real_script_on_the_npu(name, capsys):
     launcher, entry, args = launch_line(FIXTURES / name)
     code = features_main(["--ai-framework", FRAMEWORKS[launcher], "--device", "npu", "--entry", f"models/{entry}",

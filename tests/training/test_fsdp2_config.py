@@ -204,22 +204,19 @@ def test_fp16_is_refused_by_the_torch_engines(tmp_path):
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mindspeed_mm"
 
 
-def test_mindspeed_mms_real_files_load_and_their_moe_keys_stop_only_a_moe_model():
+def test_mindspeed_mms_real_files_load_and_their_moe_keys_name_the_experts():
     """examples/qwen3vl/fsdp2_config.yaml (57069cd5) as it is: align_fsdp_param_groups (communication only),
-    expert_parallel_size 1, reshard_local_experts, and moe_modules that match no module of the dense Qwen3-VL 8B
-    have no effect; expert parallelism, or a moe_modules pattern that matches experts, stops in one line naming MoE
-    (features/mindspeed_mm_keys.yaml)."""
+    expert_parallel_size 1 and reshard_local_experts as MindSpeed-MM takes them (no expert parallelism: the experts
+    shard in their FSDP unit), moe_modules naming the MoE model's experts and nothing of the dense Qwen3-VL 8B;
+    expert parallelism stops in one line naming MoE (features/mindspeed_mm_keys.yaml)."""
     from mmrun.engines.fsdp2_config import load_fsdp2_config
 
     config = load_fsdp2_config(FIXTURES / "qwen3vl" / "fsdp2_config.yaml")
     assert config.summary(8) == "full shard, ZeRO-3, param bf16, reduce fp32, prefetch fwd 1 bwd 1"
     assert plan_modules(config, VLM).wrap == []  # the dense model: no experts, nothing refused
     moe = [*VLM, "model.language_model.layers.0.mlp", "model.language_model.layers.0.mlp.experts"]
-    with pytest.raises(FSDP2ConfigError) as err:
-        plan_modules(config, moe)
-    assert str(err.value).startswith(f"{config.source}: moe_modules: 'model.language_model.layers.{{*}}.mlp.experts'"
-                                     " matches 'model.language_model.layers.0.mlp.experts': sharding the experts of a "
-                                     "mixture-of-experts (MoE) model on their own is not built yet")
+    assert plan_modules(config, moe).moe == ["model.language_model.layers.0.mlp.experts"]
+    assert plan_modules(config, moe).wrap == []  # sharded with the root unit, as MindSpeed-MM does at EP 1
     with pytest.raises(FSDP2ConfigError, match=r"^f.yaml: expert_parallel_size: 2 is refused \(accepted: 1\): expert "
                                                "parallelism of a mixture-of-experts model"):
         config_from_mapping({"expert_parallel_size": 2}, "f.yaml")

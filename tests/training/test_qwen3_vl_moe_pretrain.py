@@ -1,12 +1,14 @@
 """MindSpeed-MM's Qwen3-VL-30B-A3B job (examples/mindspore/qwen3vl/model_30B.json and finetune_qwen3vl_30B.sh's MoE
-flags: tests/training/qwen3_vl_moe_job.py) through models/pretrain_vlm.py, unsplit in one process: the real json
-read key by key (the 30B's experts, top-k and gating), the bad expert settings refused in one line, and the tiny
-MoE (every key of the json kept) trained on PyTorch and on MindSpore with the same losses."""
+flags: tests/training/qwen3_vl_moe_job.py) through models/pretrain_vlm.py: the real json read key by key (the 30B's
+experts, top-k and gating), the bad expert settings refused in one line, the tiny MoE (every key of the json kept)
+trained on PyTorch and on MindSpore with the same losses, and with expert parallelism (EP=2 on 2 processes) equal to
+one process on each framework, its checkpoint resumed with EP=2 and EP=1."""
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mmrun.backend.errors import UsageError
@@ -17,9 +19,11 @@ from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig
 from .qwen3_vl_moe_job import MODEL_30B, MOE_ARGS, tiny_model_json
 
 ENTRY = Path(__file__).resolve().parents[2] / "models" / "pretrain_vlm.py"
-ARGS = ["--micro-batch-size", "1", "--global-batch-size", "2", "--seq-length", "128", "--lr", "2e-3",
+# lr 5e-4: Adam turns a gradient's last-bit differences into weight differences of up to ~lr where the gradient is
+# near zero (PyTorch and MindSpore one-process weights differ by 3e-5 after 2 steps at lr 2e-3)
+ARGS = ["--micro-batch-size", "1", "--global-batch-size", "2", "--seq-length", "128", "--lr", "5e-4",
         "--lr-decay-style", "constant", "--weight-decay", "0", "--clip-grad", "1.0", "--seed", "42",
-        "--log-interval", "1", "--eval-iters", "0", "--train-iters", "2", "--expert-model-parallel-size", "1",
+        "--log-interval", "1", "--eval-iters", "0", "--train-iters", "3", "--save-interval", "2",
         *MOE_ARGS]
 
 
@@ -41,8 +45,16 @@ def test_mindspeed_mm_30b_model_json_is_qwen3_vl_30b_a3b():
     with pytest.raises(UsageError, match=r"^--expert-model-parallel-size 3 does not divide model_30B.json's "
                                          r"num_moe_experts 128; pass a divisor"):
         model_json.check_experts(spec, "3", [])
-    with pytest.raises(UsageError, match=r"^--expert-model-parallel-size 2: expert parallelism of Qwen3-VL MoE is not"):
-        model_json.check_experts(spec, "2", [])
+    with pytest.raises(UsageError, match=r"^--expert-model-parallel-size 4 does not divide the world size 2: "):
+        model_json.check_experts(spec, "4", [], world_size=2)
+    with pytest.raises(UsageError, match=r"^--moe-token-dispatcher-type flex: mmrun's Qwen3-VL MoE dispatches tokens "
+                                         r"as Megatron's alltoall or allgather; pass one of those"):
+        model_json.check_experts(spec, "2", ["--moe-token-dispatcher-type", "flex"], world_size=2)
+    assert model_json.check_experts(spec, "2", ["--moe-token-dispatcher-type=allgather"], world_size=2) == []
+    alltoall = model_json.check_experts(spec, "2", ["--moe-token-dispatcher-type", "alltoall"], world_size=4)
+    assert len(alltoall) == 1 and alltoall[0].startswith("--expert-model-parallel-size 2: tokens are dispatched over "
+                                                         "the expert-parallel group as Megatron's allgather")
+    assert model_json.expert_groups(4, 2) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]])  # megatron-core's rank order
     raw = copy.deepcopy(MODEL_30B)
     raw["text_decoder"]["moe_router_topk"] = 129
     with pytest.raises(UsageError, match=r"^model_30B.json: num_experts_per_tok \(moe_router_topk\) 129 must be "
@@ -50,18 +62,152 @@ def test_mindspeed_mm_30b_model_json_is_qwen3_vl_30b_a3b():
         model_json.parse_model_json(raw, "model_30B.json")
 
 
+def test_the_experts_split_over_ranks_add_up_to_every_expert():
+    """The dispatch math of expert parallelism in one process: each EP rank's experts (Experts.keep_local, megatron-
+    core's numbering) on the gathered tokens give zero rows for the other ranks' experts, and the ranks' outputs
+    summed (the reduce-scatter's sum) equal every expert in one module; a checkpoint's whole tensors split back."""
+    from mmrun.backend import tensors
+    from mmrun.models.qwen3_vl.configuration import MoeConfig, TextConfig
+    from mmrun.models.qwen3_vl.moe import ExpertShards, SparseMoeBlock
+
+    text = TextConfig(hidden_size=32, moe=MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16))
+    rng = np.random.default_rng(0)
+    block = SparseMoeBlock(text)
+    state = {name: rng.normal(0, 0.3, tuple(p.shape)).astype(np.float32) for name, p in block.named_parameters()}
+    block.load_state_dict(tensors.state_dict_from_numpy(state))
+    x = tensors.from_numpy(rng.normal(size=(12, 32)).astype(np.float32))
+    _, weights, experts = block.gate(x)
+    whole = tensors.to_numpy(block.experts(x, experts, weights))
+    parts = []
+    for rank in range(2):
+        shard = SparseMoeBlock(text)
+        shard.load_state_dict(tensors.state_dict_from_numpy(state))
+        shard.experts.keep_local(2, rank)
+        assert tuple(shard.experts.gate_up_proj.shape) == (2, 32, 32) and shard.experts.first == 2 * rank
+        np.testing.assert_array_equal(tensors.to_numpy(shard.experts.down_proj), state["experts.down_proj"][2 * rank:2 * rank + 2])
+        parts.append(tensors.to_numpy(shard.experts(x, experts, weights)))
+    assert min(np.abs(p).max() for p in parts) > 0.1  # both ranks' experts had tokens
+    np.testing.assert_allclose(parts[0] + parts[1], whole, rtol=0, atol=1e-6)
+
+    class Group:  # EP rank 1 of 2
+        size, rank = 2, 1
+    shards = ExpertShards(Group(), ["layers.0.mlp.experts.down_proj"])
+    saved = {"layers.0.mlp.experts.down_proj.exp_avg": np.arange(8.0).reshape(4, 2), "layers.0.mlp.gate.weight": np.ones(3)}
+    taken = shards.take(saved)
+    np.testing.assert_array_equal(taken["layers.0.mlp.experts.down_proj.exp_avg"], [[4, 5], [6, 7]])
+    assert taken["layers.0.mlp.gate.weight"] is saved["layers.0.mlp.gate.weight"]
+    assert shards.whole_shape("layers.0.mlp.experts.down_proj", (2, 5)) == (4, 5)
+
+
+@pytest.fixture(scope="module")
+def moe_runs(tk, tmp_path_factory):
+    """name -> Run, each trained once for this file (3 iterations, checkpoints at 2 and 3): the tiny 30B job (8
+    experts, top 2) in one process on each framework, and with --expert-model-parallel-size 2 on 2 processes."""
+    base = tmp_path_factory.mktemp("qwen3_vl_moe")
+    demo = make_demo(str(base / "demo"), num_samples=8, seed=7, model="qwen3_vl")
+    common = [*ARGS, "--mm-data", demo["data_json"], "--mm-model", str(tiny_model_json(base / "model_30B.json"))]
+    done = {}
+
+    def run(name: str):
+        if name not in done:
+            framework, kind = name.split("-")
+            extra, nproc = (["--expert-model-parallel-size", "2"], 2) if kind == "ep2" else ([], None)
+            done[name] = tk.run_training(base / name, [*common, *extra, "--save", str(base / name / "ckpt")],
+                                         framework=framework, nproc=nproc, entry=ENTRY)
+            assert done[name].returncode == 0, done[name].output[-3000:]
+        return done[name]
+
+    run.common, run.base = common, base
+    return run
+
+
+def _saved(run_dir: Path, file: str) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(run_dir / "ckpt" / "iter_0000002" / "mp_rank_00" / file))
+
+
 @pytest.mark.slow
-def test_the_tiny_30b_job_trains_unsplit_with_the_same_losses_on_both_frameworks(tk, tmp_path):
-    demo = make_demo(str(tmp_path / "demo"), num_samples=8, seed=7, model="qwen3_vl")
-    common = [*ARGS, "--mm-data", demo["data_json"], "--mm-model", str(tiny_model_json(tmp_path / "model_30B.json"))]
-    runs = {framework: tk.run_training(tmp_path / framework, common, framework=framework, nproc=None, entry=ENTRY)
-            for framework in ("pytorch", "mindspore")}
+def test_the_tiny_30b_job_trains_unsplit_with_the_same_losses_on_both_frameworks(tk, moe_runs, tmp_path):
+    runs = {framework: moe_runs(f"{framework}-one") for framework in ("pytorch", "mindspore")}
     for run in runs.values():
-        assert run.returncode == 0, run.output[-3000:]
         assert "building qwen3_vl_moe model" in run.output
         assert "notice: --moe-grouped-gemm, --moe-permutation-async-comm: speed flags" in run.output
     torch_losses, ms_losses = runs["pytorch"].losses(), runs["mindspore"].losses()
-    assert sorted(torch_losses) == [1, 2] and torch_losses[2] < torch_losses[1]
+    assert sorted(torch_losses) == [1, 2, 3] and torch_losses[3] < torch_losses[2] < torch_losses[1]
     assert max(abs(torch_losses[i] - ms_losses[i]) for i in torch_losses) <= 1e-5, (torch_losses, ms_losses)
-    bad = tk.run_training(tmp_path / "ep3", [*common, "--expert-model-parallel-size", "3"], nproc=None, entry=ENTRY)
+    bad = tk.run_training(tmp_path / "ep3", [*moe_runs.common, "--expert-model-parallel-size", "3"], nproc=None,
+                          entry=ENTRY)
     assert bad.returncode == 2 and "--expert-model-parallel-size 3 does not divide" in bad.output, bad.output[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore"])
+def test_expert_parallel_2_equals_one_process(moe_runs, framework):
+    """EP=2 on 2 processes (4 experts per rank, tokens dispatched as Megatron's allgather dispatcher, expert
+    gradients over their expert-data-parallel group) against one process with the same global batch: losses and
+    gradient norms per iteration (3), then every parameter and AdamW moment after 2 steps (the EP=2 checkpoint joins
+    the ranks' experts), within 1e-5."""
+    one, ep2 = moe_runs(f"{framework}-one"), moe_runs(f"{framework}-ep2")
+    assert " > expert parallelism: 2 ranks per expert-parallel group, 4 experts per rank and layer" in ep2.output
+    assert "notice: --expert-model-parallel-size 2: tokens are dispatched over the expert-parallel group as " \
+           "Megatron's allgather dispatcher does" in ep2.output  # the script's alltoall, said once
+    ones = {m["iteration"]: m for m in one.metrics if m["kind"] == "train"}
+    eps = {m["iteration"]: m for m in ep2.metrics if m["kind"] == "train"}
+    assert sorted(ones) == sorted(eps) == [1, 2, 3]
+    for i in ones:
+        assert abs(ones[i]["lm_loss"] - eps[i]["lm_loss"]) <= 1e-5, (ones, eps)
+        assert abs(ones[i]["grad_norm"] - eps[i]["grad_norm"]) <= 1e-5, (ones, eps)
+    base = moe_runs.base
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        mine, theirs = _saved(base / f"{framework}-one", file), _saved(base / f"{framework}-ep2", file)
+        assert sorted(mine) == sorted(theirs)
+        assert mine["model.language_model.layers.1.mlp.experts.down_proj" + (".exp_avg" if "opt" in file else "")
+                    ].shape[0] == 8  # every expert, global numbering
+        worst = max(float(np.abs(mine[k].astype(np.float64) - theirs[k]).max()) for k in mine)
+        assert worst <= 1e-5, (file, worst)
+
+
+@pytest.mark.slow
+def test_an_expert_parallel_checkpoint_resumes_with_ep_1(tk, moe_runs, tmp_path):
+    """PyTorch: the EP=2 run's checkpoint of iteration 2 (every expert, joined at save) resumed in one process
+    (EP=1): the third iteration's loss is the one-process run's, within 1e-5. (Resuming on 2 processes with EP=2,
+    each rank taking its experts, was measured equal too, and is left out of CI for time.)"""
+    reference = moe_runs("pytorch-one").losses()[3]
+    moe_runs("pytorch-ep2")
+    losses = {}
+    for source, ep, nproc in (("pytorch-ep2", "1", None),):
+        run = tk.run_training(tmp_path / source, [*moe_runs.common, "--load", str(moe_runs.base / source / "ckpt"),
+                                                  "--ckpt-step", "2", "--expert-model-parallel-size", ep],
+                              nproc=nproc, entry=ENTRY)
+        assert run.returncode == 0, run.output[-3000:]
+        assert "loading checkpoint" in run.output
+        losses[f"{source} with EP={ep}"] = run.losses()
+    assert all(sorted(found) == [3] and abs(found[3] - reference) <= 1e-5 for found in losses.values()), \
+        (reference, losses)
+
+
+# PyTorch in CI (17 s); MindSpore's run of the same worker (38 s here; the same within 1e-5: output and router
+# gradient equal, experts' 3.8e-6) is left out for time: its collectives run in test_expert_parallel_2_equals_one_process
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["pytorch"])
+def test_the_dispatch_with_uneven_tokens_equals_every_expert(tk, framework, tmp_path):
+    """tests/training/workers/moe_dispatch.py on 2 ranks holding 5 and 9 tokens (the gather pads to the longest), the
+    load-balancing loss in each rank's loss: each rank's output, aux loss and router gradient equal one module with
+    every expert on its tokens, and its experts' gradients equal that module's gradient of both ranks' losses, within
+    1e-5."""
+    import json
+    import subprocess
+    import sys
+
+    worker = Path(__file__).resolve().parent / "workers" / "moe_dispatch.py"
+    proc = subprocess.run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", framework,
+                           "--nproc-per-node", "2", "--master-port", "0", str(worker), "--out-dir", str(tmp_path)],
+                          cwd=tmp_path, env=tk.clean_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["tokens"] for r in results] == [5, 9]
+    for result in results:
+        assert result["expert_grad_size"] > 1.0  # the experts learned from the tokens of both ranks
+        assert result["aux_loss"][0] > 0.5 and abs(result["aux_loss"][0] - result["aux_loss"][1]) <= 1e-6
+        assert max(result["output"], result["router_grad"], result["expert_grads"]) <= 1e-5, result

@@ -172,7 +172,9 @@ class TorchNativeEngine:
         self._ignored = ignored_parameters(model, self.plan)
         self.log(f"> FSDP2 (torch fully_shard) over {world} rank(s): {self.config.summary(world)}; "
                  f"{len(units) - 1} unit(s) + root, {len(self.plan.recompute)} recomputed, "
-                 f"{len(self.plan.ignore)} ignored module(s)")
+                 f"{len(self.plan.ignore)} ignored module(s)"
+                 + (f"; {len(self.plan.moe)} expert module(s) (moe_modules, expert_parallel_size 1) sharded in their "
+                    "unit" if self.plan.moe else ""))
 
     def parameter_count(self) -> int:
         return int(sum(p.numel() for p in self.module.parameters()))

@@ -1,0 +1,96 @@
+"""MindSpeed-MM's Qwen3-VL MoE PyTorch form: `pretrain_transformers.py qwen3vl_full_sft_30B.yaml` with its
+examples/qwen3vl/fsdp2_config.yaml (tests/fixtures/mindspeed_mm/qwen3vl, 57069cd5): `model_id: qwen3_vl_moe`,
+transformers' own Qwen3VLMoeForConditionalGeneration, `expert_parallel_size: 1`, `reshard_local_experts`,
+`moe_modules: model.language_model.layers.{*}.mlp.experts` (MindSpeed-MM uses the last two only with expert
+parallelism: at 1 the experts are sharded with the rest of their FSDP unit, as here). The user's edits only: the
+paths, the sizes of a CPU test, gloo, and the NPU kernels off with a warning."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import clean_env, processes_with
+from .test_fsdp2_e2e import TRANSFORMERS
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mindspeed_mm" / "qwen3vl"
+
+
+def tiny_hf_qwen3_vl_moe(model_dir: str) -> None:
+    """A random transformers Qwen3-VL MoE (2 decoder layers, 4 experts of width 16, 2 per token) whose token ids are
+    the demo tokenizer's, saved into model_dir (offline)."""
+    import torch
+    import transformers
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+
+    from mmrun.data.multimodal.demo import special_token_ids_for_model_config
+
+    transformers.utils.logging.disable_progress_bar()
+    ids = special_token_ids_for_model_config(model_dir)
+    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "vocab_size": ids["vocab_size"],
+            "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"], "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "decoder_sparse_step": 1,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
+                                "mrope_interleaved": True}}
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "out_hidden_size": 32,
+              "patch_size": 16, "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1],
+              "spatial_merge_size": 2, "temporal_patch_size": 2}
+    tokens = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    torch.manual_seed(0)
+    config = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
+    Qwen3VLMoeForConditionalGeneration(config).save_pretrained(model_dir)
+
+
+def write_30b_job(root: Path) -> Path:
+    """The real qwen3vl_full_sft_30B.yaml and fsdp2_config.yaml, edited as a user would for this machine."""
+    from mmrun.data.multimodal.demo import make_demo
+
+    demo = root / "demo"
+    make_demo(str(demo), num_samples=8, seed=7, model="qwen3_vl")
+    tiny_hf_qwen3_vl_moe(str(demo / "model"))
+    (root / "fsdp2_config.yaml").write_text((FIXTURES / "fsdp2_config.yaml").read_text())  # as MindSpeed-MM ships it
+    job = yaml.safe_load((FIXTURES / "qwen3vl_full_sft_30B.yaml").read_text())
+    job["gpt_args"].update({
+        "fsdp2_config_path": str(root / "fsdp2_config.yaml"), "save": str(root / "save_dir"), "load": None,
+        "micro_batch_size": 1, "global_batch_size": 2, "train_iters": 2, "eval_iters": 0, "seq_length": 256,
+        "vocab_size": 512, "num_workers": 0, "distributed_backend": "gloo", "on_unsupported": "warn"})
+    del job["gpt_args"]["load"]  # no MindSpeed-MM checkpoint: the model comes from init_from_hf_path
+    params = job["data"]["dataset_param"]
+    params["preprocess_parameters"].update({"model_name_or_path": str(demo / "model"), "image_max_pixels": 12544})
+    params["basic_parameters"].update({"dataset_dir": str(demo / "data"), "dataset": str(demo / "data" / "demo.json"),
+                                       "cache_dir": str(root / "cache_dir"), "preprocessing_num_workers": 1})
+    job["data"]["dataloader_param"]["shuffle"] = False
+    job["model"]["init_from_hf_path"] = str(demo / "model")
+    path = root / "qwen3vl_full_sft_30B.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+def test_the_real_30b_yaml_trains_transformers_moe_model_on_two_fsdp2_ranks(tmp_path):
+    job = write_30b_job(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    marker = uuid.uuid4().hex
+    try:
+        done = subprocess.run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "pytorch",
+                               "--nproc-per-node", "2", "--master-port", "0", str(TRANSFORMERS), str(job),
+                               "--metrics-file", str(metrics)], cwd=tmp_path,
+                              env=clean_env(MMRUN_TRAINING_TEST=marker, OMP_NUM_THREADS="1"), capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        for pid in processes_with(f"MMRUN_TRAINING_TEST={marker}"):
+            os.kill(pid, 9)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 expert module(s) (moe_modules, expert_parallel_size 1) sharded in their unit" in done.stdout, \
+        done.stdout[-3000:]
+    losses = {r["iteration"]: r["lm_loss"] for r in map(json.loads, metrics.read_text().splitlines())
+              if r["kind"] == "train"}
+    assert sorted(losses) == [1, 2] and all(math.isfinite(v) and v > 0 for v in losses.values()), losses
