@@ -12,6 +12,7 @@ compilation (MindSpore's compiled step). Ratios are recompute / none.
 
     python benchmarks/recompute_memory.py                                  # both frameworks, MindSpore jit and PyNative
     python benchmarks/recompute_memory.py --frameworks pytorch --markdown out.md
+    python benchmarks/recompute_memory.py --layers 16 --batch 16 --no-ms-jit   # activations dominate more
 """
 from __future__ import annotations
 
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-pynative", action="store_true", help="MindSpore: the compiled step only")
+    parser.add_argument("--no-ms-jit", action="store_true", help="MindSpore: the PyNative step only (what mmrun runs "
+                        "with recomputation on a CPU)")
     parser.add_argument("--ms-memory-level", choices=("O0", "O1"), default=None,
                         help="MindSpore: mindspore.runtime.set_memory(optimize_level=...) (default: MindSpore's, O0)")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "ms_memory_level")}
     cases = []
     for fw in args.frameworks:
-        for jit in ((False,) if fw == "pytorch" else (True,) if args.no_pynative else (True, False)):
+        for jit in ((False,) if fw == "pytorch" or args.no_ms_jit else (True,) if args.no_pynative else (True, False)):
             cases.append((fw, jit))
     rows = [f"GPT {shape['layers']} layers, hidden {shape['hidden']}, {shape['batch']} x {shape['seq']} tokens, fp32, "
             f"{shape['steps']} steps, {shape['threads']} threads; {platform.processor() or platform.machine()}, "

@@ -18,6 +18,23 @@ from mmrun.engines.forward_plan import ForwardPlan, scalar_loss
 from mmrun.models import recompute
 
 
+# MindSpore's compiled step on a CPU keeps activation-sized buffers per kernel outside its memory pool, so a
+# recomputed layer's extra kernels add memory instead of saving it; its PyNative step does save it (measured:
+# docs/memory-and-speed.md, benchmarks/ms_recompute_probe.py). Recomputation there runs PyNative unless --ms-jit.
+RECOMPUTE_PYNATIVE_NOTICE = ("notice: MindSpore on a CPU: the train step runs PyNative (as --no-ms-jit) because "
+                             "activation recomputation saves memory only there (the compiled CPU step keeps every "
+                             "kernel's buffers: docs/memory-and-speed.md); --ms-jit compiles it anyway")
+
+
+def ms_step_jit(args: Any, framework: str, device_kind: str, recomputed: bool) -> tuple[bool, str | None]:
+    """(compile the MindSpore step?, notice or None): compiled unless --no-ms-jit, or on a CPU with recomputation
+    applied and no --ms-jit."""
+    jit = framework == "mindspore" and not getattr(args, "no_ms_jit", False)
+    if jit and recomputed and device_kind == "cpu" and not getattr(args, "ms_jit", False):
+        return False, RECOMPUTE_PYNATIVE_NOTICE
+    return jit, None
+
+
 def report_pairs(result: Any) -> dict[str, tuple[float, float]]:
     """loss_func's report dict -> {key: (numerator, denominator)} as floats: Megatron's (sum, count)
     tuples or 2-element tensors, or a plain value (count 1)."""
@@ -53,6 +70,7 @@ class PortableEngine:
         self.scheduler: Any = None
         self.grad_scaler: Any = None
         self._plan: ForwardPlan | None = None
+        self._recomputed: list[str] = []  # the lines recompute.apply returned (build)
         self._step: Any = None
         self.timers: Any = NO_TIMERS  # --timing-log-level (mmrun.precision.monitor sets it)
 
@@ -74,7 +92,8 @@ class PortableEngine:
         # On the device before anything else refers to the parameters (the optimizer keeps them).
         self.model = backend.device.to_device(model_provider(pre_process=True, post_process=True))
         # --recompute-* and model.json's per-module recompute keys (an entry's model_provider sets the sections)
-        for line in recompute.apply(self.model, recompute.plans(args, getattr(args, "recompute_sections", None))):
+        self._recomputed = recompute.apply(self.model, recompute.plans(args, getattr(args, "recompute_sections", None)))
+        for line in self._recomputed:
             self.log(f"> activation recomputation: {line}")
         precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
         if precision != "fp32":
@@ -124,7 +143,9 @@ class PortableEngine:
         args = self.args
         if self._plan is None:
             # MindSpore: compiled by default (same losses as PyNative, several times faster); --ms-jit insists.
-            jit = self.framework == "mindspore" and not getattr(args, "no_ms_jit", False)
+            jit, notice = ms_step_jit(args, self.framework, backend.device.detect().kind, bool(self._recomputed))
+            if notice:
+                self.log(notice)
             self._plan = ForwardPlan(forward_step_func, self.model, jit=jit,
                                      jit_required=bool(getattr(args, "ms_jit", False)), notice=self.log)
             self.model.train()

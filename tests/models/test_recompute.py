@@ -54,6 +54,20 @@ def test_mindspore_compiled_step_recompute_changes_nothing():
     _assert_identical(_runs("mindspore", "--jit", "on", "--plans", "none,full-uniform-1"))
 
 
+def test_mindspore_cpu_recomputation_runs_the_pynative_step_unless_ms_jit():
+    """The compiled MindSpore step on a CPU does not lower memory with recomputation, PyNative does
+    (benchmarks/recompute_memory.py): mmrun's engine picks PyNative there, with one notice; --ms-jit insists."""
+    from mmrun.engines.portable import RECOMPUTE_PYNATIVE_NOTICE, ms_step_jit
+
+    plain = SimpleNamespace(no_ms_jit=False, ms_jit=False)
+    assert ms_step_jit(plain, "mindspore", "cpu", True) == (False, RECOMPUTE_PYNATIVE_NOTICE)
+    assert ms_step_jit(plain, "mindspore", "cpu", False) == (True, None)
+    assert ms_step_jit(plain, "mindspore", "npu", True) == (True, None)  # compiled: MindSpore documents recompute for Ascend's graph
+    assert ms_step_jit(SimpleNamespace(no_ms_jit=False, ms_jit=True), "mindspore", "cpu", True) == (True, None)
+    assert ms_step_jit(SimpleNamespace(no_ms_jit=True, ms_jit=False), "mindspore", "cpu", True) == (False, None)
+    assert ms_step_jit(plain, "pytorch", "cpu", True) == (False, None)
+
+
 def test_plans_follow_megatrons_flags_and_mindspeed_mms_model_json():
     args = SimpleNamespace(recompute_granularity="full", recompute_method="block", recompute_num_layers="2")
     plans = recompute.plans(args, {"vision_encoder": {"recompute_granularity": "full", "recompute_method": "uniform",
