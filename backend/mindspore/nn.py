@@ -263,9 +263,9 @@ def recompute(module: Module, use_reentrant: bool = False) -> None:
     which marks the cell's primitives for recomputation when a graph is compiled (mindspore.jit, the compiled
     step) and runs its PyNative recompute otherwise (non-reentrant by default: saved-tensor hooks, which take
     keyword and non-tensor arguments). Configure a cell once, and never a child of a configured cell (MindSpore's
-    rule). PyNative, non-reentrant: the recomputed forward replays the dropout generator (seeding.DROPOUT_GENERATOR,
-    which MindSpore's own replay of its default generator does not cover), so it draws the first forward's masks,
-    as the torch backend's recompute does."""
+    rule). The recomputed forward draws the first forward's dropout masks, as the torch backend's recompute does:
+    PyNative (non-reentrant) replays seeding.DROPOUT_GENERATOR, which MindSpore's own replay of its default
+    generator does not cover; a compiled step keeps that generator's step out of recomputation (seeding.py)."""
     if use_reentrant:  # MindSpore takes context_fn only without reentrance
         module.recompute(use_reentrant=True)
         return
