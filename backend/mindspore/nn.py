@@ -7,6 +7,7 @@ their parameters differently (`embedding_table`, `gamma`/`beta`) and default Lay
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Iterator
 
@@ -14,7 +15,7 @@ import mindspore as ms
 from mindspore.common.initializer import Normal, One, Uniform, Zero, initializer
 
 from mmrun.backend import dropout_hash
-from mmrun.backend.mindspore import ops
+from mmrun.backend.mindspore import ops, seeding
 
 _NOT_SUPPORTED = "{name} is not supported with the mindspore backend. Received: {received}"
 _FLOAT_DTYPES = (ms.float32, ms.float16, ms.bfloat16)
@@ -262,5 +263,27 @@ def recompute(module: Module, use_reentrant: bool = False) -> None:
     which marks the cell's primitives for recomputation when a graph is compiled (mindspore.jit, the compiled
     step) and runs its PyNative recompute otherwise (non-reentrant by default: saved-tensor hooks, which take
     keyword and non-tensor arguments). Configure a cell once, and never a child of a configured cell (MindSpore's
-    rule). Random ops recomputed (dropout > 0) are not guaranteed to draw the same masks (MindSpore's note)."""
-    module.recompute(use_reentrant=use_reentrant)
+    rule). The recomputed forward draws the first forward's dropout masks, as the torch backend's recompute does:
+    PyNative (non-reentrant) replays seeding.DROPOUT_GENERATOR, which MindSpore's own replay of its default
+    generator does not cover; a compiled step keeps that generator's step out of recomputation (seeding.py)."""
+    if use_reentrant:  # MindSpore takes context_fn only without reentrance
+        module.recompute(use_reentrant=True)
+        return
+    module.recompute(use_reentrant=False, context_fn=_replay_dropout)
+
+
+def _replay_dropout() -> tuple[Any, Any]:
+    """recompute's context_fn: called at each forward; its second context runs the recomputation from the dropout
+    generator's state at that forward and then puts back the state it found."""
+    generator = seeding.DROPOUT_GENERATOR
+    state = generator.get_state()
+
+    @contextlib.contextmanager
+    def replay() -> Iterator[None]:
+        after = generator.get_state()
+        generator.set_state(state)
+        try:
+            yield
+        finally:
+            generator.set_state(after)
+    return contextlib.nullcontext(), replay()

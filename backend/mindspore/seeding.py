@@ -14,6 +14,10 @@ from mmrun.backend import checks
 # default generator hands the graph a seed that ignores manual_seed and changes from process to process
 # (measured on 2.10, CPU), while a Generator made here gives the graph the seed set with manual_seed.
 DROPOUT_GENERATOR = mindspore.Generator()
+# A compiled step recomputes a recomputed cell's primitives in backward, the generator's step among them: the
+# replayed step read the offset the later draws had moved, so recomputed layers drew other masks. Not recomputed,
+# its (seed, offset) is kept (two scalars) and the recomputed hash draws the first forward's masks.
+DROPOUT_GENERATOR._generator.recompute(False)
 
 
 def seed_everything(seed: int) -> int:

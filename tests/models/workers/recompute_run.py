@@ -50,6 +50,7 @@ for name in args.plans.split(","):
     config = GPTConfig(num_layers=3, hidden_size=32, num_attention_heads=4, vocab_size=64, max_position_embeddings=16,
                        seq_length=16, hidden_dropout=args.dropout, attention_dropout=args.dropout, dropout_impl="hash")
     model = GPT(config)
+    model.train()  # a MindSpore Cell starts in eval mode (no dropout)
     said = recompute.apply(model, recompute.plans(flags)) if flags is not None else []
     opt = optim.AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.0, no_decay=optim.megatron_no_decay)
     step = train_step.TrainStep(model, opt, loss_fn=gpt_loss, clip_grad=1.0, jit=args.jit == "on")
