@@ -103,13 +103,11 @@ def _model_source(argv: list[str]) -> ModelSource:
     raw = read_mm_json(known.mm_model, "--mm-model")
     lora = any(token.split("=")[0] in LORA_FLAGS for token in argv)
     from mmrun.models.qwen2_5_omni import model_json as omni_model_json
-    if omni_model_json.is_omni_model_json(raw):  # Qwen2.5-Omni's thinker: unsplit, or split on megatron-core
-        from mmrun.backend.selection import resolve
-
+    if omni_model_json.is_omni_model_json(raw):  # Qwen2.5-Omni's thinker: unsplit or split
         _MODEL_JSON = omni_model_json.parse_model_json(raw, known.mm_model)
         split = {flag: getattr(known, flag[2:].replace("-", "_")) for flag in SPLIT_FLAGS}
-        omni_model_json.check_split(_MODEL_JSON, resolve(argv).framework, {
-            flag: value for flag, value in split.items() if value not in (None, "1")}, lora)
+        omni_model_json.check_split(_MODEL_JSON, {flag: value for flag, value in split.items()
+                                                  if value not in (None, "1")}, lora)
         omni_model_json.warn_all(_MODEL_JSON, partial(say_rank0, "warning"))
         return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                            data_parallel_only=all(value in (None, "1") for value in split.values()))

@@ -93,24 +93,15 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> shared
                                                                                 section)})
 
 
-# Where a split Omni run is built: tensor and pipeline parallelism on megatron-core (PyTorch), the audio encoder and
-# the ViT on stage 0 (engines/torch/megatron_core/omni_vlm.py).
-SPLIT_FRAMEWORKS = ("pytorch", "mindspore")
-
-
-def check_split(spec: shared_json.ModelJson, framework: str, split: Mapping[str, str], lora: bool) -> None:
-    """One line (exit 2) for what a run of this model.json asks that is not built: LoRA, a split on MindSpore,
-    the audio encoder beyond stage 0. `split`: the split flags given above 1."""
+def check_split(spec: shared_json.ModelJson, split: Mapping[str, str], lora: bool) -> None:
+    """One line (exit 2) for what a run of this model.json asks that is not built: LoRA, the audio encoder beyond
+    stage 0. `split`: the split flags given above 1 (a split trains on megatron-core or MindSpore's parallel engine,
+    the audio encoder and ViT on stage 0: engines/*/omni_vlm.py)."""
     path = spec.path
     if lora:
         raise UsageError(f"{path}: LoRA is not built for Qwen2.5-Omni; drop the --lora-* flags")
     if not split:
         return
-    shown = " ".join(f"{flag} {value}" for flag, value in split.items())
-    if framework not in SPLIT_FRAMEWORKS:
-        raise UsageError(f"{path}: Qwen2.5-Omni splits over tensor/pipeline ranks on PyTorch (megatron-core) only, and "
-                         f"trains unsplit on {framework} for now. Received: {shown}; set --tensor-model-parallel-size 1 "
-                         "and --pipeline-model-parallel-size 1, or run with --ai-framework pytorch")
     audio = spec.pipeline_layers.get("audio")
     layers = int(spec.hf_config["audio_config"]["encoder_layers"])
     flat = [n for chunk in audio for n in (chunk if isinstance(chunk, list) else [chunk])] if audio else []

@@ -1,7 +1,7 @@
 """models/pretrain_vlm.py trains Qwen2.5-Omni's thinker from MindSpeed-MM's own job files (scripts/qwen2_5omni/:
 model_7b.json shrunk, data_7b.json as it is) on a synthetic audio dataset, unsplit, with the same losses on
-PyTorch and MindSpore; split over pipeline stages on megatron-core (the real script's PP=2) with the unsplit run's
-losses; a split run on MindSpore is refused in one line."""
+PyTorch and MindSpore; split over pipeline stages (the real script's PP=2) on megatron-core and on MindSpore's parallel
+engine with the unsplit run's losses; audio layers beyond the first stage are refused in one line."""
 from __future__ import annotations
 
 import importlib.util
@@ -48,10 +48,19 @@ def test_pytorch_and_mindspore_train_the_same_losses(tk, job):
     assert pt_losses[ITERS] < pt_losses[1] - 0.2, pt_losses
 
 
-def test_a_split_omni_run_on_mindspore_is_refused_in_one_line(tk, job):
-    done = _train(tk, job, "mindspore", ["--pipeline-model-parallel-size", "2"])
+def test_audio_layers_beyond_the_first_stage_are_refused_in_one_line(tk, job):
+    import json
+
+    paths, root = job
+    moved = json.loads(paths["model_json"].read_text())
+    moved["audio_encoder"]["audio_encoder"]["pipeline_num_layers"] = [1, 1]
+    (root / "model_moved.json").write_text(json.dumps(moved))
+    done = tk.run_training(root / "moved", [*ARGS, "--mm-model", str(root / "model_moved.json"), "--mm-data",
+                                            str(paths["data_json"]), "--use-mcore-models",
+                                            "--pipeline-model-parallel-size", "2"],
+                           framework="pytorch", nproc=1, timeout=600, entry=VLM_ENTRY)
     assert done.returncode == 2
-    assert "Qwen2.5-Omni splits over tensor/pipeline ranks on PyTorch (megatron-core) only" in done.output
+    assert "mmrun keeps the whole audio encoder (2 layers) on the first pipeline stage, beside the ViT" in done.output
 
 
 @pytest.mark.slow
@@ -59,8 +68,9 @@ def test_mmrun_converts_split_loads_into_the_unsplit_run_as_its_hf_directory(tk,
     """MindSpeed-MM's README flow: `mm-convert Qwen2_5_OmniConverter hf_to_mm` (here TP=2 x PP=2, the audio encoder
     and ViT on stage 0), then LOAD_PATH = the converted directory: the run trains from the same weights as from the
     Hugging Face directory itself (the same losses), and not from its own initial ones. The launch script's own
-    split, PP=2 on megatron-core (the audio encoder and ViT on stage 0), loads the same directory and trains the
-    same losses (1e-5) with every part trainable (the audio encoder's and ViT's gradients cross the stages)."""
+    split, PP=2 on megatron-core and on MindSpore's parallel engine (the audio encoder and ViT on stage 0), loads the
+    same directory and trains the same losses (1e-5) with every part trainable (the audio encoder's and ViT's
+    gradients cross the stages)."""
     import json
 
     import torch
@@ -84,18 +94,22 @@ def test_mmrun_converts_split_loads_into_the_unsplit_run_as_its_hf_directory(tk,
     runs = {name: tk.run_training(root / f"run-{name}", [*ARGS, "--mm-model", str(trainable), "--mm-data",
                                                          str(paths["data_json"]), "--load", str(root / source),
                                                          *extra, "--train-iters", "2"],
-                                  framework="pytorch", nproc=nproc, timeout=600, entry=VLM_ENTRY)
-            for name, source, nproc, extra in (("hf", "hf", 1, ()), ("mm", "mm", 1, ("--no-load-optim", "--no-load-rng")),
-                                               ("pp2", "mm", 2, pp2))}
+                                  framework=framework, nproc=nproc, timeout=600, entry=VLM_ENTRY)
+            for name, framework, source, nproc, extra in (
+                ("hf", "pytorch", "hf", 1, ()), ("mm", "pytorch", "mm", 1, ("--no-load-optim", "--no-load-rng")),
+                ("pp2", "pytorch", "mm", 2, pp2), ("ms-pp2", "mindspore", "mm", 2, pp2[:2] + pp2[3:]))}
     for run in runs.values():
         assert run.returncode == 0, run.output[-3000:]
     assert "successfully loaded checkpoint from" in runs["mm"].output and "loaded Hugging Face weights" in runs[
         "hf"].output
-    assert "frozen (no gradients, no optimizer state): nothing" in runs["pp2"].output
-    assert "on megatron-core" in runs["pp2"].output and "successfully loaded checkpoint from" in runs["pp2"].output
+    assert "on megatron-core" in runs["pp2"].output and "for (tp, pp) rank (0, 0)" in runs["ms-pp2"].output
+    for name in ("pp2", "ms-pp2"):
+        assert "successfully loaded checkpoint from" in runs[name].output, runs[name].output[-3000:]
+        assert "frozen (no gradients, no optimizer state): nothing" in runs[name].output
     losses = {name: run.losses() for name, run in runs.items()}
-    assert sorted(losses["mm"]) == sorted(losses["pp2"]) == [1, 2] and losses["mm"] == losses["hf"], losses
-    assert max(abs(losses["pp2"][i] - losses["hf"][i]) for i in (1, 2)) <= 1e-5, losses
+    assert sorted(losses["mm"]) == sorted(losses["pp2"]) == sorted(losses["ms-pp2"]) == [1, 2], losses
+    assert losses["mm"] == losses["hf"], losses
+    assert max(abs(losses[name][i] - losses["hf"][i]) for name in ("pp2", "ms-pp2") for i in (1, 2)) <= 1e-5, losses
 
 
 def _unfrozen(raw):
@@ -106,8 +120,8 @@ def _unfrozen(raw):
 
 
 def test_the_split_checks_of_model_json():
-    """The real script's placement (audio encoder and ViT on stage 0) passes on PyTorch; audio layers on a later
-    stage, a split on MindSpore and LoRA are one line each (exit 2 in pretrain_vlm.py)."""
+    """The real script's placement (audio encoder and ViT on stage 0) passes; audio layers on a later stage and LoRA
+    are one line each (exit 2 in pretrain_vlm.py)."""
     import json
 
     from mmrun.backend.errors import UsageError
@@ -115,14 +129,12 @@ def test_the_split_checks_of_model_json():
 
     raw = json.loads((ROOT / "scripts" / "qwen2_5omni" / "model_tiny.json").read_text())
     pp2 = {"--pipeline-model-parallel-size": "2"}
-    model_json.check_split(model_json.parse_model_json(raw), "pytorch", pp2, lora=False)
+    model_json.check_split(model_json.parse_model_json(raw), pp2, lora=False)
     moved = json.loads(json.dumps(raw))
     moved["audio_encoder"]["audio_encoder"]["pipeline_num_layers"] = [1, 1]
     refusals = {"keeps the whole audio encoder (2 layers) on the first pipeline stage, beside the ViT; give [2, 0":
-                (moved, "pytorch", pp2, False),
-                "splits over tensor/pipeline ranks on PyTorch (megatron-core) only, and trains unsplit on mindspore":
-                (raw, "mindspore", pp2, False),
-                "LoRA is not built for Qwen2.5-Omni": (raw, "pytorch", {}, True)}
-    for words, (spec, framework, split, lora) in refusals.items():
+                (moved, pp2, False),
+                "LoRA is not built for Qwen2.5-Omni": (raw, {}, True)}
+    for words, (spec, split, lora) in refusals.items():
         with pytest.raises(UsageError, match=re.escape(words)):
-            model_json.check_split(model_json.parse_model_json(spec), framework, split, lora)
+            model_json.check_split(model_json.parse_model_json(spec), split, lora)
