@@ -21,6 +21,7 @@ LORA = ["--lora-target-modules", "linear_qkv", "linear_proj", "linear_fc1", "lin
         "--lora-alpha", "8", "--train-iters", "3", "--save-interval", "3", "--lr", "1e-2"]
 TOLERANCE = 1e-5
 ROOT = Path(__file__).resolve().parents[2]
+PP2_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json"  # the demo's model over two pipeline stages
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,9 @@ def base(vlm, tmp_path_factory):
     arrays = {n: (0.05 * rng.standard_normal(s)).astype(np.float32) for n, s in mm_layout.hf_shapes(config).items()}
     hf_checkpoint.save_hf_directory(root / "hf", config, arrays)
     vlm.add("lora-pytorch", "pytorch", 1, [*LORA, "--load", str(root / "hf")])
+    # MindSpore's parallel engine, split over two pipeline stages: its first 2 iterations (--exit-interval)
+    vlm.add("lora-ms-pp2", "mindspore", 2, [*LORA, "--load", str(root / "hf"), "--mm-model", str(PP2_JSON),
+                                            "--pipeline-model-parallel-size", "2", "--exit-interval", "2"])
     return root, config, arrays
 
 
@@ -111,6 +115,16 @@ def test_the_adapter_loads_into_peft_with_mmruns_logits_and_merges(vlm, base, tm
 
 
 @pytest.mark.slow
+def test_lora_split_over_two_pipeline_stages_on_mindspore_trains_the_unsplit_losses(vlm, base):
+    run = vlm("lora-ms-pp2")
+    assert "LoRA r 4, alpha 8 on" in run.output and "layers of this stage" in run.output, run.output[-2000:]
+    losses, expected = run.losses(), vlm("lora-pytorch").losses()
+    assert sorted(losses) == [1, 2], losses
+    gap = max(abs(losses[i] - expected[i]) for i in (1, 2))
+    assert gap < TOLERANCE, (losses, expected)
+
+
+@pytest.mark.slow
 def test_lora_targets_that_match_nothing_are_one_line(vlm, tk, tmp_path):
     run = tk.run_training(tmp_path / "bad", [*vlm.args, "--mm-data", vlm.data_json, "--train-iters", "3",
                                              "--lora-target-modules", "linear_qkvv"], nproc=None, entry=vlm.entry)
@@ -120,7 +134,7 @@ def test_lora_targets_that_match_nothing_are_one_line(vlm, tk, tmp_path):
 
 
 @pytest.mark.parametrize("extra, expected", [
-    (["--pipeline-model-parallel-size", "2"], "LoRA on Qwen2-VL trains unsplit"),
+    (["--pipeline-model-parallel-size", "2"], "LoRA on Qwen2-VL trains split on mindspore only"),
     (["--mm-model", str(ROOT / "scripts" / "qwen3vl" / "model_tiny.json")], "not yet for Qwen3-VL")])
 def test_lora_with_a_pipeline_split_or_on_qwen3_vl_is_refused_in_one_line(vlm, capsys, extra, expected):
     from mmrun.models import pretrain_vlm
