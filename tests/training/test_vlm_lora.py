@@ -41,6 +41,9 @@ def base(vlm, tmp_path_factory):
     # MindSpore's parallel engine, split over two pipeline stages: its first 2 iterations (--exit-interval)
     vlm.add("lora-ms-pp2", "mindspore", 2, [*LORA, "--load", str(root / "hf"), "--mm-model", str(PP2_JSON),
                                             "--pipeline-model-parallel-size", "2", "--exit-interval", "2"])
+    # ... and split over two tensor-parallel ranks with sequence parallelism
+    vlm.add("lora-ms-tp2-sp", "mindspore", 2, [*LORA, "--load", str(root / "hf"), "--tensor-model-parallel-size",
+                                               "2", "--sequence-parallel", "--exit-interval", "2"])
     return root, config, arrays
 
 
@@ -115,8 +118,9 @@ def test_the_adapter_loads_into_peft_with_mmruns_logits_and_merges(vlm, base, tm
 
 
 @pytest.mark.slow
-def test_lora_split_over_two_pipeline_stages_on_mindspore_trains_the_unsplit_losses(vlm, base):
-    run = vlm("lora-ms-pp2")
+@pytest.mark.parametrize("name", ["lora-ms-pp2", "lora-ms-tp2-sp"])
+def test_lora_split_on_mindspore_trains_the_unsplit_losses(vlm, base, name):
+    run = vlm(name)
     assert "LoRA r 4, alpha 8 on" in run.output and "layers of this stage" in run.output, run.output[-2000:]
     losses, expected = run.losses(), vlm("lora-pytorch").losses()
     assert sorted(losses) == [1, 2], losses
