@@ -1,5 +1,5 @@
-"""LoRA on the mindspore-parallel VLM stage (Qwen2-VL / Qwen2.5-VL split over pipeline stages): the unsplit
-run's adapters (models/lora.py, PEFT's: one per Hugging Face projection, named through checkpoint/peft.py's
+"""LoRA on the mindspore-parallel VLM stage (Qwen2-VL / Qwen2.5-VL split over pipeline stages and TP ranks): the
+run's adapters (models/lora.py, PEFT's: one per Hugging Face projection, named through models/qwen2_vl/mm_layout.py's
 LORA_TARGETS) on the stage's own fused Megatron layers.
 
 A fused layer (linear_qkv = [q, k, v] interleaved per query group, linear_fc1 = [gate; up]) gets one adapter per
@@ -117,7 +117,7 @@ def hf_lora_modules(config: Any, targets: Sequence[str]) -> list[str]:
 def apply(model: Any, layout: Any, state: Any, args: Any, log: Callable[[str], None]) -> list[str]:
     """Adapters on this stage's layers the targets name (the unsplit run's, see the module doc), everything
     else frozen. Returns the adapted Hugging Face modules."""
-    from mmrun.checkpoint.peft import LORA_TARGETS
+    from mmrun.models.qwen2_vl.mm_layout import LORA_TARGETS
 
     r, alpha = int(args.lora_r or 8), float(args.lora_alpha or 16)
     if float(getattr(args, "lora_dropout", None) or 0.0) != 0.0:
