@@ -17,14 +17,9 @@ from typing import Mapping
 
 import numpy as np
 
-# MindSpeed-MM's (megatron-core's) LoRA target names -> the Hugging Face Qwen2-VL / Qwen2.5-VL modules (PEFT's
-# suffix rule: a module whose dotted name ends in "." + one of these). Names not in the table pass as given.
-LORA_TARGETS: dict[str, tuple[str, ...]] = {
-    "linear_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "attn.qkv"),
-    "linear_proj": ("self_attn.o_proj", "attn.proj"),
-    "linear_fc1": ("mlp.gate_proj", "mlp.up_proj", "mlp.fc1", "merger.mlp.0"),
-    "linear_fc2": ("mlp.down_proj", "mlp.fc2", "merger.mlp.2"),
-}
+# MindSpeed-MM's LoRA target names -> the Hugging Face modules: the family's table (models/qwen2_vl/mm_layout.py)
+from mmrun.models.qwen2_vl.mm_layout import LORA_TARGETS  # noqa: E402  (re-exported: the converters' and entry's)
+
 # hub (mmrun's) prefix -> transformers 5's in-memory prefix, first match wins.
 _PEFT_PREFIXES = (("visual.", "model.visual."), ("model.", "model.language_model."))
 

@@ -283,6 +283,10 @@ def lora_to_peft(converter: str, cfg: dict[str, Any]) -> None:
     target = _get(cfg, "target_path")
     ckpt = open_save_directory(_get(cfg, "source_path"), "pretrain_vlm.py LoRA")
     _, adapter = lora.split_adapter(ckpt.model)
+    if not adapter and any(".lora_A." in name for name in ckpt.model):  # engines/mindspore/parallel/vlm_lora.py's
+        raise UsageError(f"{ckpt.path} is a LoRA run split over tensor/pipeline ranks (its adapters in each rank's "
+                         "shard, on the fused layers): lora_to_peft reads an unsplit run's checkpoint only yet; train "
+                         "the LoRA unsplit (--tensor-/--pipeline-model-parallel-size 1) to export it")
     if not adapter:
         raise UsageError(f"{ckpt.path} holds no LoRA adapters (no *.lora_A.weight); it is a full fine-tune: use "
                          "mm_to_hf")

@@ -50,14 +50,18 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Linear(r, out_features, bias=False)
         # PEFT's init_lora_weights=True: A kaiming_uniform_(a=sqrt(5)) = U(+-1/sqrt(in)), B zeros: the adapted
         # model starts equal to the base. Drawn with numpy so both frameworks start from the same A.
-        bound = 1.0 / math.sqrt(in_features)
-        a = np.random.default_rng(seed).uniform(-bound, bound, (r, in_features)).astype(np.float32)
-        self.lora_A.load_state_dict(tensors.state_dict_from_numpy({"weight": a}))
+        self.lora_A.load_state_dict(tensors.state_dict_from_numpy({"weight": initial_a(in_features, r, seed)}))
         self.lora_B.load_state_dict(tensors.state_dict_from_numpy({"weight": np.zeros((out_features, r), np.float32)}))
 
     def forward(self, x):
         update = self.lora_B(self.lora_A(tensors.cast(x, self.lora_A.weight.dtype)))
         return ops.linear(x, self.weight, self.bias) + tensors.cast(update * self.scaling, x.dtype)
+
+
+def initial_a(in_features: int, r: int, seed: int) -> np.ndarray:
+    """PEFT's kaiming_uniform_(a=sqrt(5)) for lora_A, U(+-1/sqrt(in)), drawn with numpy from `seed`."""
+    bound = 1.0 / math.sqrt(in_features)
+    return np.random.default_rng(seed).uniform(-bound, bound, (r, in_features)).astype(np.float32)
 
 
 def _named_modules(module: Any, prefix: str = "") -> Iterable[tuple[str, Any, Any, str]]:

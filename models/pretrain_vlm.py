@@ -63,12 +63,13 @@ SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 FIXED_SHAPE_MODELS = vision_layout.FIXED_SHAPE_MODELS
 FIRST_BUCKET_MAX = 4096
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
-# Features this entry implements itself on Qwen2-VL / Qwen2.5-VL (LoRA: checkpoint/peft.py).
 # Features this entry implements itself (features/entries.py lists them all for `mmrun features --check`): LoRA on
 # Qwen2-VL / Qwen2.5-VL (checkpoint/peft.py), expert parallelism on Qwen3-VL MoE (models/qwen3_vl/moe.py).
 ENTRY_FEATURES = TRAINER_ENTRIES["models/pretrain_vlm.py"]
 LORA_FEATURES = ("lora",)
 MOE_FEATURES = ("expert-parallel", "moe-allgather-dispatcher")
+# Frameworks whose parallel engine trains LoRA split (engines/mindspore/parallel/vlm_lora.py: over pipeline stages).
+LORA_SPLIT_FRAMEWORKS = ("mindspore",)
 _MODEL_JSON: Any = None  # models.vlm.model_json.ModelJson, read once before the arguments are parsed
 
 
@@ -137,10 +138,10 @@ def _model_source(argv: list[str]) -> ModelSource:
 
     framework = resolve(argv).framework
     split = any(getattr(known, flag[2:].replace("-", "_")) not in (None, "1") for flag in SPLIT_FLAGS)
-    if lora and split:
-        raise UsageError("--lora-target-modules with --tensor-/--pipeline-model-parallel-size > 1: LoRA on "
-                         "Qwen2-VL trains unsplit (data parallel, any number of ranks); drop the split or the LoRA "
-                         "flags")
+    if lora and split and framework not in LORA_SPLIT_FRAMEWORKS:
+        raise UsageError(f"--lora-target-modules with --tensor-/--pipeline-model-parallel-size > 1: LoRA on "
+                         f"Qwen2-VL trains split on {', '.join(LORA_SPLIT_FRAMEWORKS)} only (--framework), unsplit "
+                         "(data parallel, any number of ranks) elsewhere; drop the split or the LoRA flags")
     # `pip install -e ".[torch]"` (the README's quick start) has no megatron-core: an unsplit model trains on
     # the data-parallel engine there (the same network, as on MindSpore), said once; a split one still needs it.
     without_mcore = framework == "pytorch" and not split and not lora and not _megatron_core_installed()
@@ -156,7 +157,8 @@ def _model_source(argv: list[str]) -> ModelSource:
                   "the same results, slower)")
     return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                        data_parallel_only=framework not in PARALLEL_FRAMEWORKS
-                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore or lora,
+                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore
+                       or (lora and not split),
                        ms_jit=compiled and not videos, features=LORA_FEATURES,
                        shards_optimizer=framework == "mindspore")
 

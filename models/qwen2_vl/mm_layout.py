@@ -112,3 +112,13 @@ def recipes(config: Qwen2VLConfig) -> dict[str, Recipe]:
     if not config.tie_word_embeddings:
         out[OUTPUT_LAYER] = Recipe(("lm_head.weight",), "copy")
     return out
+
+
+# MindSpeed-MM's (megatron-core's) LoRA target names -> the Hugging Face Qwen2-VL / Qwen2.5-VL modules (PEFT's
+# suffix rule: a module whose dotted name ends in "." + one of these). Names not in the table pass as given.
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "linear_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "attn.qkv"),
+    "linear_proj": ("self_attn.o_proj", "attn.proj"),
+    "linear_fc1": ("mlp.gate_proj", "mlp.up_proj", "mlp.fc1", "merger.mlp.0"),
+    "linear_fc2": ("mlp.down_proj", "mlp.fc2", "merger.mlp.2"),
+}

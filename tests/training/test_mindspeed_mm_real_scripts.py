@@ -20,7 +20,7 @@ The tiny tokenizer's vocabulary is rounded up to even so that TP2 divides it (th
 leaves a special token's id to Qwen's tokenizer (Qwen2.5-VL's video_token_id, Qwen3-VL's vision_end_token_id), the
 tiny tokenizer's id is added (the only keys added); Qwen3-VL's rope_theta is the tiny transformers model's.
 
-Status (issue 37 item 6): 20 of 22 run; the two Qwen2.5-VL LoRA msrun twins are xfail (LORA_SPLIT below). Omni and
+Status (issue 37 item 6): 22 of 22 run (the Qwen2.5-VL LoRA msrun twins: LoRA split on MindSpore's parallel engine). Omni and
 the Qwen3-VL 30B MoE scripts are another test's.
 """
 from __future__ import annotations
@@ -395,11 +395,7 @@ JOBS = [
     Job("mindspore/wan2.1/1.3b/t2v/finetune_lora.sh"),
 ]
 # Where a real script still stops under mmrun, and why (each one line at startup, exit 2).
-LORA_SPLIT = ("pretrain_vlm.py trains Qwen2.5-VL LoRA unsplit: the script's --lora-target-modules with its tensor/pipeline "
-              "split (7B: PP2; 72B: TP2 x PP8, here TP2) is refused at startup; LoRA over a split model is not built "
-              "(and `mmrun features --check` stops these twins too: tests/features/test_mindspeed_mm_scripts.py)")
-XFAIL: dict[str, str] = {"mindspore/qwen2.5vl/finetune_qwen2_5_vl_7b_lora.sh": LORA_SPLIT,
-                         "mindspore/qwen2.5vl/finetune_qwen2_5_vl_72b_lora.sh": LORA_SPLIT}
+XFAIL: dict[str, str] = {}  # none: the Qwen2.5-VL LoRA msrun twins train split (engines/mindspore/parallel/vlm_lora.py)
 
 
 def _param(job: Job):

@@ -46,8 +46,13 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     else:
         model.load_rank_state_dict(mm_layout.initial_state(layout, args.seed, state.tp_rank, state.pp_rank,
                                                            std=args.init_method_std))
-    frozen = model.freeze(spec.freeze)
-    log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
+    if getattr(args, "lora_target_modules", None):  # adapters on this stage's layers, the rest frozen
+        from mmrun.engines.mindspore.parallel import vlm_lora
+
+        vlm_lora.apply(model, layout, state, args, log)
+    else:
+        frozen = model.freeze(spec.freeze)
+        log(f" > frozen (no gradients, no optimizer state): {', '.join(frozen) or 'nothing'}")
     per_token = bool(getattr(args, "calculate_per_token_loss", False))
     return optimizer_and_step(args, model, state, clip_grad=args.clip_grad, jit=fixed,
                               fields=getattr(model, "fields", vlm.VLM_FIXED_FIELDS if fixed else vlm.VLM_FIELDS),
