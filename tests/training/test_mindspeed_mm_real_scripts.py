@@ -20,8 +20,8 @@ The tiny tokenizer's vocabulary is rounded up to even so that TP2 divides it (th
 leaves a special token's id to Qwen's tokenizer (Qwen2.5-VL's video_token_id, Qwen3-VL's vision_end_token_id), the
 tiny tokenizer's id is added (the only keys added); Qwen3-VL's rope_theta is the tiny transformers model's.
 
-Status (issue 37 item 6): 20 of 22 run; the two Qwen2.5-VL LoRA msrun twins are xfail (LORA_SPLIT below). Omni and
-the Qwen3-VL 30B MoE scripts are another test's.
+Status (issue 37 item 6, issue 39): 22 of 24 run (Omni's script and its msrun twin with their PP=2 among them); the
+two Qwen2.5-VL LoRA msrun twins are xfail (LORA_SPLIT below). The Qwen3-VL 30B MoE scripts are another test's.
 """
 from __future__ import annotations
 
