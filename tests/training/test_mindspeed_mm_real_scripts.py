@@ -20,8 +20,9 @@ The tiny tokenizer's vocabulary is rounded up to even so that TP2 divides it (th
 leaves a special token's id to Qwen's tokenizer (Qwen2.5-VL's video_token_id, Qwen3-VL's vision_end_token_id), the
 tiny tokenizer's id is added (the only keys added); Qwen3-VL's rope_theta is the tiny transformers model's.
 
-Status (issue 37 item 6): 22 of 22 run (the Qwen2.5-VL LoRA msrun twins: LoRA split on MindSpore's parallel engine). Omni and
-the Qwen3-VL 30B MoE scripts are another test's.
+Status (issue 37 item 6, issue 39): all 24 run: the two Qwen2.5-VL LoRA msrun twins with LoRA split on MindSpore's
+parallel engine, Omni's script and its msrun twin with their PP=2. The Qwen3-VL 30B MoE scripts are other tests'
+(tests/training/test_qwen3_vl_moe_yaml.py runs the FSDP2 form; the msrun twin's EP x TP x PP is not built).
 """
 from __future__ import annotations
 
@@ -290,6 +291,50 @@ def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ Qwen2.5-Omni
+
+# Sizes of the Omni model_7b.json (both frameworks' copies): those of scripts/qwen2_5omni/model_tiny.json (the same
+# file shrunk: tests/training/test_pretrain_omni.py's thinker), split as the script's PP=2 (audio encoder and ViT on
+# stage 0, the LLM's two layers one a stage)
+OMNI_TINY = ROOT / "scripts" / "qwen2_5omni" / "model_tiny.json"
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory):
+    """tests/training/omni_job.py's audio/image/video dataset and tokenizer, and a tiny random transformers
+    Qwen2.5-Omni thinker saved as a Hugging Face directory (the script's LOAD_PATH) whose config is model_tiny.json."""
+    pytest.importorskip("av")
+    import torch
+    import transformers
+
+    from mmrun.models.qwen2_5_omni import model_json
+    from tests.training.omni_job import make_job
+
+    root = tmp_path_factory.mktemp("omni")
+    paths = make_job(root / "files", samples=4)
+    torch.manual_seed(0)
+    config = transformers.Qwen2_5OmniThinkerConfig(
+        **model_json.parse_model_json(json.loads(OMNI_TINY.read_text())).hf_config)
+    transformers.Qwen2_5OmniThinkerForConditionalGeneration(config).save_pretrained(root / "hf")
+    return {"paths": paths, "hf": root / "hf"}
+
+
+def omni_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
+    """finetune_qwen2_5_omni_7b.sh (and its msrun twin): model_7b.json shrunk to model_tiny.json's sizes, data_7b.json's
+    paths into the kit's dataset; LOAD_PATH the tiny thinker's Hugging Face directory."""
+    source = FIXTURES / Path(job.script).parent
+    model = shrink(json.loads((source / "model_7b.json").read_text()), _flat(json.loads(OMNI_TINY.read_text())))
+    paths = kit["paths"]
+    data = shrink(json.loads((source / "data_7b.json").read_text()), _flat({"dataset_param": {
+        "preprocess_parameters": {"model_name_or_path": str(paths["model_dir"])},
+        "basic_parameters": {"dataset_dir": str(paths["dataset"].parent), "dataset": str(paths["dataset"]),
+                             "cache_dir": str(out / "cache_dir")}}}))
+    return set_flags(args, {"--mm-model": write_json(out / "model_7b.json", model),
+                            "--mm-data": write_json(out / "data_7b.json", data),
+                            "--mm-tool": ROOT / "scripts" / "wan" / "tools.json", "--load": kit["hf"],
+                            "--save": out / "save_dir", "--global-batch-size": 1, "--train-iters": ITERS})
+
+
 # ------------------------------------------------------------------------------------------ the jobs
 
 @dataclass
@@ -365,7 +410,8 @@ def _script_value(job: Job, variable: str) -> str:
 
 
 KITS: dict[str, tuple[str, Callable]] = {"qwen2.5vl": ("qwen25", qwen25_job), "wan2.1": ("wan", wan_job),
-                                         "feature_extract": ("wan_demo", wan_extraction), "qwen3vl": ("qwen3", qwen3_job)}
+                                         "feature_extract": ("wan_demo", wan_extraction), "qwen3vl": ("qwen3", qwen3_job),
+                                         "qwen2.5omni": ("omni", omni_job)}
 
 TP2 = {"--tensor-model-parallel-size": 2, "--pipeline-model-parallel-size": 1}
 JOBS = [
@@ -393,6 +439,8 @@ JOBS = [
     Job("mindspore/wan2.1/1.3b/t2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/i2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/t2v/finetune_lora.sh"),
+    Job("qwen2.5omni/finetune_qwen2_5_omni_7b.sh", processes=2),                 # TP1 x PP2 as written
+    Job("mindspore/qwen2.5omni/finetune_qwen2_5_omni_7b.sh", processes=2),
 ]
 # Where a real script still stops under mmrun, and why (each one line at startup, exit 2).
 XFAIL: dict[str, str] = {}  # none: the Qwen2.5-VL LoRA msrun twins train split (engines/mindspore/parallel/vlm_lora.py)
