@@ -79,3 +79,4 @@ def test_gradient_buckets_hold_parameters_in_order_up_to_the_limit():
     assert _bucket_ranges([3, 20, 3], 10) == ((0, 1), (1, 2), (2, 3))  # a larger tensor travels alone
     assert _bucket_ranges([4, 6], 10) == ((0, 2),)  # exactly full
     assert _bucket_ranges([7]) == ((0, 1),)
+    assert _bucket_ranges([1] * 5, 10, tensors=2) == ((0, 2), (2, 4), (4, 5))  # a graph splits each bucket by nested calls
