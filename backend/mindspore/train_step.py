@@ -102,8 +102,10 @@ def split_flat(flat: Tensor, sizes: Sequence[int], most: int = BUCKET_TENSORS) -
     if len(sizes) <= most:
         return list(mint.split(flat, sizes))
     groups = [sizes[i:i + most] for i in range(0, len(sizes), most)]
-    return [piece for group, part in zip(groups, mint.split(flat, [sum(g) for g in groups]))
-            for piece in mint.split(part, group)]
+    pieces = []  # loops, not one nested comprehension: MindSpore's graph parser takes one `for` per comprehension
+    for group, part in zip(groups, mint.split(flat, [sum(g) for g in groups])):
+        pieces += list(mint.split(part, group))
+    return pieces
 
 
 def _fp32(grads: Sequence[Tensor]) -> tuple[Tensor, ...]:

@@ -143,3 +143,19 @@ def test_bf16_parameters_keep_fp32_main_copies_of_the_shard_only(bm):
     whole = np.concatenate([p.asnumpy().astype(np.float32).reshape(-1) for p in ranks[0].params])
     mains = np.concatenate([m.asnumpy() for r in ranks for m in r.main_params])
     assert np.array_equal(mains, whole)
+
+
+def test_a_flat_buffer_of_many_tensors_splits_inside_a_graph():
+    """More pieces than one graph split takes (MindSpore's call-depth limit: see BUCKET_TENSORS) come back whole."""
+    ms = pytest.importorskip("mindspore")
+    from mmrun.backend.mindspore.train_step import split_flat
+
+    sizes = [1 + i % 3 for i in range(70)]
+    flat = np.arange(sum(sizes), dtype=np.float32)
+
+    def split(x):
+        return tuple(split_flat(x, sizes, most=32))
+
+    pieces = ms.jit(split)(ms.Tensor(flat))
+    expected = np.split(flat, np.cumsum(sizes)[:-1])
+    assert len(pieces) == 70 and all(np.array_equal(p.asnumpy(), e) for p, e in zip(pieces, expected))
