@@ -13,7 +13,7 @@ compiled graphs, its memory pool and the host tensors included). Workloads:
   wan-tiny   one Wan2.1 DiT train step as pretrain_sora.py runs it (benchmarks/wan_step.py's mmrun side,
              size tiny), 3 steps
 
-  optimizer-state  the distributed optimizer on MindSpore (--use-distributed-optimizer, backend/mindspore/zero.py):
+  optimizer-state  the distributed optimizer on MindSpore (--use-distributed-optimizer, backend/mindspore/parallel/zero.py):
              models/pretrain_gpt.py --mock-data, 2 layers x hidden 256, seq 128, on 1 and 2 processes; the bytes
              of optimizer state rank 0 holds, as its log line reports them (summed from the tensors it keeps),
              and rank 0's peak RSS (a table of its own)

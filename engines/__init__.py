@@ -16,7 +16,7 @@ ENGINES lists them, first match wins; adding an engine is one row here and a cla
 | torch-ddp | pytorch | an entry that trains a torch model as it is (models/pretrain_transformers.py sets args.torch_ddp) | engines/torch/fsdp2/engine.py |
 | megatron-core | pytorch | --use-mcore-models, or any of: --tensor-/--pipeline-/--context-parallel-size > 1, virtual pipeline stages, --use-distributed-optimizer, --transformer-impl transformer_engine | engines/torch/megatron_core/engine.py |
 | mindspore-parallel | mindspore | --use-mcore-models, --tensor-/--pipeline-model-parallel-size > 1 (with or without --sequence-parallel); trains the GPT, or the VLM of models/pretrain_vlm.py (engines/mindspore/parallel/vlm.py); refuses --fp16/--bf16, virtual pipeline stages, --context-parallel-size > 1, Transformer Engine; shards the optimizer for --use-distributed-optimizer | engines/mindspore/parallel/engine.py |
-| mmrun | pytorch, mindspore | otherwise (data parallelism; on MindSpore with --use-distributed-optimizer too: backend/mindspore/zero.py) | engines/portable.py |
+| mmrun | pytorch, mindspore | otherwise (data parallelism; on MindSpore with --use-distributed-optimizer too: backend/mindspore/parallel/zero.py) | engines/portable.py |
 
 A parallel flag without --use-mcore-models turns it on, with one notice: mmrun's GPT does not split layers,
 and megatron-core's GPTModel (on MindSpore: the same architecture and names rebuilt in engines/mindspore/parallel/gpt.py)
@@ -85,7 +85,7 @@ GPT_MODEL_OF = {
 
 
 # Flags of parallel_flags() that a framework's data-parallel engine implements itself: alone they choose no
-# parallel engine there (MindSpore: mmrun's engine shards the optimizer, backend/mindspore/zero.py).
+# parallel engine there (MindSpore: mmrun's engine shards the optimizer, backend/mindspore/parallel/zero.py).
 DATA_PARALLEL_FLAGS: dict[str, tuple[str, ...]] = {"mindspore": ("--use-distributed-optimizer",)}
 
 

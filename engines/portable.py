@@ -111,7 +111,7 @@ class PortableEngine:
         hyper = dict(lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
                      weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
         if self._sharded():
-            from mmrun.backend.mindspore import zero  # the distributed optimizer (ZeRO-1) on MindSpore
+            from mmrun.backend.mindspore.parallel import zero  # the distributed optimizer (ZeRO-1) on MindSpore
 
             dist = backend.distributed
             self.optimizer = zero.ShardedAdamW(self.model.named_parameters(), dp=dist.get_world_size(),
@@ -123,7 +123,7 @@ class PortableEngine:
             self.optimizer = optim.AdamW(self.model.named_parameters(), **hyper)
 
     def _sharded(self) -> bool:
-        """--use-distributed-optimizer on MindSpore: backend/mindspore/zero.py (on PyTorch megatron-core runs it)."""
+        """--use-distributed-optimizer on MindSpore: backend/mindspore/parallel/zero.py (on PyTorch megatron-core runs it)."""
         return self.framework == "mindspore" and bool(getattr(self.args, "use_distributed_optimizer", False))
 
     def parameter_count(self) -> int:
@@ -158,7 +158,7 @@ class PortableEngine:
         if self._step is None:  # after the first capture: the plan then knows whether the loss compiles
             step_class = backend.train_step.TrainStep
             if self._sharded():
-                from mmrun.backend.mindspore import zero
+                from mmrun.backend.mindspore.parallel import zero
 
                 step_class = zero.ShardedTrainStep
             self._step = step_class(

@@ -56,7 +56,7 @@ CPU_DEFAULTS = {"micro_batch_size": 1, "lr": 1.0e-5, "seq_length": 1024}
 PARALLEL_FRAMEWORKS = ("pytorch", "mindspore")
 # ... only when a run splits it: unsplit, the model stays on the data-parallel engine, which ignores (with a
 # warning) what MindSpeed-MM's scripts always carry, --use-mcore-models, and shards the optimizer for
-# --use-distributed-optimizer (backend/mindspore/zero.py).
+# --use-distributed-optimizer (backend/mindspore/parallel/zero.py).
 SPLIT_ONLY_FRAMEWORKS = ("mindspore",)
 SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 # Models whose MindSpore step compiles on fixed-shape batches (vision_layout.FIXED_SHAPE_MODELS).

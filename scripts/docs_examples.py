@@ -77,7 +77,7 @@ BASE_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 STEP_KEYS = ("run", "exit", "note", "hide", "blank", "normalise")
-EXAMPLE_KEYS = ("steps", "cwd", "files", "env", "normalise", "slow", "timeout", "fence")
+EXAMPLE_KEYS = ("steps", "cwd", "files", "env", "normalise", "slow", "timeout", "fence", "covered_by")
 RULE_KINDS = {"pattern": ("pattern", "replace"), "drop": ("drop", "note"), "sort": ("sort",)}
 
 
@@ -141,6 +141,9 @@ class Example:
     timeout: float = 120.0
     fence: str = "console"
     spec_file: str = ""
+    # A slow example whose run a test already makes and checks (the test named here): update_docs.py regenerates
+    # it, the drift test does not run it a second time (the suite's time limit on CI).
+    covered_by: str = ""
 
     @property
     def key(self) -> str:
@@ -223,7 +226,8 @@ def load_spec(path: Path, named: dict[str, Rule]) -> list[Example]:
             env=tuple((str(k), str(v)) for k, v in (raw.get("env") or {}).items()),
             rules=tuple(_rule(f"{where}: normalise", r, named) for r in raw.get("normalise") or ()),
             slow=bool(raw.get("slow", False)), timeout=float(raw.get("timeout", 120)),
-            fence=str(raw.get("fence", "console")), spec_file=_shown(path)))
+            fence=str(raw.get("fence", "console")), spec_file=_shown(path),
+            covered_by=str(raw.get("covered_by", ""))))
     return examples
 
 

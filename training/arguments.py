@@ -125,7 +125,7 @@ class ModelSource:
     # Feature-table features (catalogue names) the entry implements itself, such as "lora": the table's trainer
     # layer speaks for mmrun's GPT, so its verdict on these is left to the entry (the stack layer still applies).
     features: tuple[str, ...] = ()
-    # The data-parallel engine shards the optimizer on this framework (MindSpore: backend/mindspore/zero.py), so
+    # The data-parallel engine shards the optimizer on this framework (MindSpore: backend/mindspore/parallel/zero.py), so
     # --use-distributed-optimizer stays on rather than being ignored (DATA_PARALLEL_ONLY_OFF).
     shards_optimizer: bool = False
 

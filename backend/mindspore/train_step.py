@@ -95,7 +95,7 @@ def _bucket_ranges(sizes: Sequence[int], limit: int = BUCKET_ELEMENTS,
     return tuple(ranges)
 
 
-def split_flat(flat: Tensor, sizes: Sequence[int], most: int = BUCKET_TENSORS) -> list[Tensor]:
+def _split_flat(flat: Tensor, sizes: Sequence[int], most: int = BUCKET_TENSORS) -> list[Tensor]:
     """mint.split(flat, sizes) inside a graph, in groups of at most `most` pieces (see BUCKET_TENSORS): a flat buffer
     of every parameter (the distributed optimizer's) is first cut into groups, then each group into its pieces."""
     sizes = [int(size) for size in sizes]

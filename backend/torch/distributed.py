@@ -113,7 +113,7 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 
 # ------------------------------------------------------------------------- groups of ranks (expert parallelism)
-class Group:
+class _Group:  # private: the backends' faces match (MindSpore's twin is parallel.groups.Group)
     """One communication group as this rank sees it: its ranks, this process's index in them, torch's handle
     (None when the group is this rank alone). The MindSpore backend's twin is parallel.groups.Group."""
 
@@ -128,7 +128,7 @@ class Group:
 _subgroups: dict[tuple[int, ...], Any] = {}
 
 
-def subgroup(partition: Any) -> Group:
+def subgroup(partition: Any) -> _Group:
     """This rank's group among `partition` (lists of ranks covering the world, each rank in one), created on first
     use. Every rank calls it with the same partition: torch's new_group must be entered by every process."""
     rank = get_rank()
@@ -137,10 +137,10 @@ def subgroup(partition: Any) -> Group:
         if len(key) > 1 and key not in _subgroups and _grouped():
             _subgroups[key] = None if len(key) == get_world_size() else dist.new_group(list(key))
     mine = next(tuple(int(r) for r in ranks) for ranks in partition if rank in ranks)
-    return Group(mine, mine.index(rank), _subgroups.get(mine))  # handle None: the world (torch's default) or alone
+    return _Group(mine, mine.index(rank), _subgroups.get(mine))  # handle None: the world (torch's default) or alone
 
 
-def group_all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
+def group_all_reduce(x: torch.Tensor, group: _Group) -> torch.Tensor:
     """The sum of `x` over `group`, as a new tensor (not differentiable; the identity in a group of one)."""
     out = x.clone()
     if group.size > 1:
@@ -148,13 +148,13 @@ def group_all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
     return out
 
 
-def _gather(x: torch.Tensor, group: Group) -> torch.Tensor:
+def _gather(x: torch.Tensor, group: _Group) -> torch.Tensor:
     pieces = [torch.empty_like(x) for _ in range(group.size)]
     dist.all_gather(pieces, x.contiguous(), group=group.handle)
     return torch.cat(pieces, dim=0)
 
 
-def _sum_own_rows(x: torch.Tensor, group: Group) -> torch.Tensor:
+def _sum_own_rows(x: torch.Tensor, group: _Group) -> torch.Tensor:
     # gloo has no reduce-scatter: the sum over the group, of which this rank keeps its rows (the same numbers)
     if backend_name() != "gloo":
         out = torch.empty((x.shape[0] // group.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
@@ -185,14 +185,14 @@ class _ReduceScatterRows(torch.autograd.Function):
         return _gather(grad, ctx.group), None
 
 
-def gather_rows(x: torch.Tensor, group: Group) -> torch.Tensor:
+def gather_rows(x: torch.Tensor, group: _Group) -> torch.Tensor:
     """Every group member's `x` (the same shape on each), concatenated along dim 0 in group order; differentiable:
     the backward sums the gradient over the group and keeps this rank's rows (megatron-core's
     gather_from_sequence_parallel_region over the expert group: its allgather token dispatcher)."""
     return x if group.size == 1 else _GatherRows.apply(x, group)
 
 
-def reduce_scatter_rows(x: torch.Tensor, group: Group) -> torch.Tensor:
+def reduce_scatter_rows(x: torch.Tensor, group: _Group) -> torch.Tensor:
     """The sum of `x` over the group, of which this rank keeps its share of dim 0 (rank order); differentiable:
     the backward gathers the gradient (megatron-core's reduce_scatter_to_sequence_parallel_region)."""
     return x if group.size == 1 else _ReduceScatterRows.apply(x, group)

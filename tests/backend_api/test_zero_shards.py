@@ -1,5 +1,5 @@
 """The distributed optimizer's shard math (backend/optimizer_shards.py) and, in one process, MindSpore's sharded
-AdamW (backend/mindspore/zero.py): its step against the unsharded one, the bytes of state it holds (measured from
+AdamW (backend/mindspore/parallel/zero.py): its step against the unsharded one, the bytes of state it holds (measured from
 its tensors), and whole-tensor checkpoints that any data-parallel size reads. The 2-process run against the
 unsharded optimizer is in tests/training/test_pretrain_e2e.py."""
 from __future__ import annotations
@@ -73,7 +73,8 @@ def _model(ms, dtype=None):
 
 
 def _train(ms, sharded, steps=3, **adam):
-    from mmrun.backend.mindspore import optim, train_step, zero
+    from mmrun.backend.mindspore import optim, train_step
+    from mmrun.backend.mindspore.parallel import zero
 
     model = _model(ms)
     kwargs = dict(lr=5e-2, weight_decay=0.1, no_decay=optim.megatron_no_decay)
@@ -95,7 +96,7 @@ def _train(ms, sharded, steps=3, **adam):
 def test_one_rank_of_the_sharded_step_is_the_unsharded_step(bm):
     import mindspore as ms
 
-    from mmrun.backend.mindspore import zero
+    from mmrun.backend.mindspore.parallel import zero
 
     sharded, params, opt = _train(ms, True)
     exact, exact_params, _ = _train(ms, False, fused=False)  # torch's op order, as the sharded update
@@ -113,7 +114,8 @@ def test_one_rank_of_the_sharded_step_is_the_unsharded_step(bm):
 def test_each_rank_holds_its_shard_of_the_state_and_reads_whole_tensor_checkpoints(bm):
     import mindspore as ms
 
-    from mmrun.backend.mindspore import optim, zero
+    from mmrun.backend.mindspore import optim
+    from mmrun.backend.mindspore.parallel import zero
 
     _, _, trained = _train(ms, True)
     state = trained.state_dict()  # one rank: whole tensors, optim.AdamW's keys
@@ -136,7 +138,7 @@ def test_each_rank_holds_its_shard_of_the_state_and_reads_whole_tensor_checkpoin
 def test_bf16_parameters_keep_fp32_main_copies_of_the_shard_only(bm):
     import mindspore as ms
 
-    from mmrun.backend.mindspore import zero
+    from mmrun.backend.mindspore.parallel import zero
 
     ranks = [zero.ShardedAdamW(_model(ms, ms.bfloat16).parameters_and_names(), dp=2, rank=r) for r in range(2)]
     assert [zero.state_bytes(r) for r in ranks] == [3 * 15 * 4, 3 * 14 * 4]  # moments and main copy, fp32
@@ -148,13 +150,13 @@ def test_bf16_parameters_keep_fp32_main_copies_of_the_shard_only(bm):
 def test_a_flat_buffer_of_many_tensors_splits_inside_a_graph():
     """More pieces than one graph split takes (MindSpore's call-depth limit: see BUCKET_TENSORS) come back whole."""
     ms = pytest.importorskip("mindspore")
-    from mmrun.backend.mindspore.train_step import split_flat
+    from mmrun.backend.mindspore.train_step import _split_flat
 
     sizes = [1 + i % 3 for i in range(70)]
     flat = np.arange(sum(sizes), dtype=np.float32)
 
     def split(x):
-        return tuple(split_flat(x, sizes, most=32))
+        return tuple(_split_flat(x, sizes, most=32))
 
     pieces = ms.jit(split)(ms.Tensor(flat))
     expected = np.split(flat, np.cumsum(sizes)[:-1])

@@ -51,7 +51,15 @@ def test_every_example_marker_has_its_commands_and_back():
 
 
 FAST = [e for e in EXAMPLES if not e.slow]
-SLOW = [e for e in EXAMPLES if e.slow]
+SLOW = [e for e in EXAMPLES if e.slow and not e.covered_by]
+
+
+def test_an_example_left_to_a_test_names_a_test_that_exists():
+    """`covered_by`: a slow example whose run a test already makes; that test must exist (file::name)."""
+    for example in EXAMPLES:
+        if example.covered_by:
+            path, _, name = example.covered_by.partition("::")
+            assert example.slow and name and f"def {name}(" in (REPO / path).read_text(encoding="utf-8"), example.key
 # The slow examples mostly wait (MindSpore's start-up, a watchdog, a rank's death), so two at a time nearly
 # halve the drift test on a 2-core machine (4 minutes at a load average of 6 to 10); their outputs do not
 # depend on it. Under pytest-xdist (the README's `-n 2`) each slow example is a test of its own that any worker

@@ -103,7 +103,7 @@ def test_check_flags_follows_the_layer(layer, feature, trig, fw, dev):
     (["--context-parallel-size", "2"], "pytorch", "cpu", "trainer", "supported"),  # measured: losses within 1e-5
     (["--context-parallel-size", "2"], "mindspore", "cpu", "trainer", "unsupported"),
     (["--use-distributed-optimizer"], "pytorch", "cpu", "trainer", "supported"),
-    (["--use-distributed-optimizer"], "mindspore", "cpu", "trainer", "supported"),  # backend/mindspore/zero.py
+    (["--use-distributed-optimizer"], "mindspore", "cpu", "trainer", "supported"),  # backend/mindspore/parallel/zero.py
     (["--use-distributed-optimizer"], "mindspore", "npu", "trainer", "supported"),
     (["--use-mcore-models"], "mindspore", "cpu", "trainer", "supported"),  # its architecture rebuilt on MindSpore
     (["--expert-model-parallel-size", "8"], "mindspore", "cpu", "trainer", "unsupported"),
@@ -310,7 +310,7 @@ def test_importing_the_feature_table_imports_no_framework():
 
 def test_distributed_optimizer_on_mindspore_runs_without_a_notice_under_both_policies():
     """MindSpeed-MM's msrun twins pass --use-distributed-optimizer; mmrun's MindSpore data-parallel engine shards
-    the optimizer (backend/mindspore/zero.py): the gate keeps the flag and says nothing."""
+    the optimizer (backend/mindspore/parallel/zero.py): the gate keeps the flag and says nothing."""
     for policy in ft.POLICIES:
         stream = io.StringIO()
         result = ft.gate({"use_distributed_optimizer": True}, "mindspore", "cpu", policy, stream=stream)

@@ -31,7 +31,7 @@ def args_of(*extra: str, world_size: int = 1):
     (["--tensor-model-parallel-size", "2"], "mindspore", "mindspore-parallel"),
     (["--pipeline-model-parallel-size", "2"], "mindspore", "mindspore-parallel"),
     (["--context-parallel-size", "2"], "mindspore", "mindspore-parallel"),  # which refuses it (test below)
-    # mmrun's data-parallel engine shards the optimizer on MindSpore (backend/mindspore/zero.py)
+    # mmrun's data-parallel engine shards the optimizer on MindSpore (backend/mindspore/parallel/zero.py)
     (["--use-distributed-optimizer"], "mindspore", "mmrun"),
     (["--use-mcore-models", "--use-distributed-optimizer"], "mindspore", "mindspore-parallel"),
 ])

@@ -447,9 +447,11 @@ XFAIL: dict[str, str] = {}  # none: the Qwen2.5-VL LoRA msrun twins train split 
 
 
 def _param(job: Job):
-    # one xdist group per family: its module fixture (tiny model, data) is built once, on the worker that runs it;
-    # named like the shared-fixture groups (tests/conftest.py) so that these long groups are handed out first
-    marks = [pytest.mark.slow, pytest.mark.xdist_group(f"fixture:real_scripts_{KITS[_family(job)][0]}")]
+    # one xdist group per family and framework: its module fixture (tiny model, data: seconds) is built once on each
+    # worker that runs one, and the family's two halves (minutes each) can run side by side; named like the
+    # shared-fixture groups (tests/conftest.py) so that these long groups are handed out first
+    marks = [pytest.mark.slow,
+             pytest.mark.xdist_group(f"fixture:real_scripts_{KITS[_family(job)][0]}_{job.framework}")]
     if job.script in XFAIL:
         marks.append(pytest.mark.xfail(strict=False, reason=XFAIL[job.script]))
     return pytest.param(job, marks=marks, id=job.script)

@@ -19,7 +19,7 @@ TOLERANCE = 1e-5
 MS_RUNS = {
     "tp2": (["--use-mcore-models", "--tensor-model-parallel-size", "2", "--save-interval", "4"], "tp2"),
     "pp2": (["--pipeline-model-parallel-size", "2"], "pp2"),  # without --use-mcore-models: the notice
-    # the distributed optimizer over 2 data-parallel ranks (backend/mindspore/zero.py), saved at 4 and 8
+    # the distributed optimizer over 2 data-parallel ranks (backend/mindspore/parallel/zero.py), saved at 4 and 8
     "dp2-distopt": (["--use-mcore-models", "--use-distributed-optimizer", "--save-interval", "4"], "dp2-distopt"),
     # dropout on (hash dropout, MindSpore's generator): its state must travel in the checkpoint
     "tp2-dropout": (["--use-mcore-models", "--tensor-model-parallel-size", "2", "--save-interval", "4",

@@ -12,7 +12,7 @@ demo corpus tokenized by `mmrun preprocess-data`. Runs are made once per session
     pt_drop / ms_drop                  dropout 0.1 with --dropout-impl hash (the same masks on both
                                        frameworks), checkpoint at iteration 10
     pt_drop_resume / ms_drop_resume    the same, resumed from that checkpoint on the same framework
-    ms2_zero      ms2 with --use-distributed-optimizer (backend/mindspore/zero.py), checkpoint at iteration 10
+    ms2_zero      ms2 with --use-distributed-optimizer (backend/mindspore/parallel/zero.py), checkpoint at iteration 10
     ms1_from_zero resumed from it on 1 MindSpore process (sharded over 1)
 
 Losses are compared from --metrics-file (full float precision); the Megatron-format log is checked too.

@@ -22,7 +22,7 @@ sum / count when every micro-batch has as many loss tokens (always, unless --eod
 
 Not done here (one-line refusal in `initialize`): --fp16/--bf16, virtual pipeline stages, context parallelism,
 Transformer Engine layers. --use-distributed-optimizer shards AdamW's state over the data-parallel group
-(backend/mindspore/zero.py's ShardedParallelTrainStep).
+(backend/mindspore/parallel/zero.py's ShardedParallelTrainStep).
 """
 from __future__ import annotations
 

@@ -6,14 +6,14 @@ from typing import Any
 
 def optimizer_and_step(args: Any, model: Any, state: Any, **step: Any) -> Any:
     """This rank's AdamW (Megatron's no-decay rule) and its ParallelTrainStep; with --use-distributed-optimizer the
-    AdamW state sharded over the data-parallel group (backend/mindspore/zero.py)."""
+    AdamW state sharded over the data-parallel group (backend/mindspore/parallel/zero.py)."""
     from mmrun.backend.mindspore import optim
     from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
 
     hyper = dict(lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
                  weight_decay=args.weight_decay, no_decay=optim.megatron_no_decay)
     if getattr(args, "use_distributed_optimizer", False):
-        from mmrun.backend.mindspore import zero
+        from mmrun.backend.mindspore.parallel import zero
 
         optimizer = zero.ShardedAdamW(model.named_parameters(), dp=state.data_parallel_size, rank=state.dp_rank,
                                       group=state.groups["dp"].name, **hyper)

@@ -43,7 +43,7 @@ from mindspore.ops import functional as F
 from mmrun.backend.mindspore import optim
 from mmrun.backend.mindspore.parallel.mappings import EMULATED_COLLECTIVES, _gather_all, _reduce_scatter_all
 from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
-from mmrun.backend.mindspore.train_step import TrainStep, split_flat
+from mmrun.backend.mindspore.train_step import TrainStep, _split_flat
 from mmrun.backend.train_step_shared import world_size
 from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS, NoDecay, check_optimizer_state, named_params
 from mmrun.backend.optimizer_shards import ShardLayout
@@ -274,13 +274,13 @@ class _ShardedUpdate:
         if self.clip_grad > 0:  # torch's clip_grad_norm_: scale by max_norm / (norm + 1e-6), never up
             shard = shard * mint.clamp(self.clip_grad / (norm + 1e-6), max=1.0)
         sizes = list(self._seg_sizes) + ([self._shard_pad] if self._shard_pad else [])
-        pieces = split_flat(shard, sizes)
+        pieces = _split_flat(shard, sizes)
         new = self.optimizer(tuple(pieces[:len(self._seg_sizes)]), scalars)
         own = list(new) + ([self._own_pad] if self._own_pad is not None else [])
         own = mint.cat(own)
         full = all_gather(self._zero_reduce, self._zero_gather, own, self._dp, self._rank) \
             if self._zero_reduce is not None else own
-        values = split_flat(mint.narrow(full, 0, 0, self._total), list(self._sizes))
+        values = _split_flat(mint.narrow(full, 0, 0, self._total), list(self._sizes))
         done = full
         for param, value, shape in zip(self.optimizer.params, values, self.optimizer.shapes):
             done = F.depend(done, F.assign(param, F.cast(_ops.reshape(value, shape), F.dtype(param))))
