@@ -45,12 +45,8 @@ def _fused_update(kernel, beta1, beta2, lr, eps, decay, zero, param, m, v, grad,
 @_exact_adamw.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
                        "Tensor", "Tensor", "Tensor", "Tensor", "Bool")
 def _exact_update(beta1, beta2, step_size, bc2_sqrt, eps, decay_factor, param, m, v, grad, decays):
-    # torch's single-tensor AdamW, op for op: mul_, lerp_, mul_().addcmul_(), sqrt()/bc2_sqrt + eps, addcdiv_.
-    new_param = param * decay_factor if decays else param
-    new_m = m + (1 - beta1) * (grad - m)
-    new_v = v * beta2 + (1 - beta2) * grad * grad
-    denom = mint.sqrt(new_v) / bc2_sqrt + eps
-    new_param = new_param + (-step_size) * (new_m / denom)
+    new_param, new_m, new_v = _adamw_values(beta1, beta2, step_size, bc2_sqrt, eps, decay_factor, param, m, v,
+                                            grad, decays)
     out = F.depend(new_param, F.assign(param, new_param))
     out = F.depend(out, F.assign(m, new_m))
     return F.depend(out, F.assign(v, new_v))
@@ -168,6 +164,17 @@ class AdamW(ms.nn.Cell):
         self.step_count = int(state["step"])
         if "lr" in state:
             self._lr = float(state["lr"])
+
+
+def _adamw_values(beta1, beta2, step_size, bc2_sqrt, eps, decay_factor, param, m, v, grad, decays):
+    """One parameter's AdamW update as new values (parameter, exp_avg, exp_avg_sq), nothing assigned: torch's
+    single-tensor AdamW, op for op (mul_, lerp_, mul_().addcmul_(), sqrt()/bc2_sqrt + eps, addcdiv_); the exact
+    update here and the distributed optimizer's shard update (parallel/zero.py) both assign them."""
+    new_param = param * decay_factor if decays else param
+    new_m = m + (1 - beta1) * (grad - m)
+    new_v = v * beta2 + (1 - beta2) * grad * grad
+    denom = mint.sqrt(new_v) / bc2_sqrt + eps
+    return new_param + (-step_size) * (new_m / denom), new_m, new_v
 
 
 def global_norm(grads: Sequence[Tensor]) -> Tensor:

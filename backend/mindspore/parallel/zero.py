@@ -54,12 +54,9 @@ _shard_adamw = C.MultitypeFuncGraph("mmrun_shard_adamw")
 @_shard_adamw.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
                        "Tensor", "Tensor", "Tensor", "Tensor", "Bool")
 def _shard_update(beta1, beta2, step_size, bc2_sqrt, eps, decay_factor, param, m, v, grad, decays):
-    # optim._exact_update's order (torch's single-tensor AdamW); the new parameter values are returned, not assigned.
-    new_param = param * decay_factor if decays else param
-    new_m = m + (1 - beta1) * (grad - m)
-    new_v = v * beta2 + (1 - beta2) * grad * grad
-    denom = mint.sqrt(new_v) / bc2_sqrt + eps
-    new_param = new_param + (-step_size) * (new_m / denom)
+    # the new parameter values are returned, not assigned: the shard is all-gathered into the parameters after
+    new_param, new_m, new_v = optim._adamw_values(beta1, beta2, step_size, bc2_sqrt, eps, decay_factor, param, m,
+                                                  v, grad, decays)
     out = F.depend(new_param, F.assign(m, new_m))
     return F.depend(out, F.assign(v, new_v))
 
