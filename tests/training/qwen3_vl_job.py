@@ -13,11 +13,11 @@ FSDP2 = {"sharding_size": "auto", "sub_modules_to_wrap": ["model.visual.blocks.{
          "recompute_modules": ["model.language_model.layers.{0}"]}
 
 
-def tiny_hf_qwen3_vl(model_dir: str) -> None:
-    """A random transformers Qwen3-VL whose token ids are the demo tokenizer's, saved into model_dir (offline)."""
+def tiny_hf_qwen3_vl(model_dir: str, moe: bool = False) -> None:
+    """A random transformers Qwen3-VL whose token ids are the demo tokenizer's, saved into model_dir (offline); with
+    `moe`, Qwen3-VL MoE (every decoder layer's MLP 4 experts of width 16, 2 per token)."""
     import torch
     import transformers
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from mmrun.data.multimodal.demo import special_token_ids_for_model_config
 
@@ -32,9 +32,13 @@ def tiny_hf_qwen3_vl(model_dir: str) -> None:
               "patch_size": 16, "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1],
               "spatial_merge_size": 2, "temporal_patch_size": 2}
     tokens = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    if moe:
+        text.update({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "decoder_sparse_step": 1})
+    config_class, model_class = ((transformers.Qwen3VLMoeConfig, transformers.Qwen3VLMoeForConditionalGeneration)
+                                 if moe else (transformers.Qwen3VLConfig, transformers.Qwen3VLForConditionalGeneration))
     torch.manual_seed(0)
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
-    Qwen3VLForConditionalGeneration(config).save_pretrained(model_dir)
+    config = config_class(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
+    model_class(config).save_pretrained(model_dir)
 
 
 def write_job(root: Path, fsdp2: bool, iterations: int = 3, gpt_args: dict[str, Any] | None = None,

@@ -18,35 +18,10 @@ import pytest
 import yaml
 
 from .conftest import clean_env, processes_with
+from .qwen3_vl_job import tiny_hf_qwen3_vl
 from .test_fsdp2_e2e import TRANSFORMERS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mindspeed_mm" / "qwen3vl"
-
-
-def tiny_hf_qwen3_vl_moe(model_dir: str) -> None:
-    """A random transformers Qwen3-VL MoE (2 decoder layers, 4 experts of width 16, 2 per token) whose token ids are
-    the demo tokenizer's, saved into model_dir (offline)."""
-    import torch
-    import transformers
-    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
-
-    from mmrun.data.multimodal.demo import special_token_ids_for_model_config
-
-    transformers.utils.logging.disable_progress_bar()
-    ids = special_token_ids_for_model_config(model_dir)
-    text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "vocab_size": ids["vocab_size"],
-            "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"], "num_experts": 4,
-            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "decoder_sparse_step": 1,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
-                                "mrope_interleaved": True}}
-    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "out_hidden_size": 32,
-              "patch_size": 16, "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1],
-              "spatial_merge_size": 2, "temporal_patch_size": 2}
-    tokens = {k: ids[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
-    torch.manual_seed(0)
-    config = Qwen3VLMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
-    Qwen3VLMoeForConditionalGeneration(config).save_pretrained(model_dir)
 
 
 def write_30b_job(root: Path) -> Path:
@@ -55,7 +30,7 @@ def write_30b_job(root: Path) -> Path:
 
     demo = root / "demo"
     make_demo(str(demo), num_samples=8, seed=7, model="qwen3_vl")
-    tiny_hf_qwen3_vl_moe(str(demo / "model"))
+    tiny_hf_qwen3_vl(str(demo / "model"), moe=True)
     (root / "fsdp2_config.yaml").write_text((FIXTURES / "fsdp2_config.yaml").read_text())  # as MindSpeed-MM ships it
     job = yaml.safe_load((FIXTURES / "qwen3vl_full_sft_30B.yaml").read_text())
     job["gpt_args"].update({
