@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,21 +23,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from mmrun.common import ports
+
 NOOP = {
     "pytorch": "pass\n",
     "mindspore": "import mindspore\nmindspore.set_device('CPU')\nfrom mindspore.communication import init\ninit()\n",
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 def _commands(framework: str, nproc: int, script: Path, log_dir: Path) -> tuple[list[str], list[str]]:
     """The bare launcher command and the mmrun command for the same job."""
-    port = str(_free_port())
+    port = str(ports.free_port())
     if framework == "pytorch":
         bare = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", port, str(script)]
     else:

@@ -9,7 +9,6 @@ import importlib.util
 import os
 import shlex
 import shutil
-import socket
 import sys
 import tempfile
 import uuid
@@ -20,6 +19,7 @@ from mmrun.backend.cann import AUTOLOAD_VAR, guard_torch_npu_autoload
 from mmrun.backend.errors import FrameworkNotInstalledError, UsageError
 from mmrun.backend.selection import argv_option
 from mmrun.backend.vocabulary import framework_name
+from mmrun.common import ports
 from mmrun.launchers import launch_args, script_target
 from mmrun.launchers.ascend_env import check_ascend_env
 from mmrun.launchers.console import shows_mindspore_logs
@@ -210,23 +210,8 @@ def build_plan(request: launch_args.LaunchRequest, environ: dict[str, str] | Non
     return plan
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return True
-    return False
-
-
 def _apply_free_port(plan: Plan) -> None:
-    port = _free_port()
+    port = ports.free_port()
     plan.translation.set("master_port", str(port))
     index = plan.command.index(BOOTSTRAP)
     launcher_args = plan.translation.argv()
@@ -302,7 +287,7 @@ def main(argv: list[str], subcommands: dict[str, tuple[str, str]] | None = None)
     if request.dry_run:
         print_dry_run(plan)
         return 0
-    if plan.master and _port_in_use(plan.master[1]):
+    if plan.master and not ports.is_free(plan.master[1]):
         return _error(f"master port {plan.master[1]} is already in use on this machine; "
                       "free it, pass another --master-port, or --master-port 0 to pick a free one")
     return execute(plan)

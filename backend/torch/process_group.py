@@ -12,18 +12,12 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 import torch.distributed as dist
 
+from mmrun.common import ports
 from mmrun.backend import checks, rank_env
 from mmrun.backend.torch import device
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(backend: str | None = None, *, single_process_group: bool = False,
@@ -45,7 +39,7 @@ def start(backend: str | None = None, *, single_process_group: bool = False,
         # to the same port would try to open a second store there.
         init_method = "env://"
     elif info.world_size <= 1:
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{ports.free_port('127.0.0.1')}"
     else:
         init_method = f"tcp://{info.master_addr}:{info.master_port}"
     options = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}

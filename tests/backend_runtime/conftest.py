@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
+
+from mmrun.common import ports
 
 WORKERS = Path(__file__).parent / "workers"
 # Variables a parent job or shell may carry that would change what a child chooses or joins.
@@ -46,11 +47,7 @@ def workers_dir() -> Path:
 
 @pytest.fixture
 def free_port() -> Callable[[], int]:
-    def pick() -> int:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-    return pick
+    return lambda: ports.free_port("127.0.0.1")
 
 
 @pytest.fixture

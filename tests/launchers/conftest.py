@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-import socket
+import signal
 import subprocess
 import sys
 import uuid
@@ -9,16 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from mmrun.common.ports import free_port
 from mmrun.launchers.supervisor import processes_with
 
 WORKERS = Path(__file__).parent / "workers"
 MMRUN = [sys.executable, "-m", "mmrun.launchers.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def marked_processes(marker: str) -> list[int]:
@@ -44,7 +39,23 @@ def job_env(tmp_path):
 
 
 def run_mmrun(args: list[str], env: dict, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*MMRUN, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    """Run one job; past `timeout` stop it as a user's Ctrl-C would (mmrun then stops its workers, which
+    the job_env fixture checks) and fail with msrun's logs, which say where the job stood."""
+    proc = subprocess.Popen([*MMRUN, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        logs = "".join(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}"
+                       for log in sorted(Path(cwd).glob("msrun_log/*.log")))
+        pytest.fail(f"mmrun {' '.join(args)} ran past {timeout} s\n{out[-2000:]}\n{err[-2000:]}\n{logs}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 # Runs mmrun with torch, torch_npu and mindspore unimportable, as on a machine with the base install only.

@@ -3,30 +3,24 @@ and the numpy initial weights; backend/mindspore/parallel/groups.py: megatron-co
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from mmrun.common import ports
 from mmrun.models.mcore_layout import OUTPUT_LAYER, WORD_EMBEDDINGS, GPTLayout, LayoutError
 
 SIZES = dict(num_layers=4, hidden_size=32, num_attention_heads=4, ffn_hidden_size=96, vocab_size=64,
              max_position_embeddings=16)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("untie", [False, True])
 def test_full_shapes_are_megatron_core_state_dict(jobs, untie):
     layout = GPTLayout(**SIZES, untie_embeddings_and_output_weights=untie)
     run = subprocess.run([sys.executable, str(jobs.workers / "mcore_names.py"),
-                          json.dumps({**SIZES, "untie_embeddings_and_output_weights": untie}), str(_free_port())],
+                          json.dumps({**SIZES, "untie_embeddings_and_output_weights": untie}), str(ports.free_port())],
                          capture_output=True, text=True, env=jobs.env(), timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
     megatron = json.loads(run.stdout.strip().splitlines()[-1])

@@ -5,7 +5,6 @@ import collections
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from mmrun.common.ports import free_port
 
 HERE = Path(__file__).parent
 FIXTURES = HERE / "fixtures"
@@ -81,12 +82,6 @@ def shellcheck_findings(script: bytes) -> collections.Counter:
         if match:
             found[match.groups()] += 1
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def run_msrun_script(script: Path, cwd: Path, timeout: float, **env_extra: str) -> tuple[int, str]:
