@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from mmrun.data.video.readers import VideoDataError, import_av
+from mmrun.data.video.readers import VideoDataError, video_stream
 
 DEFAULT_FPS = 2.0  # MindSpeed-MM's video_fps default, used as the rate of a stream without a duration
 
@@ -34,18 +34,10 @@ def read_video_file(path: str | os.PathLike, video_fps: float = DEFAULT_FPS, vid
     path = Path(path)
     if not path.is_file():
         raise VideoDataError(f"{what} file {path} does not exist; fix the path")
-    av = import_av()
-    try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise VideoDataError(f"{what} file {path} has no video stream; give a video file")
-            stream = container.streams.video[0]
-            seconds = float(stream.duration * stream.time_base) if stream.duration is not None else None
-            keep = set(int(i) for i in sample_indices(stream.frames, seconds, video_fps, video_maxlen))
-            frames = [frame.to_image() for index, frame in enumerate(container.decode(stream)) if index in keep]
-    except (av.FFmpegError, ValueError, OSError) as error:
-        raise VideoDataError(f"{what} file {path} will not decode ({type(error).__name__}: "
-                             f"{str(error).splitlines()[0] if str(error) else 'no detail'}); replace the file") from None
+    with video_stream(path, f"{what} file {path}") as (container, stream):
+        seconds = float(stream.duration * stream.time_base) if stream.duration is not None else None
+        keep = set(int(i) for i in sample_indices(stream.frames, seconds, video_fps, video_maxlen))
+        frames = [frame.to_image() for index, frame in enumerate(container.decode(stream)) if index in keep]
     if not frames:
         raise VideoDataError(f"{what} file {path} will not decode (no frame in its video stream); replace the file")
     rate = DEFAULT_FPS if not seconds else len(keep) / seconds

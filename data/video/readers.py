@@ -7,8 +7,10 @@ floor stays numpy + Pillow. Every failure is one `VideoDataError` line that name
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 from PIL import Image, ImageSequence, UnidentifiedImageError
@@ -77,19 +79,29 @@ def _read_with_pillow(path: Path) -> Video:
     return Video(np.repeat(np.stack(frames), repeats, axis=0), 1000.0 / base, str(path))
 
 
-def _read_with_av(path: Path) -> Video:
+@contextmanager
+def video_stream(path: Path, label: str) -> Iterator[tuple[Any, Any]]:
+    """(container, its first video stream) through PyAV; a missing stream or a decoder failure inside the block is
+    one VideoDataError line starting with `label` (the file, in the caller's words)."""
     av = import_av()
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
-                raise VideoDataError(f"{path}: no video stream in the file")
-            stream = container.streams.video[0]
-            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
-            rate = stream.average_rate or stream.guessed_rate
-    except av.FFmpegError as error:
-        raise VideoDataError(f"{path}: video will not decode ({error})") from None
+                raise VideoDataError(f"{label} has no video stream; give a video file")
+            yield container, container.streams.video[0]
+    except VideoDataError:
+        raise
+    except (av.FFmpegError, ValueError, OSError) as error:
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise VideoDataError(f"{label} will not decode ({detail}); replace the file") from None
+
+
+def _read_with_av(path: Path) -> Video:
+    with video_stream(path, f"{path}: video") as (container, stream):
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
+        rate = stream.average_rate or stream.guessed_rate
     if not frames:
-        raise VideoDataError(f"{path}: video will not decode (no frame in its video stream)")
+        raise VideoDataError(f"{path}: video will not decode (no frame in its video stream); replace the file")
     return Video(np.stack(frames), float(rate) if rate else DEFAULT_FPS, str(path))
 
 
