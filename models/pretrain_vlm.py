@@ -125,7 +125,8 @@ def _model_source(argv: list[str]) -> ModelSource:
         from mmrun.backend.rank_env import read_rank_info
 
         for line in qwen3_model_json.check_experts(_MODEL_JSON, known.expert_model_parallel_size, argv,
-                                                   read_rank_info().world_size):
+                                                   read_rank_info().world_size,
+                                                   megatron_core=split and resolve(argv).framework == "pytorch"):
             say_rank0("notice", line)
         for line in _MODEL_JSON.warnings:
             say_rank0("warning", line)

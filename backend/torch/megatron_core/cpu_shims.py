@@ -12,6 +12,7 @@ CPU, `install()` (idempotent, process-wide) makes these narrow substitutions, ea
 | `Module.cuda()` -> the module itself | language_module moves tied weights with `.cuda()` |
 | `Tensor.type()` says `torch.cuda.FloatTensor` for a CPU float tensor (same mode) | the distributed and fp16/bf16 optimizers accept only `torch.cuda.*Tensor` parameters |
 | `torch.cuda.synchronize()` -> no-op | pipeline p2p calls it after every send/receive |
+| the alltoall MoE dispatcher's device-to-host stream -> none (`_maybe_dtoh_and_synchronize` a no-op) | it makes a `torch.cuda.Stream` when built and copies token counts to the host on it; on the CPU they are there |
 | a CPU RNG tracker instead of `CudaRNGStatesTracker` | `model_parallel_cuda_manual_seed` seeds and forks CUDA generators; the tracker keeps Megatron's per-TP-rank dropout streams in the CPU generator |
 
 The mode costs one Python call per torch function call on the CPU (measured in benchmarks/parallel_scaling.py).
@@ -119,6 +120,12 @@ def install() -> None:
             with CudaOnCpu():
                 return forward_again(ctx, *grads)
         mrandom.CheckpointFunction.backward = staticmethod(backward)
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+        MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "host"  # set: no torch.cuda.Stream() is made
+        # maybe_move_tensor_to_cpu leaves CPU tensors as they are: nothing to copy, no stream to wait for
+        MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = (
+            lambda self, point, tokens_per_expert=None: tokens_per_expert)
         _installed = True
 
 
