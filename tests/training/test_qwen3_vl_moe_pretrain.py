@@ -211,3 +211,65 @@ def test_the_dispatch_with_uneven_tokens_equals_every_expert(tk, framework, tmp_
         assert result["expert_grad_size"] > 1.0  # the experts learned from the tokens of both ranks
         assert result["aux_loss"][0] > 0.5 and abs(result["aux_loss"][0] - result["aux_loss"][1]) <= 1e-6
         assert max(result["output"], result["router_grad"], result["expert_grads"]) <= 1e-5, result
+
+
+@pytest.mark.slow
+def test_pipeline_2_x_expert_parallel_2_on_megatron_core_equals_one_process(tk, moe_runs, tmp_path):
+    """megatron-core (engines/torch/megatron_core/qwen3_vl_moe.py: its MoELayer, TopKRouter, SequentialMLP, alltoall
+    dispatcher) on 4 processes, PP=2 x EP=2, from the one-process run's initial weights converted by `mmrun convert
+    Qwen3VLMegatronConverter` to that split (mp_rank_00_PPP_EEE, local expert numbers): iterations 1 and 2 give the
+    one-process run's losses and gradient norms within 1e-5; its checkpoint (every expert, global numbers, the
+    layout's names per stage) holds the one-process run's weights and AdamW moments after 2 steps within 1e-5, read
+    through the reader that loads it into the data-parallel engine (checkpoint_vlm.open_iteration)."""
+    import json
+
+    from mmrun.checkpoint.convert_cli import main
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
+    from mmrun.training import checkpoint_vlm
+
+    one = moe_runs("pytorch-one")
+    raw = json.loads(Path(moe_runs.common[moe_runs.common.index("--mm-model") + 1]).read_text())
+    raw["text_decoder"]["pipeline_num_layers"] = [1, 1]
+    raw["image_encoder"]["vision_encoder"]["pipeline_num_layers"] = [2, 0]
+    (tmp_path / "model_pp2.json").write_text(json.dumps(raw))
+    spec = model_json.parse_model_json(raw, "model_pp2.json")
+    config = Qwen3VLConfig.from_hf_config(spec.hf_config)
+    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02) for name, shape in mm_layout.hf_shapes(config).items()}
+    hf_dir = hf_checkpoint.save_hf_directory(tmp_path / "hf-init", config, arrays, dtype="float32")
+    assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm"), "--cfg.hf_config.hf_dir",
+                 str(hf_dir), "--cfg.parallel_config.vit_pp_layers", "[[2,0]]", "--cfg.parallel_config.llm_pp_layers",
+                 "[[1,1]]", "--cfg.parallel_config.ep_size", "2"]) == 0
+    split = tk.run_training(tmp_path / "split", [
+        *moe_runs.common, "--mm-model", str(tmp_path / "model_pp2.json"), "--pipeline-model-parallel-size", "2",
+        "--expert-model-parallel-size", "2", "--load", str(tmp_path / "mm"), "--finetune", "--train-iters", "2",
+        "--save", str(tmp_path / "ckpt")], nproc=4, timeout=600, entry=ENTRY)
+    assert split.returncode == 0, split.output[-3000:]
+    assert "pipeline-parallel 2, expert-parallel 2" in split.output
+    assert f"successfully loaded weights from {tmp_path / 'mm'}" in split.output, split.output[-3000:]
+    ones = {m["iteration"]: m for m in one.metrics if m["kind"] == "train"}
+    splits = {m["iteration"]: m for m in split.metrics if m["kind"] == "train"}
+    assert sorted(splits) == [1, 2]
+    for i in splits:
+        assert abs(ones[i]["lm_loss"] - splits[i]["lm_loss"]) <= 1e-5, (ones, splits)
+        assert abs(ones[i]["grad_norm"] - splits[i]["grad_norm"]) <= 1e-5, (ones, splits)
+    stage1 = load_file_names(tmp_path / "ckpt" / "iter_0000002" / "mp_rank_00_001" / "model.safetensors")
+    assert {f"text_decoder.decoder.layers.0.mlp.experts.local_experts.{k}.linear_fc1.weight" for k in range(8)} <= stage1
+    saved = checkpoint_vlm.open_iteration(tmp_path / "ckpt" / "iter_0000002", 2, config)
+    theirs = dict(saved.hf_tensors())
+    mine = _saved(moe_runs.base / "pytorch-one", "model.safetensors")
+    assert sorted(mine) == sorted(theirs)
+    assert max(float(np.abs(mine[k].astype(np.float64) - theirs[k]).max()) for k in mine) <= 1e-5
+    moments = dict(saved.optimizer_state("exp_avg").hf_tensors())
+    mine = _saved(moe_runs.base / "pytorch-one", "optimizer.safetensors")
+    trained = {k: v for k, v in moments.items() if k + ".exp_avg" in mine}  # the frozen ViT has no moments
+    assert "model.language_model.layers.1.mlp.experts.down_proj" in trained and len(trained) == len(
+        [k for k in mine if k.endswith(".exp_avg")])
+    assert max(float(np.abs(mine[k + ".exp_avg"].astype(np.float64) - v).max()) for k, v in trained.items()) <= 1e-5
+
+
+def load_file_names(path: Path) -> set:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        return set(f.keys())

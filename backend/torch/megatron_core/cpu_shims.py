@@ -95,6 +95,18 @@ def _cpu_rng_tracker_class() -> type:
     return CpuRNGStatesTracker
 
 
+def _host_split_sizes(self: Any, point: str, tokens_per_expert: Any = None) -> Any:
+    """MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize on the CPU: at its copy point the all-to-all split
+    sizes become numpy, as its device-to-host copy makes them (all_to_all_single takes sizes, not tensors); no
+    stream, nothing to wait for (the counts are on the host already)."""
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name, None)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
 def install() -> None:
     """Install every shim (once per process). Call only when the job runs on the CPU."""
     global _installed
@@ -123,9 +135,7 @@ def install() -> None:
         from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
         MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "host"  # set: no torch.cuda.Stream() is made
-        # maybe_move_tensor_to_cpu leaves CPU tensors as they are: nothing to copy, no stream to wait for
-        MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = (
-            lambda self, point, tokens_per_expert=None: tokens_per_expert)
+        MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _host_split_sizes
         _installed = True
 
 

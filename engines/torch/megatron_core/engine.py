@@ -126,8 +126,9 @@ class MegatronCoreEngine:
             self.log("notice: --dropout-impl hash is mmrun's GPT's; megatron-core's GPTModel draws its dropout masks "
                      "with torch's generators (Megatron's tensor-parallel RNG streams), so they differ from mmrun's")
         kernels = runtime.installed_kernels()
+        experts = ps.get_expert_model_parallel_world_size()
         self.log(f"> megatron-core {runtime.version()} on {kind}: parallel state "
-                 f"{self.layout.describe()}; Transformer Engine {'found' if kernels['transformer_engine'] else 'absent'}, "
+                 f"{self.layout.describe()}{f', expert-parallel {experts}' if experts > 1 else ''}; Transformer Engine {'found' if kernels['transformer_engine'] else 'absent'}, "
                  f"Apex {'found' if kernels['apex'] else 'absent'}"
                  + ("; CPU shims installed (backend/torch/megatron_core/cpu_shims.py)" if kind == "cpu" else ""))
         notice = runtime.fusion_notice(kind)
