@@ -37,8 +37,14 @@ def test_mindspeed_mm_30b_model_json_is_qwen3_vl_30b_a3b():
     assert moe.norm_topk_prob and moe.router_gating_in_fp32 and not moe.output_router_logits
     assert all(moe.is_sparse(i) for i in range(48)) and config.text.num_hidden_layers == 48
     assert (config.text.hidden_size, config.text.num_key_value_heads, config.text.head_dim) == (2048, 4, 128)
-    with pytest.raises(UsageError, match=r"Qwen3-VL MoE \(num_moe_experts\) is built unsplit only"):
+    with pytest.raises(UsageError, match=r"Qwen3-VL MoE \(num_moe_experts\) split over tensor/pipeline ranks is built "
+                                         r"on --ai-framework pytorch only \(megatron-core's MoE layer\)"):
         model_json.check_split(spec, "mindspore", split=True)
+    model_json.check_split(spec, "pytorch", split=True)  # finetune_qwen3vl_30B.sh's TP2 PP4 EP2 on megatron-core
+    assert model_json.check_experts(spec, "2", ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"],
+                                    world_size=16, megatron_core=True) == [
+        "--moe-grouped-gemm: speed flags of Megatron's MoE layer; megatron-core's SequentialMLP and unfused permutation "
+        "run here (GroupedMLP needs the grouped_gemm kernels; the same numbers)"]  # its alltoall runs as asked
     assert model_json.check_experts(spec, "1", ["--moe-grouped-gemm", "--moe_permutation_async_comm"]) == [
         "--moe-grouped-gemm, --moe-permutation-async-comm: speed flags of Megatron's MoE layer; mmrun's Qwen3-VL MoE "
         "runs each expert on its gathered tokens instead (the same numbers)"]

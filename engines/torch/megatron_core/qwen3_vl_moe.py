@@ -13,8 +13,10 @@ top-k logits and softmaxes them, which is the renormalised top-k of the full sof
 `moe_router_dtype="fp32"`. Megatron's load-balancing loss is off (`moe_router_load_balancing_type="none"`), as
 MindSpeed-MM's Qwen3-VL json leaves it; transformers' (output_router_logits) is refused on this engine (check).
 
-Token dispatch: `--moe-token-dispatcher-type alltoall|allgather` as megatron-core implements them (both run on
-gloo: all_to_all_single and the all-gather / reduce-scatter megatron-core's allgather dispatcher calls).
+Token dispatch: `--moe-token-dispatcher-type alltoall|allgather` as megatron-core implements them. On gloo (CPU)
+alltoall runs with tensor parallelism 1 (all_to_all_single; its host copies through backend/torch/megatron_core/
+cpu_shims.py); with TP > 1 it needs an all_gather of uneven sizes gloo does not have, so allgather runs there, said in
+one notice line (`dispatcher`).
 
 Checkpoints hold every expert in global numbers, as the data-parallel engine's do (models/qwen3_vl/moe.py
 ExpertShards): `global_name` renames this rank's local experts, `gather` collects the expert-parallel group's
@@ -87,11 +89,31 @@ def config_fields(args: Any, layout: Any) -> dict[str, Any]:
         moe_ffn_hidden_size=moe.moe_intermediate_size, moe_router_score_function="softmax",
         moe_router_pre_softmax=not moe.norm_topk_prob, moe_router_dtype="fp32" if moe.router_gating_in_fp32 else None,
         moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_z_loss_coeff=None,
-        moe_token_dispatcher_type=getattr(args, "moe_token_dispatcher_type", None) or "alltoall",
+        moe_token_dispatcher_type=dispatcher(args, layout),
         moe_grouped_gemm=False, moe_permute_fusion=False,
         moe_layer_freq=[int(moe.is_sparse(n)) for n in range(text.num_hidden_layers)],
         expert_model_parallel_size=args.expert_model_parallel_size or 1,
         expert_tensor_parallel_size=layout.tp)
+
+
+_said: set[str] = set()
+
+
+def dispatcher(args: Any, layout: Any) -> str:
+    """--moe-token-dispatcher-type (alltoall when left out, MindSpeed-MM's choice), but allgather where gloo lacks
+    what alltoall needs: with the experts split over 2+ tensor-parallel ranks, megatron-core's alltoall dispatcher
+    all-gathers uneven token counts over them, and gloo's all_gather takes equal sizes only (measured: "invalid
+    tensor size"); its allgather dispatcher gives the same numbers (measured equal to one process). Said once."""
+    asked = getattr(args, "moe_token_dispatcher_type", None) or "alltoall"
+    if asked == "alltoall" and layout.tp > 1 and torch.distributed.is_initialized() \
+            and torch.distributed.get_backend() == "gloo":
+        if "gloo" not in _said and torch.distributed.get_rank() == 0:
+            print(f"notice: --moe-token-dispatcher-type alltoall with --tensor-model-parallel-size {layout.tp}: gloo's "
+                  "all_gather takes equal sizes only, which megatron-core's alltoall dispatcher does not send over the "
+                  "experts' tensor-parallel ranks; its allgather dispatcher runs instead (the same numbers)", flush=True)
+        _said.add("gloo")
+        return "allgather"
+    return asked
 
 
 def layer_specs(layout: Any, layers: range, spec: Any) -> list[Any]:
