@@ -278,3 +278,35 @@ def _names(path: Path) -> set:
 
     with safe_open(str(path), "np") as f:
         return set(f.keys())
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"output_router_logits": True}, r"output_router_logits true is not built \(transformers' load-balancing loss"),
+    ({"tp": 2, "sequence_parallel": False}, r"--sequence-parallel off is not built \(megatron-core's MoELayer"),
+    ({"ep": 2, "use_distributed_optimizer": True}, r"--use-distributed-optimizer with EP > 1 is not built"),
+    ({"moe_token_dispatcher_type": "flex"}, r"--moe-token-dispatcher-type flex is not built"),
+    ({"ep": 2}, r"^--expert-model-parallel-size 2 x --tensor-model-parallel-size 1 x --pipeline-model-parallel-size 1 "
+                r"does not divide the world size 1"),
+])
+def test_what_megatron_core_does_not_build_for_the_moe_is_one_line(change, message):
+    """engines/torch/megatron_core/qwen3_vl_moe.check, in-process (no parallel state: a world of 1)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from mmrun.engines.torch.megatron_core import qwen3_vl_moe
+    from mmrun.models.vlm.mm_layout import VLMLayout
+
+    config = Qwen3VLConfig.from_hf_config(model_json.parse_model_json(MODEL_30B, "model_30B.json").hf_config)
+    if change.get("output_router_logits"):
+        config.text.moe = dataclasses.replace(config.text.moe, output_router_logits=True)
+    args = SimpleNamespace(expert_model_parallel_size=change.get("ep", 1), sequence_parallel=change.get(
+        "sequence_parallel", True), use_distributed_optimizer=change.get("use_distributed_optimizer", False),
+        moe_token_dispatcher_type=change.get("moe_token_dispatcher_type", "alltoall"))
+    layout = VLMLayout.build(config, tp=change.get("tp", 1), pp=4, vit_pp_layers=[27, 0, 0, 0],
+                             llm_pp_layers=[6, 14, 14, 14])
+    layout = dataclasses.replace(layout, vit_pp_layers=(27,), llm_pp_layers=(48,))  # one stage, as checked
+    with pytest.raises(UsageError, match=message) as err:
+        qwen3_vl_moe.check(args, layout)
+    assert "\n" not in str(err.value)
+    assert qwen3_vl_moe.config_fields(SimpleNamespace(**{**vars(args), "expert_model_parallel_size": 1}), layout)[
+        "moe_router_pre_softmax"] is False  # norm_topk_prob: softmax over the top-k logits = renormalised

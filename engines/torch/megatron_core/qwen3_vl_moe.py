@@ -66,16 +66,16 @@ def check(args: Any, layout: Any) -> None:
                                           "the experts split over the tensor-parallel ranks as mmrun convert writes "
                                           "them", f"{layout.tp} (= --tensor-model-parallel-size) or leave it out"),
     }
+    for what, (bad, value, why, fix) in refused.items():
+        if bad:
+            raise UsageError(f"Qwen3-VL MoE on megatron-core: {what} {value} is not built ({why}). Received: {what} "
+                             f"{value}; set it to {fix}")
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     if world % (ep * layout.tp * layout.pp):
         raise UsageError(f"--expert-model-parallel-size {ep} x --tensor-model-parallel-size {layout.tp} x "
                          f"--pipeline-model-parallel-size {layout.pp} does not divide the world size {world} (megatron-"
                          "core splits the experts over EP x TP ranks of each stage); start a multiple of that many "
                          "processes")
-    for what, (bad, value, why, fix) in refused.items():
-        if bad:
-            raise UsageError(f"Qwen3-VL MoE on megatron-core: {what} {value} is not built ({why}). Received: {what} "
-                             f"{value}; set it to {fix}")
 
 
 def config_fields(args: Any, layout: Any) -> dict[str, Any]:
