@@ -186,7 +186,8 @@ class MegatronCoreEngine:
                      "so there is no all-gather to overlap (results identical)")
         for prefix, chunk in self._named_chunks():
             for name, param in _unwrap(chunk).named_parameters():
-                self._param_names[param] = self._global(prefix + name)
+                if param.requires_grad:  # a frozen part has no optimizer state (the data-parallel engine's rule)
+                    self._param_names[param] = self._global(prefix + name)
         opt_config = OptimizerConfig(
             optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
