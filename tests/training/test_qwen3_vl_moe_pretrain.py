@@ -2,7 +2,8 @@
 flags: tests/training/qwen3_vl_moe_job.py) through models/pretrain_vlm.py: the real json read key by key (the 30B's
 experts, top-k and gating), the bad expert settings refused in one line, the tiny MoE (every key of the json kept)
 trained on PyTorch and on MindSpore with the same losses, and with expert parallelism (EP=2 on 2 processes) equal to
-one process on each framework, its checkpoint resumed with EP=2 and EP=1."""
+one process on each framework, its checkpoint resumed with EP=2 and EP=1; split on megatron-core (its MoELayer),
+TP=2 x EP=2 from `mmrun convert`'s split equal to one process, and what that engine does not build refused in one line."""
 from __future__ import annotations
 
 import copy
