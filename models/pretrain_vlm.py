@@ -33,7 +33,8 @@ Qwen2.5-VL, videos and --no-ms-jit run in PyNative).
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
 say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
 Qwen3-VL MoE trains unsplit, with --expert-model-parallel-size N splitting its experts over groups of N ranks on
-both frameworks (models/qwen3_vl/moe.py: Megatron's allgather token dispatch; docs/qwen3-vl.md).
+both frameworks (models/qwen3_vl/moe.py: Megatron's allgather token dispatch; docs/qwen3-vl.md); split over TP/PP
+(and EP) on megatron-core, its sparse layers megatron-core's MoELayer (engines/torch/megatron_core/qwen3_vl_moe.py).
 """
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def _model_source(argv: list[str]) -> ModelSource:
         from mmrun.backend.rank_env import read_rank_info
 
         for line in qwen3_model_json.check_experts(_MODEL_JSON, known.expert_model_parallel_size, argv,
-                                                   read_rank_info().world_size):
+                                                   read_rank_info().world_size,
+                                                   megatron_core=split and resolve(argv).framework == "pytorch"):
             say_rank0("notice", line)
         for line in _MODEL_JSON.warnings:
             say_rank0("warning", line)

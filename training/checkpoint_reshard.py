@@ -37,7 +37,8 @@ def describe(meta: Mapping[str, Any]) -> str:
 
 def needs_reshard(meta: Mapping[str, Any], model_names: str, layout: ParallelLayout) -> bool:
     names, saved = saved_layout(meta)
-    return names != model_names or saved != Layout(layout.tp, layout.pp, layout.vpp)
+    split_experts = (meta.get("parallel") or {}).get("ep", 1) > 1  # mmrun convert's EP split: joined on load
+    return names != model_names or saved != Layout(layout.tp, layout.pp, layout.vpp) or split_experts
 
 
 def shape_of(args: Mapping[str, Any] | argparse.Namespace) -> GPTShape:

@@ -139,13 +139,19 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
 SPLIT_FRAMEWORKS = ("mindspore", "pytorch")
 
 
+# ... and the MoE variant (PyTorch: megatron-core's MoELayer, engines/torch/megatron_core/qwen3_vl_moe.py)
+MOE_SPLIT_FRAMEWORKS = ("pytorch",)
+
+
 def check_split(spec: ModelJson, framework: str, split: bool) -> None:
     """An unsplit run needs model.json's pipeline_num_layers to say one stage (one line otherwise); a split run needs
-    a framework whose parallel engine builds Qwen3-VL (the dense model: the MoE variant trains unsplit)."""
-    if split and spec.hf_config["model_type"] == MOE_MODEL_TYPE:
-        raise UsageError(f"{spec.path}: Qwen3-VL MoE (num_moe_experts) is built unsplit only: tensor/pipeline "
-                         "parallelism of its experts is not built yet. Received a --tensor-/--pipeline-model-parallel-"
-                         "size above 1; train it with both at 1 (data parallel), pipeline_num_layers one entry")
+    a framework whose parallel engine builds Qwen3-VL (the MoE variant: MOE_SPLIT_FRAMEWORKS)."""
+    if split and spec.hf_config["model_type"] == MOE_MODEL_TYPE and framework not in MOE_SPLIT_FRAMEWORKS:
+        raise UsageError(f"{spec.path}: Qwen3-VL MoE (num_moe_experts) split over tensor/pipeline ranks is built on "
+                         f"--ai-framework {' or '.join(MOE_SPLIT_FRAMEWORKS)} only (megatron-core's MoE layer). "
+                         f"Received: --ai-framework {framework} with a --tensor-/--pipeline-model-parallel-size above "
+                         "1; train it there, or with both at 1 (data parallel, --expert-model-parallel-size as you "
+                         "like), pipeline_num_layers one entry")
     if split and framework not in SPLIT_FRAMEWORKS:
         raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework "
                          f"{' or '.join(SPLIT_FRAMEWORKS)} only. Received: --ai-framework {framework} with a split; "
@@ -178,10 +184,11 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
-def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str], world_size: int = 1) -> list[str]:
+def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str], world_size: int = 1,
+                  megatron_core: bool = False) -> list[str]:
     """--expert-model-parallel-size against model.json's experts and the world size, --moe-token-dispatcher-type
     (one-line UsageError), and the notices for argv's speed-only MoE flags and the dispatcher (returned, one line
-    each)."""
+    each); `megatron_core`: the run is split on megatron-core, whose MoELayer dispatches as the flag says."""
     text = spec.hf_config["text_config"]
     experts = text.get("num_experts") if spec.hf_config["model_type"] == MOE_MODEL_TYPE else None
     if expert_parallel is not None and not expert_parallel.lstrip("-").isdigit():
@@ -199,6 +206,12 @@ def check_experts(spec: ModelJson, expert_parallel: str | None, argv: list[str],
     if experts is not None and dispatcher is not None and dispatcher not in DISPATCHERS:
         raise UsageError(f"--moe-token-dispatcher-type {dispatcher}: mmrun's Qwen3-VL MoE dispatches tokens as "
                          f"Megatron's {' or '.join(DISPATCHERS)}; pass one of those")
+    if megatron_core and experts is not None:
+        given = [flag for flag in MOE_SPEED_FLAGS if {flag, "--" + flag[2:].replace("-", "_")} & {
+            token.split("=")[0] for token in argv}]
+        return notices + ([f"{', '.join(given)}: speed flags of Megatron's MoE layer; megatron-core's SequentialMLP "
+                           "and unfused permutation run here (GroupedMLP needs the grouped_gemm kernels; the same "
+                           "numbers)"] if given else [])
     if experts is not None and ep > 1 and dispatcher in (None, "alltoall"):
         notices.append(f"--expert-model-parallel-size {ep}: tokens are dispatched over the expert-parallel group as "
                        "Megatron's allgather dispatcher does (all-gather, local experts, reduce-scatter: the same "

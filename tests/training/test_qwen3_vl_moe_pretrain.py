@@ -2,10 +2,12 @@
 flags: tests/training/qwen3_vl_moe_job.py) through models/pretrain_vlm.py: the real json read key by key (the 30B's
 experts, top-k and gating), the bad expert settings refused in one line, the tiny MoE (every key of the json kept)
 trained on PyTorch and on MindSpore with the same losses, and with expert parallelism (EP=2 on 2 processes) equal to
-one process on each framework, its checkpoint resumed with EP=2 and EP=1."""
+one process on each framework, its checkpoint resumed with EP=2 and EP=1; split on megatron-core (its MoELayer),
+TP=2 x EP=2 from `mmrun convert`'s split equal to one process, and what that engine does not build refused in one line."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +39,14 @@ def test_mindspeed_mm_30b_model_json_is_qwen3_vl_30b_a3b():
     assert moe.norm_topk_prob and moe.router_gating_in_fp32 and not moe.output_router_logits
     assert all(moe.is_sparse(i) for i in range(48)) and config.text.num_hidden_layers == 48
     assert (config.text.hidden_size, config.text.num_key_value_heads, config.text.head_dim) == (2048, 4, 128)
-    with pytest.raises(UsageError, match=r"Qwen3-VL MoE \(num_moe_experts\) is built unsplit only"):
+    with pytest.raises(UsageError, match=r"Qwen3-VL MoE \(num_moe_experts\) split over tensor/pipeline ranks is built "
+                                         r"on --ai-framework pytorch only \(megatron-core's MoE layer\)"):
         model_json.check_split(spec, "mindspore", split=True)
+    model_json.check_split(spec, "pytorch", split=True)  # finetune_qwen3vl_30B.sh's TP2 PP4 EP2 on megatron-core
+    assert model_json.check_experts(spec, "2", ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"],
+                                    world_size=16, megatron_core=True) == [
+        "--moe-grouped-gemm: speed flags of Megatron's MoE layer; megatron-core's SequentialMLP and unfused permutation "
+        "run here (GroupedMLP needs the grouped_gemm kernels; the same numbers)"]  # its alltoall runs as asked
     assert model_json.check_experts(spec, "1", ["--moe-grouped-gemm", "--moe_permutation_async_comm"]) == [
         "--moe-grouped-gemm, --moe-permutation-async-comm: speed flags of Megatron's MoE layer; mmrun's Qwen3-VL MoE "
         "runs each expert on its gathered tokens instead (the same numbers)"]
@@ -211,3 +219,95 @@ def test_the_dispatch_with_uneven_tokens_equals_every_expert(tk, framework, tmp_
         assert result["expert_grad_size"] > 1.0  # the experts learned from the tokens of both ranks
         assert result["aux_loss"][0] > 0.5 and abs(result["aux_loss"][0] - result["aux_loss"][1]) <= 1e-6
         assert max(result["output"], result["router_grad"], result["expert_grads"]) <= 1e-5, result
+
+
+@pytest.mark.slow
+def test_tensor_2_x_expert_parallel_2_on_megatron_core_equals_one_process(tk, moe_runs, tmp_path):
+    """megatron-core (engines/torch/megatron_core/qwen3_vl_moe.py: its MoELayer, TopKRouter, SequentialMLP and token
+    dispatcher) on 4 processes, TP=2 (sequence parallel) x EP=2 as finetune_qwen3vl_30B.sh splits it, from the one-
+    process run's initial weights converted by `mmrun convert Qwen3VLMegatronConverter` to that split
+    (mp_rank_TT_EEE: local expert numbers, each expert's fc1 / fc2 split over the TP ranks): iterations 1 and 2 give
+    the one-process run's losses and gradient norms within 1e-5; its checkpoint (every expert in global numbers, the
+    layout's names and TP shards) holds the one-process run's weights and AdamW moments after 2 steps within 1e-5,
+    read through the reader that loads it into the data-parallel engine (checkpoint_vlm.open_iteration). (PP=2 x EP=2
+    on 4 processes was measured equal the same way; left out for time.)"""
+    from mmrun.checkpoint.convert_cli import main
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
+    from mmrun.training import checkpoint_vlm
+
+    one = moe_runs("pytorch-one")
+    model_file = Path(moe_runs.common[moe_runs.common.index("--mm-model") + 1])
+    spec = model_json.parse_model_json(json.loads(model_file.read_text()), str(model_file))
+    config = Qwen3VLConfig.from_hf_config(spec.hf_config)
+    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02) for name, shape in mm_layout.hf_shapes(config).items()}
+    hf_dir = hf_checkpoint.save_hf_directory(tmp_path / "hf-init", config, arrays, dtype="float32")
+    assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm"), "--cfg.hf_config.hf_dir",
+                 str(hf_dir), "--cfg.parallel_config.tp_size", "2", "--cfg.parallel_config.ep_size", "2"]) == 0
+    split = tk.run_training(tmp_path / "split", [
+        *moe_runs.common, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size",
+        "2", "--load", str(tmp_path / "mm"), "--finetune", "--train-iters", "2", "--save", str(tmp_path / "ckpt")],
+        nproc=4, timeout=600, entry=ENTRY)
+    assert split.returncode == 0, split.output[-3000:]
+    assert "tensor-parallel 2, expert-parallel 2" in split.output
+    assert "notice: --moe-token-dispatcher-type alltoall with --tensor-model-parallel-size 2: gloo's all_gather " \
+           "takes equal sizes only" in split.output  # the script's alltoall: megatron-core's allgather on gloo
+    assert f"successfully loaded weights from {tmp_path / 'mm'}" in split.output, split.output[-3000:]
+    ones = {m["iteration"]: m for m in one.metrics if m["kind"] == "train"}
+    splits = {m["iteration"]: m for m in split.metrics if m["kind"] == "train"}
+    assert sorted(splits) == [1, 2]
+    for i in splits:
+        assert abs(ones[i]["lm_loss"] - splits[i]["lm_loss"]) <= 1e-5, (ones, splits)
+        assert abs(ones[i]["grad_norm"] - splits[i]["grad_norm"]) <= 1e-5, (ones, splits)
+    tp1 = _names(tmp_path / "ckpt" / "iter_0000002" / "mp_rank_01" / "model.safetensors")
+    assert {f"text_decoder.decoder.layers.1.mlp.experts.local_experts.{k}.linear_fc1.weight" for k in range(8)} <= tp1
+    saved = checkpoint_vlm.open_iteration(tmp_path / "ckpt" / "iter_0000002", 2, config)
+    theirs = dict(saved.hf_tensors())
+    mine = _saved(moe_runs.base / "pytorch-one", "model.safetensors")
+    assert sorted(mine) == sorted(theirs)
+    assert max(float(np.abs(mine[k].astype(np.float64) - theirs[k]).max()) for k in mine) <= 1e-5
+    moments = dict(saved.optimizer_state("exp_avg").hf_tensors())
+    mine = _saved(moe_runs.base / "pytorch-one", "optimizer.safetensors")
+    trained = {k: v for k, v in moments.items() if k + ".exp_avg" in mine}  # the frozen ViT has no moments
+    assert "model.language_model.layers.1.mlp.experts.down_proj" in trained and len(trained) == len(
+        [k for k in mine if k.endswith(".exp_avg")])
+    assert max(float(np.abs(mine[k + ".exp_avg"].astype(np.float64) - v).max()) for k, v in trained.items()) <= 1e-5
+
+
+def _names(path: Path) -> set:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        return set(f.keys())
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"output_router_logits": True}, r"output_router_logits true is not built \(transformers' load-balancing loss"),
+    ({"tp": 2, "sequence_parallel": False}, r"--sequence-parallel off is not built \(megatron-core's MoELayer"),
+    ({"ep": 2, "use_distributed_optimizer": True}, r"--use-distributed-optimizer with EP > 1 is not built"),
+    ({"moe_token_dispatcher_type": "flex"}, r"--moe-token-dispatcher-type flex is not built"),
+    ({"ep": 2}, r"^--expert-model-parallel-size 2 x --tensor-model-parallel-size 1 x --pipeline-model-parallel-size 1 "
+                r"does not divide the world size 1"),
+])
+def test_what_megatron_core_does_not_build_for_the_moe_is_one_line(change, message):
+    """engines/torch/megatron_core/qwen3_vl_moe.check, in-process (no parallel state: a world of 1)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from mmrun.engines.torch.megatron_core import qwen3_vl_moe
+    from mmrun.models.vlm.mm_layout import VLMLayout
+
+    config = Qwen3VLConfig.from_hf_config(model_json.parse_model_json(MODEL_30B, "model_30B.json").hf_config)
+    if change.get("output_router_logits"):
+        config.text.moe = dataclasses.replace(config.text.moe, output_router_logits=True)
+    args = SimpleNamespace(expert_model_parallel_size=change.get("ep", 1), sequence_parallel=change.get(
+        "sequence_parallel", True), use_distributed_optimizer=change.get("use_distributed_optimizer", False),
+        moe_token_dispatcher_type=change.get("moe_token_dispatcher_type", "alltoall"))
+    layout = VLMLayout.build(config, tp=change.get("tp", 1), pp=4, vit_pp_layers=[27, 0, 0, 0],
+                             llm_pp_layers=[6, 14, 14, 14])
+    layout = dataclasses.replace(layout, vit_pp_layers=(27,), llm_pp_layers=(48,))  # one stage, as checked
+    with pytest.raises(UsageError, match=message) as err:
+        qwen3_vl_moe.check(args, layout)
+    assert "\n" not in str(err.value)
+    assert qwen3_vl_moe.config_fields(SimpleNamespace(**{**vars(args), "expert_model_parallel_size": 1}), layout)[
+        "moe_router_pre_softmax"] is False  # norm_topk_prob: softmax over the top-k logits = renormalised

@@ -12,6 +12,7 @@ CPU, `install()` (idempotent, process-wide) makes these narrow substitutions, ea
 | `Module.cuda()` -> the module itself | language_module moves tied weights with `.cuda()` |
 | `Tensor.type()` says `torch.cuda.FloatTensor` for a CPU float tensor (same mode) | the distributed and fp16/bf16 optimizers accept only `torch.cuda.*Tensor` parameters |
 | `torch.cuda.synchronize()` -> no-op | pipeline p2p calls it after every send/receive |
+| the alltoall MoE dispatcher's device-to-host stream -> none (`_maybe_dtoh_and_synchronize` a no-op) | it makes a `torch.cuda.Stream` when built and copies token counts to the host on it; on the CPU they are there |
 | a CPU RNG tracker instead of `CudaRNGStatesTracker` | `model_parallel_cuda_manual_seed` seeds and forks CUDA generators; the tracker keeps Megatron's per-TP-rank dropout streams in the CPU generator |
 
 The mode costs one Python call per torch function call on the CPU (measured in benchmarks/parallel_scaling.py).
@@ -94,6 +95,18 @@ def _cpu_rng_tracker_class() -> type:
     return CpuRNGStatesTracker
 
 
+def _host_split_sizes(self: Any, point: str, tokens_per_expert: Any = None) -> Any:
+    """MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize on the CPU: at its copy point the all-to-all split
+    sizes become numpy, as its device-to-host copy makes them (all_to_all_single takes sizes, not tensors); no
+    stream, nothing to wait for (the counts are on the host already)."""
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name, None)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
+
+
 def install() -> None:
     """Install every shim (once per process). Call only when the job runs on the CPU."""
     global _installed
@@ -119,6 +132,10 @@ def install() -> None:
             with CudaOnCpu():
                 return forward_again(ctx, *grads)
         mrandom.CheckpointFunction.backward = staticmethod(backward)
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+        MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "host"  # set: no torch.cuda.Stream() is made
+        MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _host_split_sizes
         _installed = True
 
 

@@ -64,6 +64,11 @@ def prepare() -> str:
         import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
         import megatron.core.optimizer  # noqa: F401
         import megatron.core.pipeline_parallel  # noqa: F401
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+    # megatron-core 0.16.1's MoE router (router_gating_linear) reads moe_utils.te_general_gemm, a name bound only when
+    # Transformer Engine imports (NameError without it, on every device): None takes its torch.mm branch
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     # megatron-core 0.16's distributed optimizer calls torch.distributed.reduce_scatter_tensor /
     # all_gather_into_tensor, which torch 2.13 announces as deprecated, once per rank and name.
     warnings.filterwarnings("ignore", category=FutureWarning,

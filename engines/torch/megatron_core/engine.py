@@ -89,6 +89,7 @@ class MegatronCoreEngine:
         self.scheduler: Any = None
         self.config: Any = None
         self._param_names: dict[torch.nn.Parameter, str] = {}
+        self._experts: Any = None  # a MoE model's ExpertNames (checkpoint names of this rank's experts)
 
     # ----------------------------------------------------------------------------------- set-up
     def initialize(self, args: Any) -> ParallelLayout:
@@ -106,6 +107,8 @@ class MegatronCoreEngine:
             distributed_timeout_minutes=args.distributed_timeout_minutes,  # its sub-groups' bound
             virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
             context_parallel_size=args.context_parallel_size,
+            # Qwen3-VL MoE's experts (engines/torch/megatron_core/qwen3_vl_moe.py; the feature gate refuses EP elsewhere)
+            expert_model_parallel_size=getattr(args, "expert_model_parallel_size", None) or 1,
         )
         # Megatron's _set_random_seed: a different stream per pipeline stage, the TP stream from the tracker.
         seed = args.seed + 100 * ps.get_pipeline_model_parallel_rank()
@@ -123,8 +126,9 @@ class MegatronCoreEngine:
             self.log("notice: --dropout-impl hash is mmrun's GPT's; megatron-core's GPTModel draws its dropout masks "
                      "with torch's generators (Megatron's tensor-parallel RNG streams), so they differ from mmrun's")
         kernels = runtime.installed_kernels()
+        experts = ps.get_expert_model_parallel_world_size()
         self.log(f"> megatron-core {runtime.version()} on {kind}: parallel state "
-                 f"{self.layout.describe()}; Transformer Engine {'found' if kernels['transformer_engine'] else 'absent'}, "
+                 f"{self.layout.describe()}{f', expert-parallel {experts}' if experts > 1 else ''}; Transformer Engine {'found' if kernels['transformer_engine'] else 'absent'}, "
                  f"Apex {'found' if kernels['apex'] else 'absent'}"
                  + ("; CPU shims installed (backend/torch/megatron_core/cpu_shims.py)" if kind == "cpu" else ""))
         notice = runtime.fusion_notice(kind)
@@ -161,6 +165,7 @@ class MegatronCoreEngine:
         self.config = get_model_config(models[0])
         # A model that names its checkpoint tensors otherwise says so (the VLM: MindSpeed-MM's names).
         self.model_names = getattr(models[0], "checkpoint_names", type(self).model_names)
+        self._experts = getattr(models[0], "expert_names", None)  # Qwen3-VL MoE: experts in global numbers on disk
         if args.fp16 or args.bf16:
             models = [Float16Module(self.config, m) for m in models]
         # --overlap-grad-reduce / --overlap-param-gather go to megatron-core as Megatron's training.py passes them:
@@ -181,7 +186,8 @@ class MegatronCoreEngine:
                      "so there is no all-gather to overlap (results identical)")
         for prefix, chunk in self._named_chunks():
             for name, param in _unwrap(chunk).named_parameters():
-                self._param_names[param] = prefix + name
+                if param.requires_grad:  # a frozen part has no optimizer state (the data-parallel engine's rule)
+                    self._param_names[param] = self._global(prefix + name)
         opt_config = OptimizerConfig(
             optimizer="adam", lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
             adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
@@ -312,14 +318,24 @@ class MegatronCoreEngine:
         return self._reduce_reports(reports)
 
     # ------------------------------------------------------------------------------ checkpoints
+    def _global(self, name: str) -> str:
+        """A tensor's checkpoint name: its own, or for an expert of an expert-parallel rank its global number."""
+        return name if self._experts is None else self._experts.global_name(name)
+
+    def _every_expert(self, shapes: dict) -> dict:
+        """Names of this rank's tensors -> every expert-parallel rank's (the checkpoint holds every expert)."""
+        if self._experts is None:
+            return shapes
+        return {other: shape for name, shape in shapes.items() for other in self._experts.every_rank(name)}
+
     def _model_arrays(self) -> dict[str, np.ndarray]:
         out = {}
         for prefix, chunk in self._named_chunks():
             for name, value in _unwrap(chunk).state_dict().items():
                 if torch.is_tensor(value):
-                    out[prefix + name] = value.detach().float().cpu().numpy() if value.dtype == torch.bfloat16 \
-                        else value.detach().cpu().numpy()
-        return out
+                    out[self._global(prefix + name)] = value.detach().float().cpu().numpy() \
+                        if value.dtype == torch.bfloat16 else value.detach().cpu().numpy()
+        return out if self._experts is None else self._experts.gather(out)
 
     def _grad_scaler_state(self) -> dict[str, Any] | None:
         scaler = getattr(self._sub_optimizers()[0], "grad_scaler", None)
@@ -337,31 +353,35 @@ class MegatronCoreEngine:
         step, tensors = optimizer_state.gather(self.optimizer, self._param_names,
                                                ps.get_data_parallel_group(with_context_parallel=True),
                                                self.args.use_distributed_optimizer)
+        if self._experts is not None:  # every rank of the expert-parallel group takes part
+            tensors = self._experts.gather(tensors)
+        model = self._model_arrays()
         if not self.layout.writes_checkpoint:
             return None
         optimizer = {"step": step, "lr": float(self.optimizer.param_groups[0]["lr"]),
                      "tensors": {k: v.numpy() for k, v in tensors.items()}}
-        return ShardState(model=self._model_arrays(), optimizer=optimizer,
+        return ShardState(model=model, optimizer=optimizer,
                           meta={"grad_scaler": self._grad_scaler_state()})
 
     def expected_shapes(self) -> tuple[dict, dict, dict]:
         from mmrun.backend.optimizer_params import MAIN_PARAM_KEY, STATE_KEYS
 
-        model = {name: tuple(a.shape) for name, a in self._model_shapes().items()}
-        params = {name: tuple(int(d) for d in p.shape) for p, name in self._param_names.items()}
+        model = {name: tuple(a) for name, a in self._model_shapes().items()}
+        params = self._every_expert({name: tuple(int(d) for d in p.shape) for p, name in self._param_names.items()})
         optimizer = {f"{n}.{k}": s for n, s in params.items() for k in STATE_KEYS}
         return model, optimizer, {f"{n}.{MAIN_PARAM_KEY}": s for n, s in params.items()}
 
     def _model_shapes(self) -> dict[str, torch.Size]:
-        return {prefix + name: value for prefix, chunk in self._named_chunks()
-                for name, value in _unwrap(chunk).state_dict().items() if torch.is_tensor(value)}
+        return self._every_expert({self._global(prefix + name): value.shape for prefix, chunk in self._named_chunks()
+                                   for name, value in _unwrap(chunk).state_dict().items() if torch.is_tensor(value)})
 
     @torch.no_grad()
     def load_checkpoint_state(self, state: ShardState, load_optimizer: bool) -> None:
         for prefix, chunk in self._named_chunks():
             for name, tensor in _unwrap(chunk).state_dict().items():
                 if torch.is_tensor(tensor):
-                    tensor.copy_(torch.from_numpy(np.ascontiguousarray(state.model[prefix + name])).to(tensor.dtype))
+                    tensor.copy_(torch.from_numpy(np.ascontiguousarray(state.model[self._global(prefix + name)])).to(
+                        tensor.dtype))
         self.optimizer.reload_model_params()  # fp32 main params follow the loaded weights
         if load_optimizer and state.optimizer is not None:
             optimizer_state.restore(self.optimizer, self._param_names, int(state.optimizer["step"]),

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from mmrun.backend.errors import UsageError
-from mmrun.engines.torch.megatron_core import vlm
+from mmrun.engines.torch.megatron_core import qwen3_vl_moe, vlm
 
 
 def check_qwen3(args: Any, layout: Any) -> None:
@@ -46,6 +46,7 @@ def check_qwen3(args: Any, layout: Any) -> None:
         if bad:
             raise UsageError(f"Qwen3-VL on megatron-core: {what} {value} is not built ({why}). Received: {what} "
                              f"{value}; set it to {fix}, or train on --ai-framework mindspore")
+    qwen3_vl_moe.check(args, layout)  # the MoE variant's experts
 
 
 class InterleavedMRoPE(torch.nn.Module):
@@ -147,7 +148,13 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
 
     @staticmethod
     def text_config(args: Any, layout: Any) -> Any:
-        return vlm.text_config(args, layout, add_qkv_bias=False, qk_layernorm=True)
+        return vlm.text_config(args, layout, add_qkv_bias=False, qk_layernorm=True,
+                               **qwen3_vl_moe.config_fields(args, layout))
+
+    def decoder_layer_specs(self, config: Any, layers: range) -> list[Any]:
+        """The MoE variant's sparse layers with megatron-core's MoELayer (engines/torch/megatron_core/qwen3_vl_moe.py)."""
+        return qwen3_vl_moe.layer_specs(self.layout, layers, lambda experts: vlm._layer_spec(
+            causal=True, qk_norm=config.qk_layernorm, num_experts=experts))
 
     def __init__(self, args: Any, layout: Any, pre_process: bool, post_process: bool,
                  vp_stage: int | None = None) -> None:
@@ -159,6 +166,7 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
         self.hidden_size = text.hidden_size
         self.carried = carried_levels(layout)
         self.levels: dict[int, torch.Tensor] = {}  # this micro-batch's DeepStack rows per level, [s(/tp), b, h]
+        self.expert_names = qwen3_vl_moe.ExpertNames(self)  # the MoE variant's experts in checkpoint names
         for layer, index in zip(self.text_decoder.decoder.layers,
                                 layout.stage_layers("llm", ps.get_pipeline_model_parallel_rank())):
             layer.register_forward_hook(self._deepstack_hook(index))

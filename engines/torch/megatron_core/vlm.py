@@ -159,13 +159,14 @@ def projector_config(args: Any, layout: Any) -> Any:
         gated_linear_unit=False, activation_func=F.gelu, add_bias_linear=True, sequence_parallel=False)
 
 
-def _layer_spec(causal: bool, qk_norm: bool = False) -> Any:
+def _layer_spec(causal: bool, qk_norm: bool = False, num_experts: int | None = None) -> Any:
     """megatron-core's local GPT layer spec with TorchNorm; the ViT's attention takes an arbitrary mask; qk_norm:
-    TorchNorm on each head of q and k (Qwen3's q_layernorm / k_layernorm, config.qk_layernorm set)."""
+    TorchNorm on each head of q and k (Qwen3's q_layernorm / k_layernorm, config.qk_layernorm set); num_experts:
+    the MLP is megatron-core's MoELayer (TopKRouter, SequentialMLP of local experts, the config's dispatcher)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
 
-    spec = get_gpt_layer_local_spec()
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False)
     sub = spec.submodules
     attention = sub.self_attention
     if not causal:
@@ -301,9 +302,8 @@ class Qwen2VLStage(torch.nn.Module):
         pp_rank, chunk = ps.get_pipeline_model_parallel_rank(), vp_stage or 0
         self.image_encoder = (self.image_encoder_class(args, layout) if len(layout.stage_layers("vit", pp_rank, chunk))
                               else None)
-        layers = len(layout.stage_layers("llm", pp_rank, chunk))
-        spec = TransformerBlockSubmodules(layer_specs=[_layer_spec(causal=True, qk_norm=config.qk_layernorm)] * layers,
-                                          layer_norm=TorchNorm)
+        spec = TransformerBlockSubmodules(layer_specs=self.decoder_layer_specs(
+            config, layout.stage_layers("llm", pp_rank, chunk)), layer_norm=TorchNorm)
         self.text_decoder = GPTModel(
             config=config, transformer_layer_spec=spec, vocab_size=model.text.vocab_size,
             max_sequence_length=model.text.max_position_embeddings, pre_process=pre_process,
@@ -319,6 +319,10 @@ class Qwen2VLStage(torch.nn.Module):
     @staticmethod
     def text_config(args: Any, layout: Any) -> Any:
         return text_config(args, layout)
+
+    def decoder_layer_specs(self, config: Any, layers: range) -> list[Any]:
+        """One layer spec per decoder layer of this stage (global numbers `layers`); Qwen3-VL MoE's sparse ones differ."""
+        return [_layer_spec(causal=True, qk_norm=config.qk_layernorm)] * len(layers)
 
     # megatron-core's hooks: the schedule's received activations, the tied embedding the finalizer reduces
     def set_input_tensor(self, input_tensor: Any) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from mmrun.backend.errors import UsageError
 from mmrun.backend.torch.megatron_core import runtime
-from mmrun.engines.torch.megatron_core import omni_vlm, qwen3_vlm, vlm
+from mmrun.engines.torch.megatron_core import omni_vlm, qwen3_vl_moe, qwen3_vlm, vlm
 from mmrun.models import families
 
 # family (models/families.py) -> its megatron-core stage
@@ -44,5 +44,7 @@ def vlm_model(args: Any, layout: Any, pre_process: bool, post_process: bool,
         state = mm_layout.rank_state_from_hf(layout, read_hf, tp_rank, pp_rank, vp_stage=chunk)
     else:
         state = mm_layout.initial_state(layout, args.seed, tp_rank, pp_rank, std=args.init_method_std, vp_stage=chunk)
+    if family == "qwen3_vl":  # the MoE variant: this expert-parallel rank's experts, numbered from 0
+        state = qwen3_vl_moe.local_state(layout, state)
     load_numpy_state(model, state)
     return model
