@@ -137,15 +137,18 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
 
 # Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks (PyTorch: megatron-core's).
 SPLIT_FRAMEWORKS = ("mindspore", "pytorch")
+# ... and Qwen3-VL MoE's experts over TP x EP (engines/mindspore/parallel/qwen3_moe.py)
+MOE_SPLIT_FRAMEWORKS = ("mindspore",)
 
 
 def check_split(spec: ModelJson, framework: str, split: bool) -> None:
     """An unsplit run needs model.json's pipeline_num_layers to say one stage (one line otherwise); a split run needs
     a framework whose parallel engine builds Qwen3-VL (the dense model: the MoE variant trains unsplit)."""
-    if split and spec.hf_config["model_type"] == MOE_MODEL_TYPE:
-        raise UsageError(f"{spec.path}: Qwen3-VL MoE (num_moe_experts) is built unsplit only: tensor/pipeline "
-                         "parallelism of its experts is not built yet. Received a --tensor-/--pipeline-model-parallel-"
-                         "size above 1; train it with both at 1 (data parallel), pipeline_num_layers one entry")
+    if split and spec.hf_config["model_type"] == MOE_MODEL_TYPE and framework not in MOE_SPLIT_FRAMEWORKS:
+        raise UsageError(f"{spec.path}: Qwen3-VL MoE (num_moe_experts) splits over tensor/pipeline ranks on "
+                         f"--ai-framework {' or '.join(MOE_SPLIT_FRAMEWORKS)} only. Received a --tensor-/--pipeline-"
+                         f"model-parallel-size above 1 with --ai-framework {framework}; train it with both at 1 "
+                         "(data parallel), pipeline_num_layers one entry")
     if split and framework not in SPLIT_FRAMEWORKS:
         raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework "
                          f"{' or '.join(SPLIT_FRAMEWORKS)} only. Received: --ai-framework {framework} with a split; "
