@@ -125,6 +125,14 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
         self.inv_freq = rotary_inv_freq(config.text.head_dim, config.text.rope_theta)
         self.carried = carried_levels(config, layout)
 
+    def freeze(self, switches: dict[str, bool]) -> list[str]:
+        """As Qwen2VLStage.freeze, but the ViT's learned positions and DeepStack mergers always train (the portable
+        model's NEVER_FROZEN_PREFIXES, as MindSpeed-MM's Qwen3-VL)."""
+        frozen = super().freeze(switches)
+        nn.unfreeze([p for n, p in self.named_parameters()
+                     if n.startswith("image_encoder.encoder.pos_embed.") or ".deepstack_layer." in n])
+        return frozen
+
     def parameter_roles(self):
         roles = super().parameter_roles()
         names = {n for n, p in self.named_parameters() if p.requires_grad}
