@@ -25,7 +25,7 @@ group (ranks holding the same experts) with megatron-core's 1/DP scale; the grad
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ import numpy as np
 from mmrun.backend.errors import UsageError
 from mmrun.backend.mindspore import nn, ops
 from mmrun.backend.mindspore.parallel.groups import Group, ParallelState
+from mmrun.engines.base import ParallelLayout, rank_dir_name
 from mmrun.engines.mindspore.parallel.vlm import _Weight
 from mmrun.models.qwen3_vl import moe
 from mmrun.models.transformer_blocks import activation
@@ -181,3 +182,32 @@ def expert_roles(stage: Any, names: set[str]) -> dict[str, Any]:
         return {}
     return {"experts": mine, "expert_data_parallel": stage.experts.edp_group, "expert_parallel": stage.experts.ep_group}
 
+
+
+@dataclass(frozen=True)
+class ExpertLayout(ParallelLayout):
+    """The trainer's view of a rank with expert parallelism: megatron-core's checkpoint directory per (TP, PP, EP)
+    rank (`mp_rank_TT[_PPP]_EEE`, each holding its experts numbered from 0: what `mmrun convert` writes with
+    --cfg.parallel_config.ep_size), written by the first rank of each expert-data-parallel group. EP rank =
+    data-parallel rank mod EP (megatron-core's tp-ep-dp-pp order with ETP = TP)."""
+
+    ep: int = 1
+    ep_rank: int = 0
+
+    @classmethod
+    def of(cls, layout: ParallelLayout, ep: int) -> "ExpertLayout":
+        return cls(**asdict(layout), ep=ep, ep_rank=layout.dp_rank % ep)
+
+    @property
+    def rank_dir(self) -> str:
+        return rank_dir_name(self.tp_rank, self.pp_rank, self.pp, self.ep_rank if self.ep > 1 else None)
+
+    @property
+    def writes_checkpoint(self) -> bool:
+        return self.dp_rank < self.ep and self.cp_rank == 0
+
+    def describe(self) -> str:
+        return super().describe() + (f", expert-parallel {self.ep}" if self.ep > 1 else "")
+
+    def to_json(self) -> dict[str, int]:
+        return {**super().to_json(), **({"ep": self.ep, "ep_rank": self.ep_rank} if self.ep > 1 else {})}

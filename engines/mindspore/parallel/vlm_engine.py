@@ -87,6 +87,16 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
                  f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
                  "(engines/mindspore/parallel/vlm.py; the entry's model_provider is not called) ...")
         self.step = build_step(args, self.state, spec, self.log)
+        experts = getattr(self.step.model, "experts", None)  # Qwen3-VL MoE
+        if experts is not None:
+            moe = self.step.model.config.text.moe
+            self.log(f" > Qwen3-VL MoE on this stage: {moe.num_experts // experts.ep} of "
+                     f"{moe.num_experts} experts per sparse layer (EP rank {experts.ep_rank} of {experts.ep}), each "
+                     f"split over TP {self.state.tensor_model_parallel_size} (megatron-core's default expert-tensor-"
+                     f"parallel size = TP); tokens dispatched over {experts.dispatch.size} rank(s) as Megatron's "
+                     "allgather dispatcher")
+            if experts.ep > 1:
+                self.layout = qwen3_moe.ExpertLayout.of(self.layout, experts.ep)
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
         self.step.announce = self.log
