@@ -115,13 +115,33 @@ def moe_runs(tk, tmp_path_factory):
             extra, nproc = {"ep2": (["--expert-model-parallel-size", "2"], 2),
                             "tp2ep2": (["--tensor-model-parallel-size", "2", "--sequence-parallel",
                                         "--expert-model-parallel-size", "2"], 4)}.get(kind, ([], None))
+            if kind == "tp2ep2":  # from `mmrun convert`'s (TP, EP) split of the one-process run's initial weights
+                extra += ["--load", str(_converted_initial_weights(base)), "--finetune"]
             done[name] = tk.run_training(base / name, [*common, *extra, "--save", str(base / name / "ckpt")],
-                                         framework=framework, nproc=nproc, entry=ENTRY)
+                                         framework=framework, nproc=nproc, entry=ENTRY, timeout=600)
             assert done[name].returncode == 0, done[name].output[-3000:]
         return done[name]
 
     run.common, run.base = common, base
     return run
+
+
+def _converted_initial_weights(base: Path) -> Path:
+    """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a transformers
+    directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to TP=2 x EP=2 (mp_rank_TT_EEE)."""
+    from mmrun.checkpoint.convert_cli import main
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
+
+    config = Qwen3VLConfig.from_hf_config(model_json.parse_model_json(
+        json.loads((base / "model_30B.json").read_text()), "model_30B.json").hf_config)
+    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02) for name, shape in mm_layout.hf_shapes(config).items()}
+    hf_dir = hf_checkpoint.save_hf_directory(base / "hf-init", config, arrays, dtype="float32")
+    assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(base / "mm-init"),
+                 "--cfg.hf_config.hf_dir", str(hf_dir), "--cfg.parallel_config.tp_size", "2",
+                 "--cfg.parallel_config.vit_pp_layers", "[[2]]", "--cfg.parallel_config.llm_pp_layers", "[[2]]",
+                 "--cfg.parallel_config.ep_size", "2"]) == 0
+    return base / "mm-init"
 
 
 def _saved(run_dir: Path, file: str) -> dict:
@@ -176,9 +196,10 @@ def test_tp2_x_ep2_on_mindspores_parallel_engine_equals_one_process(moe_runs, tm
     """The tiny 30B job split as finetune_qwen3vl_30B.sh splits it, TP2 x EP2 (its PP4 left out: 4 processes here)
     on MindSpore's parallel engine (engines/mindspore/parallel/qwen3_moe.py): experts split over TP (megatron-core's
     expert-tensor-parallel size = TP) and shared out over EP = the data-parallel ranks, tokens dispatched over the 4
-    ranks. Losses and gradient norms of 3 iterations equal the one-process run's within 1e-5; the checkpoint is
-    megatron-core's (TP, EP) directories, and `mmrun convert ... mm_to_hf` of it gives the one-process run's weights
-    (transformers' names, every expert) within 1e-5."""
+    ranks, starting from `mmrun convert`'s TP2 x EP2 split of the one-process run's initial weights (--load, the
+    converter's names per rank). Losses and gradient norms of 3 iterations equal the one-process run's within 1e-5;
+    the checkpoint is megatron-core's (TP, EP) directories, and `mmrun convert ... mm_to_hf` of it gives the
+    one-process run's weights (transformers' names, every expert) within 1e-5."""
     from safetensors.numpy import load_file
 
     from mmrun.checkpoint.convert_cli import main
@@ -187,6 +208,7 @@ def test_tp2_x_ep2_on_mindspores_parallel_engine_equals_one_process(moe_runs, tm
 
     one, split = moe_runs("mindspore-one"), moe_runs("mindspore-tp2ep2")
     assert "engine mindspore-parallel" in split.output and "expert-parallel 2" not in one.output
+    assert f"successfully loaded weights from {moe_runs.base / 'mm-init'}" in split.output, split.output[-3000:]
     assert " > Qwen3-VL MoE on this stage: 4 of 8 experts per sparse layer (EP rank 0 of 2), each split over TP 2" \
         in split.output, split.output[-3000:]
     ones = {m["iteration"]: m for m in one.metrics if m["kind"] == "train"}
