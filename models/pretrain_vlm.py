@@ -33,7 +33,8 @@ Qwen2.5-VL, videos and --no-ms-jit run in PyNative).
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
 say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
 Qwen3-VL MoE trains unsplit, with --expert-model-parallel-size N splitting its experts over groups of N ranks on
-both frameworks (models/qwen3_vl/moe.py: Megatron's allgather token dispatch; docs/qwen3-vl.md).
+both frameworks (models/qwen3_vl/moe.py: Megatron's allgather token dispatch; docs/qwen3-vl.md), and split over
+TP/PP with EP on MindSpore's parallel engine (engines/mindspore/parallel/qwen3_moe.py).
 """
 from __future__ import annotations
 
