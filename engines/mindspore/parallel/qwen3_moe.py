@@ -183,7 +183,6 @@ def expert_roles(stage: Any, names: set[str]) -> dict[str, Any]:
     return {"experts": mine, "expert_data_parallel": stage.experts.edp_group, "expert_parallel": stage.experts.ep_group}
 
 
-
 @dataclass(frozen=True)
 class ExpertLayout(ParallelLayout):
     """The trainer's view of a rank with expert parallelism: megatron-core's checkpoint directory per (TP, PP, EP)
