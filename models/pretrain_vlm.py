@@ -34,7 +34,8 @@ projector on the first pipeline stage, the decoder layers per stage as model.jso
 say, checkpoints with MindSpeed-MM's names per (TP, PP) rank (docs/multimodal-parallel.md).
 Qwen3-VL MoE trains unsplit, with --expert-model-parallel-size N splitting its experts over groups of N ranks on
 both frameworks (models/qwen3_vl/moe.py: Megatron's allgather token dispatch; docs/qwen3-vl.md); split over TP/PP
-(and EP) on megatron-core, its sparse layers megatron-core's MoELayer (engines/torch/megatron_core/qwen3_vl_moe.py).
+(and EP) on megatron-core, its sparse layers megatron-core's MoELayer (engines/torch/megatron_core/qwen3_vl_moe.py),
+and on MindSpore's parallel engine (engines/mindspore/parallel/qwen3_moe.py).
 """
 from __future__ import annotations
 

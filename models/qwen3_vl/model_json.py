@@ -137,10 +137,9 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
 
 # Frameworks whose parallel engine builds Qwen3-VL split over tensor/pipeline ranks (PyTorch: megatron-core's).
 SPLIT_FRAMEWORKS = ("mindspore", "pytorch")
-
-
-# ... and the MoE variant (PyTorch: megatron-core's MoELayer, engines/torch/megatron_core/qwen3_vl_moe.py)
-MOE_SPLIT_FRAMEWORKS = ("pytorch",)
+# ... and the MoE variant, experts over TP x EP (PyTorch: megatron-core's MoELayer,
+# engines/torch/megatron_core/qwen3_vl_moe.py; MindSpore: engines/mindspore/parallel/qwen3_moe.py)
+MOE_SPLIT_FRAMEWORKS = ("mindspore", "pytorch")
 
 
 def check_split(spec: ModelJson, framework: str, split: bool) -> None:
@@ -148,10 +147,9 @@ def check_split(spec: ModelJson, framework: str, split: bool) -> None:
     a framework whose parallel engine builds Qwen3-VL (the MoE variant: MOE_SPLIT_FRAMEWORKS)."""
     if split and spec.hf_config["model_type"] == MOE_MODEL_TYPE and framework not in MOE_SPLIT_FRAMEWORKS:
         raise UsageError(f"{spec.path}: Qwen3-VL MoE (num_moe_experts) split over tensor/pipeline ranks is built on "
-                         f"--ai-framework {' or '.join(MOE_SPLIT_FRAMEWORKS)} only (megatron-core's MoE layer). "
-                         f"Received: --ai-framework {framework} with a --tensor-/--pipeline-model-parallel-size above "
-                         "1; train it there, or with both at 1 (data parallel, --expert-model-parallel-size as you "
-                         "like), pipeline_num_layers one entry")
+                         f"--ai-framework {' or '.join(MOE_SPLIT_FRAMEWORKS)} only. Received: --ai-framework "
+                         f"{framework} with a --tensor-/--pipeline-model-parallel-size above 1; train it there, or "
+                         "with both at 1 (data parallel, --expert-model-parallel-size as you like)")
     if split and framework not in SPLIT_FRAMEWORKS:
         raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework "
                          f"{' or '.join(SPLIT_FRAMEWORKS)} only. Received: --ai-framework {framework} with a split; "

@@ -13,9 +13,10 @@ FSDP2 = {"sharding_size": "auto", "sub_modules_to_wrap": ["model.visual.blocks.{
          "recompute_modules": ["model.language_model.layers.{0}"]}
 
 
-def tiny_hf_qwen3_vl(model_dir: str, moe: bool = False) -> None:
+def tiny_hf_qwen3_vl(model_dir: str, moe: bool = False, vocab_size: int | None = None) -> None:
     """A random transformers Qwen3-VL whose token ids are the demo tokenizer's, saved into model_dir (offline); with
-    `moe`, Qwen3-VL MoE (every decoder layer's MLP 4 experts of width 16, 2 per token)."""
+    `moe`, Qwen3-VL MoE (every decoder layer's MLP 4 experts of width 16, 2 per token); `vocab_size` rows of
+    embeddings (the tokenizer's by default)."""
     import torch
     import transformers
 
@@ -24,7 +25,7 @@ def tiny_hf_qwen3_vl(model_dir: str, moe: bool = False) -> None:
     transformers.utils.logging.disable_progress_bar()  # no progress bar in docs/qwen3-vl.md's output
     ids = special_token_ids_for_model_config(model_dir)
     text = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "vocab_size": ids["vocab_size"],
+            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "vocab_size": vocab_size or ids["vocab_size"],
             "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"],
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
                                 "mrope_interleaved": True}}

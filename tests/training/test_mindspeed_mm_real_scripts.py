@@ -20,9 +20,10 @@ The tiny tokenizer's vocabulary is rounded up to even so that TP2 divides it (th
 leaves a special token's id to Qwen's tokenizer (Qwen2.5-VL's video_token_id, Qwen3-VL's vision_end_token_id), the
 tiny tokenizer's id is added (the only keys added); Qwen3-VL's rope_theta is the tiny transformers model's.
 
-Status (issue 37 item 6, issue 39): all 24 run: the two Qwen2.5-VL LoRA msrun twins with LoRA split on MindSpore's
-parallel engine, Omni's script and its msrun twin with their PP=2. The Qwen3-VL 30B MoE scripts are other tests'
-(tests/training/test_qwen3_vl_moe_yaml.py runs the FSDP2 form; the msrun twin's EP x TP x PP is not built).
+Status (issue 37 item 6, issue 39): all 25 run: the two Qwen2.5-VL LoRA msrun twins with LoRA split on MindSpore's
+parallel engine, Omni's script and its msrun twin with their PP=2. The Qwen3-VL 30B MoE msrun twin runs here on
+MindSpore's parallel engine (TP2 x PP4 x EP2 scaled to TP2 x PP1 x EP1: its experts split over TP, tokens dispatched
+over the TP ranks); its FSDP2 form is tests/training/test_qwen3_vl_moe_yaml.py's.
 """
 from __future__ import annotations
 
@@ -260,21 +261,34 @@ def qwen3_job(kit: dict, job: Job, args: list[str], out: Path) -> list[str]:
                                                                      "DATASET_PATH", "FSDP2_PATH", "SAVE_PATH")}})
         return [str(write_json(out / "qwen3vl_full_sft_8B.yaml", job_yaml)), *args[args.index("--distributed-backend"):]]
     ids = kit["ids"]
-    model = shrink(json.loads((source / "model_8B.json").read_text()), {
+    model_name, data_name = (Path(_script_value(job, name)).name for name in ("MM_MODEL", "MM_DATA"))
+    pp = int(job.split.get("--pipeline-model-parallel-size", 1))
+    hf, moe = kit["hf"], {}
+    if model_name == "model_30B.json":  # the MoE twin: tiny_hf_qwen3_vl(moe=True)'s experts, in its own directory
+        import shutil
+        from tests.training.qwen3_vl_job import tiny_hf_qwen3_vl
+
+        hf = out / "hf_moe"
+        shutil.copytree(kit["hf"], hf)
+        vocab += vocab % 2  # TP2 divides it
+        tiny_hf_qwen3_vl(str(hf), moe=True, vocab_size=vocab)
+        moe = {"text_decoder.num_moe_experts": 4, "text_decoder.moe_router_topk": 2,
+               "text_decoder.moe_intermediate_size": 16}
+    model = shrink(json.loads((source / model_name).read_text()), {
         "img_context_token_id": ids["image_token_id"], "video_token_id": ids["video_token_id"],
         "vision_start_token_id": ids["vision_start_token_id"],
         **{f"image_encoder.vision_encoder.{k}": v for k, v in QWEN3_VISION.items()},
-        "image_encoder.vision_encoder.pipeline_num_layers": [2, 0],
+        "image_encoder.vision_encoder.pipeline_num_layers": [2] + [0] * (pp - 1),
         "image_encoder.vision_projector.input_size": 32, "image_encoder.vision_projector.hidden_size": 32,
         "image_encoder.vision_projector.ffn_hidden_size": 128,
         **{f"text_decoder.{k}": v for k, v in QWEN3_TEXT.items()}, "text_decoder.vocab_size": vocab,
-        "text_decoder.pipeline_num_layers": [1, 1], "text_decoder.recompute_num_layers": 1,
-        "text_decoder.seq_length": 512})
+        "text_decoder.pipeline_num_layers": [2 // pp] * pp, "text_decoder.recompute_num_layers": 1,
+        "text_decoder.seq_length": 512, **moe})
     model.setdefault("vision_end_token_id", ids["vision_end_token_id"])  # as qwen25_shrunk's video_token_id
-    data = qwen3_data(json.loads((source / "data_8B.json").read_text()), kit, out)
-    return set_flags(args, {"--mm-model": write_json(out / "model_8B.json", model),
-                            "--mm-data": write_json(out / "data_8B.json", data),
-                            "--mm-tool": ROOT / "scripts" / "wan" / "tools.json", "--load": kit["hf"],
+    data = qwen3_data(json.loads((source / data_name).read_text()), kit, out)
+    return set_flags(args, {"--mm-model": write_json(out / model_name, model),
+                            "--mm-data": write_json(out / data_name, data),
+                            "--mm-tool": ROOT / "scripts" / "wan" / "tools.json", "--load": hf,
                             "--save": out / "save", "--vocab-size": vocab, "--global-batch-size": 1,
                             "--seq-length": 512,  # the tiny model's max_position_embeddings
                             "--train-iters": ITERS, **job.split})
@@ -436,6 +450,10 @@ JOBS = [
     Job("qwen3vl/finetune_qwen3vl_8B.sh"),
     Job("mindspore/qwen3vl/finetune_qwen3vl_8B.sh", processes=2, split={"--pipeline-model-parallel-size": 2},
         note="PP4 scaled to PP2"),
+    # EP shares the experts out over data-parallel ranks (megatron-core): EP2 with TP2 needs 4 processes
+    # (tests/training/test_qwen3_vl_moe_pretrain.py runs TP2 x EP2 on 4)
+    Job("mindspore/qwen3vl/finetune_qwen3vl_30B.sh", processes=2, split={**TP2, "--expert-model-parallel-size": 1},
+        note="TP2 x PP4 x EP2 scaled to TP2 x PP1 x EP1"),
     Job("mindspore/wan2.1/1.3b/t2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/i2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/t2v/finetune_lora.sh"),

@@ -3,7 +3,8 @@ flags: tests/training/qwen3_vl_moe_job.py) through models/pretrain_vlm.py: the r
 experts, top-k and gating), the bad expert settings refused in one line, the tiny MoE (every key of the json kept)
 trained on PyTorch and on MindSpore with the same losses, and with expert parallelism (EP=2 on 2 processes) equal to
 one process on each framework, its checkpoint resumed with EP=2 and EP=1; split on megatron-core (its MoELayer),
-TP=2 x EP=2 from `mmrun convert`'s split equal to one process, and what that engine does not build refused in one line."""
+TP=2 x EP=2 from `mmrun convert`'s split equal to one process, and what that engine does not build refused in one line;
+split TP2 x EP2 on MindSpore's parallel engine equal to one process."""
 from __future__ import annotations
 
 import copy
@@ -39,9 +40,7 @@ def test_mindspeed_mm_30b_model_json_is_qwen3_vl_30b_a3b():
     assert moe.norm_topk_prob and moe.router_gating_in_fp32 and not moe.output_router_logits
     assert all(moe.is_sparse(i) for i in range(48)) and config.text.num_hidden_layers == 48
     assert (config.text.hidden_size, config.text.num_key_value_heads, config.text.head_dim) == (2048, 4, 128)
-    with pytest.raises(UsageError, match=r"Qwen3-VL MoE \(num_moe_experts\) split over tensor/pipeline ranks is built "
-                                         r"on --ai-framework pytorch only \(megatron-core's MoE layer\)"):
-        model_json.check_split(spec, "mindspore", split=True)
+    model_json.check_split(spec, "mindspore", split=True)  # MindSpore's parallel engine splits it (qwen3_moe.py)
     model_json.check_split(spec, "pytorch", split=True)  # finetune_qwen3vl_30B.sh's TP2 PP4 EP2 on megatron-core
     assert model_json.check_experts(spec, "2", ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"],
                                     world_size=16, megatron_core=True) == [
@@ -119,14 +118,36 @@ def moe_runs(tk, tmp_path_factory):
     def run(name: str):
         if name not in done:
             framework, kind = name.split("-")
-            extra, nproc = (["--expert-model-parallel-size", "2"], 2) if kind == "ep2" else ([], None)
+            extra, nproc = {"ep2": (["--expert-model-parallel-size", "2"], 2),
+                            "tp2ep2": (["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                        "--expert-model-parallel-size", "2"], 4)}.get(kind, ([], None))
+            if kind == "tp2ep2":  # from `mmrun convert`'s (TP, EP) split of the one-process run's initial weights
+                extra += ["--load", str(_converted_initial_weights(base)), "--finetune"]
             done[name] = tk.run_training(base / name, [*common, *extra, "--save", str(base / name / "ckpt")],
-                                         framework=framework, nproc=nproc, entry=ENTRY)
+                                         framework=framework, nproc=nproc, entry=ENTRY, timeout=600)
             assert done[name].returncode == 0, done[name].output[-3000:]
         return done[name]
 
     run.common, run.base = common, base
     return run
+
+
+def _converted_initial_weights(base: Path) -> Path:
+    """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a transformers
+    directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to TP=2 x EP=2 (mp_rank_TT_EEE)."""
+    from mmrun.checkpoint.convert_cli import main
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
+
+    config = Qwen3VLConfig.from_hf_config(model_json.parse_model_json(
+        json.loads((base / "model_30B.json").read_text()), "model_30B.json").hf_config)
+    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02) for name, shape in mm_layout.hf_shapes(config).items()}
+    hf_dir = hf_checkpoint.save_hf_directory(base / "hf-init", config, arrays, dtype="float32")
+    assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(base / "mm-init"),
+                 "--cfg.hf_config.hf_dir", str(hf_dir), "--cfg.parallel_config.tp_size", "2",
+                 "--cfg.parallel_config.vit_pp_layers", "[[2]]", "--cfg.parallel_config.llm_pp_layers", "[[2]]",
+                 "--cfg.parallel_config.ep_size", "2"]) == 0
+    return base / "mm-init"
 
 
 def _saved(run_dir: Path, file: str) -> dict:
@@ -174,6 +195,54 @@ def test_expert_parallel_2_equals_one_process(moe_runs, framework):
                     ].shape[0] == 8  # every expert, global numbering
         worst = max(float(np.abs(mine[k].astype(np.float64) - theirs[k]).max()) for k in mine)
         assert worst <= 1e-5, (file, worst)
+
+
+@pytest.mark.slow
+def test_tp2_x_ep2_on_mindspores_parallel_engine_equals_one_process(moe_runs, tmp_path):
+    """The tiny 30B job split as finetune_qwen3vl_30B.sh splits it, TP2 x EP2 (its PP4 left out: 4 processes here)
+    on MindSpore's parallel engine (engines/mindspore/parallel/qwen3_moe.py): experts split over TP (megatron-core's
+    expert-tensor-parallel size = TP) and shared out over EP = the data-parallel ranks, tokens dispatched over the 4
+    ranks, starting from `mmrun convert`'s TP2 x EP2 split of the one-process run's initial weights (--load, the
+    converter's names per rank). Losses and gradient norms of 3 iterations equal the one-process run's within 1e-5;
+    the checkpoint is megatron-core's (TP, EP) directories, and `mmrun convert ... mm_to_hf` of it gives the
+    one-process run's weights (transformers' names, every expert) within 1e-5."""
+    from safetensors.numpy import load_file
+
+    from mmrun.checkpoint.convert_cli import main
+    from mmrun.models.qwen2_vl import hf_checkpoint
+    from mmrun.models.vlm import mm_layout
+
+    one, split = moe_runs("mindspore-one"), moe_runs("mindspore-tp2ep2")
+    assert "engine mindspore-parallel" in split.output and "expert-parallel 2" not in one.output
+    assert f"successfully loaded weights from {moe_runs.base / 'mm-init'}" in split.output, split.output[-3000:]
+    assert " > Qwen3-VL MoE on this stage: 4 of 8 experts per sparse layer (EP rank 0 of 2), each split over TP 2" \
+        in split.output, split.output[-3000:]
+    ones = {m["iteration"]: m for m in one.metrics if m["kind"] == "train"}
+    splits = {m["iteration"]: m for m in split.metrics if m["kind"] == "train"}
+    assert sorted(ones) == sorted(splits) == [1, 2, 3]
+    for i in ones:
+        assert abs(ones[i]["lm_loss"] - splits[i]["lm_loss"]) <= 1e-5, (ones, splits)
+        assert abs(ones[i]["grad_norm"] - splits[i]["grad_norm"]) <= 1e-5, (ones, splits)
+    ckpt = moe_runs.base / "mindspore-tp2ep2" / "ckpt"
+    assert sorted(p.name for p in (ckpt / "iter_0000003").iterdir()) == [
+        "mp_rank_00_000", "mp_rank_00_001", "mp_rank_01_000", "mp_rank_01_001"]  # mp_rank_<tp>_<ep>
+    rank = load_file(str(ckpt / "iter_0000003" / "mp_rank_01_001" / "model.safetensors"))
+    assert rank["text_decoder.decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"].shape == (32, 64)  # 2 x 32 / TP
+    assert not any(".local_experts.4." in name for name in rank)  # EP rank 1's experts 4..7, numbered from 0
+    whole = load_file(str(moe_runs.base / "mindspore-one" / "ckpt" / "iter_0000003" / "mp_rank_00" /
+                          "model.safetensors"))
+    config = Qwen3VLConfig.from_hf_config(model_json.parse_model_json(
+        json.loads((moe_runs.base / "model_30B.json").read_text()), "model_30B.json").hf_config)
+    reference = hf_checkpoint.save_hf_directory(tmp_path / "reference", config,
+                                                {k: whole[k] for k in mm_layout.hf_shapes(config)}, dtype="float32")
+    assert main(["Qwen3VLMegatronConverter", "mm_to_hf", "--cfg.mm_dir", str(ckpt), "--cfg.save_hf_dir",
+                 str(tmp_path / "hf"), "--cfg.hf_config.hf_dir", str(reference)]) == 0
+    converted = {}
+    for file in (tmp_path / "hf").glob("*.safetensors"):
+        converted.update(load_file(str(file)))
+    assert sorted(converted) == sorted(mm_layout.hf_shapes(config))
+    worst = max(float(np.abs(converted[k].reshape(whole[k].shape) - whole[k]).max()) for k in converted)
+    assert worst <= 1e-5, worst
 
 
 @pytest.mark.slow

@@ -68,6 +68,11 @@ class ParameterRoles:
     sequence_parallel: frozenset[str] = frozenset()  # replicated, gradients summed over TP (sequence parallelism)
     tied_embedding: str | None = None  # this stage's copy of the tied word embeddings, when stages differ
     shared_copy: str | None = None  # the copy the norm leaves out (megatron's `shared` attribute)
+    # expert parallelism (engines/mindspore/parallel/qwen3_moe.py): the experts' parameters, whose gradients are
+    # summed over the expert-data-parallel group (not the data-parallel one) and whose squares over the EP group
+    experts: frozenset[str] = frozenset()
+    expert_data_parallel: Any = None  # groups.Group
+    expert_parallel: Any = None  # groups.Group
 
 
 def megatron_loss(per_token_loss, loss_mask):
@@ -132,6 +137,9 @@ class ParallelTrainStep(ms.nn.Cell):
         tp_rank = state.tp_rank
         self._norm_flags = tuple((n in roles.tensor_parallel or tp_rank == 0) and n != roles.shared_copy
                                  for n in self.names)
+        self._expert_index = [i for i, n in enumerate(self.names) if n in roles.experts]
+        if self._expert_index:  # counted apart (grad_norm): summed over the EP group first
+            self._norm_flags = tuple(f and n not in roles.experts for f, n in zip(self._norm_flags, self.names))
         params = optimizer.params
         wrap = ms.jit if self.jit else (lambda fn: fn)
         if self.first and self.last:
@@ -348,7 +356,14 @@ class ParallelTrainStep(ms.nn.Cell):
         groups = self.state.groups
         dp = self.state.data_parallel_size
         loss_t = ms.Tensor(np.array([loss], dtype=np.float32))
-        if dp > 1:  # megatron-core's DDP: gradients scaled by 1/dp, then summed
+        experts = self._expert_index
+        if dp > 1 and experts:  # megatron-core's DDP: the experts' over their expert-data-parallel group, also 1/dp
+            dense = [i for i in range(len(grads)) if i not in set(experts)]
+            *summed, loss_t = _all_reduce_flat([*(grads[i] for i in dense), loss_t], groups["dp"].name, 1.0 / dp)
+            summed += _all_reduce_flat([grads[i] for i in experts], self.roles.expert_data_parallel.name, 1.0 / dp)
+            for i, grad in zip(dense + experts, summed):
+                grads[i] = grad
+        elif dp > 1:  # megatron-core's DDP: gradients scaled by 1/dp, then summed
             *grads, loss_t = _all_reduce_flat([*grads, loss_t], groups["dp"].name, 1.0 / dp)
         if self._sequence_index:
             summed = _all_reduce_flat([grads[i] for i in self._sequence_index], groups["tp"].name)
@@ -368,8 +383,11 @@ class ParallelTrainStep(ms.nn.Cell):
     def grad_norm(self, grads: Sequence[ms.Tensor], loss: float = 0.0) -> tuple[float, float]:
         """(global L2 norm of the finalized gradients over the model-parallel group, the last stage's `loss`
         on every rank)."""
-        return self._over_model_parallel(self._timed("squares", None, self._compiled["squares"],
-                                                     ms.mutable(tuple(grads))), loss)
+        squares = self._timed("squares", None, self._compiled["squares"], ms.mutable(tuple(grads)))
+        if self._expert_index:  # each expert once: its squares summed over the EP group, then over TP x PP
+            own = sum((mint.sum(grads[i] * grads[i]) for i in self._expert_index), ms.Tensor(0.0, ms.float32))
+            squares = squares + _all_reduce_(mint.reshape(own, (1,)), self.roles.expert_parallel.name)[0]
+        return self._over_model_parallel(squares, loss)
 
     def apply_gradients(self, grads: Sequence[ms.Tensor], loss: float) -> StepResult:
         """The second half of a step: the norm over model-parallel ranks, clipping and the AdamW update of

@@ -27,7 +27,7 @@ from mmrun.backend.mindspore import nn, ops, tensors
 from mmrun.backend.mindspore.parallel.cross_entropy import VocabParallelCrossEntropy
 from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.backend.mindspore.parallel.mappings import ScatterToSequenceParallelRegion
-from mmrun.engines.mindspore.parallel import vlm
+from mmrun.engines.mindspore.parallel import qwen3_moe, vlm
 from mmrun.models.vlm import vision_layout
 from mmrun.models.vlm.mm_layout import VLMLayout
 from mmrun.models.vlm.blocks import merge_vision
@@ -103,7 +103,8 @@ def carried_levels(config: Qwen3VLConfig, layout: VLMLayout) -> list[int]:
 class Qwen3VLStage(vlm.Qwen2VLStage):
     """This rank's pipeline stage of Qwen3-VL, its tensor-parallel shard, named as mm_layout names it."""
 
-    def __init__(self, config: Qwen3VLConfig, layout: VLMLayout, state: ParallelState) -> None:
+    def __init__(self, config: Qwen3VLConfig, layout: VLMLayout, state: ParallelState,
+                 experts: qwen3_moe.ExpertParallel | None = None) -> None:
         super(vlm.Qwen2VLStage, self).__init__()  # RankState and nn.Module, as Qwen2VLStage's own __init__
         self.config, self.layout, self.state = config, layout, state
         pp_rank = state.pp_rank
@@ -116,10 +117,27 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
                 self.scatter = ScatterToSequenceParallelRegion(state.group("tp"))
         self.layers = layout.stage_layers("llm", pp_rank)
         self.text_decoder = vlm.TextDecoder(config, state, len(self.layers))  # QK-norm: vlm.TextAttention
+        if config.text.moe is not None:  # Qwen3-VL MoE: the sparse layers' experts over TP x EP (qwen3_moe.py)
+            self.experts = experts or qwen3_moe.ExpertParallel.build(1, state)
+            qwen3_moe.place_sparse_layers(self, self.experts)
         if self.post_process:
             self.cross_entropy = VocabParallelCrossEntropy(config.text.vocab_size, state)
         self.inv_freq = rotary_inv_freq(config.text.head_dim, config.text.rope_theta)
         self.carried = carried_levels(config, layout)
+
+    def freeze(self, switches: dict[str, bool]) -> list[str]:
+        """As Qwen2VLStage.freeze, but the ViT's learned positions and DeepStack mergers always train (the portable
+        model's NEVER_FROZEN_PREFIXES, as MindSpeed-MM's Qwen3-VL)."""
+        frozen = super().freeze(switches)
+        nn.unfreeze([p for n, p in self.named_parameters()
+                     if n.startswith("image_encoder.encoder.pos_embed.") or ".deepstack_layer." in n])
+        return frozen
+
+    def parameter_roles(self):
+        roles = super().parameter_roles()
+        names = {n for n, p in self.named_parameters() if p.requires_grad}
+        extra = qwen3_moe.expert_roles(self, names) if self.config.text.moe is not None else {}
+        return dataclasses.replace(roles, **extra) if extra else roles
 
     @property
     def message_size(self) -> int:

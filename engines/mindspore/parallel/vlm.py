@@ -220,7 +220,7 @@ class TextAttention(nn.Module):
         qkv_rows = (text.num_attention_heads + 2 * text.num_key_value_heads) * self.head_dim
         # Qwen3-VL (qwen3_vlm.py's stage): RMSNorm on each head of q and k, biases on q/k/v and o only with
         # attention_bias; Qwen2-VL: q/k/v biases, none on o
-        self.qk_norm = config.model_type == "qwen3_vl"
+        self.qk_norm = config.model_type in ("qwen3_vl", "qwen3_vl_moe")
         bias = getattr(text, "attention_bias", True)
         self.linear_qkv = ColumnParallelLinear(text.hidden_size, qkv_rows, state, bias=bias)
         self.linear_proj = RowParallelLinear(text.num_attention_heads * self.head_dim, text.hidden_size, state,

@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterator
 
 from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
 from mmrun.backend.mindspore.parallel.groups import ParallelState
-from mmrun.engines.mindspore.parallel import omni_vlm, qwen3_vlm, vlm
+from mmrun.backend.errors import UsageError
+from mmrun.engines.mindspore.parallel import omni_vlm, qwen3_moe, qwen3_vlm, vlm
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.engines.mindspore.parallel.optimizer import optimizer_and_step
 
@@ -35,17 +36,24 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
                              pp=state.pipeline_model_parallel_size, vit_pp_layers=spec.pipeline_layers.get("vit"),
                              llm_pp_layers=spec.pipeline_layers.get("llm"))
     fixed = vlm.compiles(args, spec)
+    moe = {} if getattr(config.text, "moe", None) is None else {"experts": qwen3_moe.ExpertParallel.build(
+        getattr(args, "expert_model_parallel_size", None) or 1, state)}  # Qwen3-VL MoE: experts over TP x EP
+    if moe and moe["experts"].ep > 1 and getattr(args, "use_distributed_optimizer", False):
+        raise UsageError("--use-distributed-optimizer with --expert-model-parallel-size > 1 on MindSpore's parallel "
+                         "engine: the experts' AdamW state is not sharded over their own data-parallel group yet; "
+                         "drop one of them")
     model = (vlm.Qwen2VLFixedShapeStage if fixed and family.name == "qwen2_vl" else STAGES[family.name])(
-        config, layout, state)
+        config, layout, state, **moe)
+    own = (lambda whole: qwen3_moe.own_experts(model, whole)) if moe else (lambda whole: whole)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
         weights = hf_checkpoint.open_for_model(args.load, config, str(spec.path))
-        model.load_rank_state_dict(mm_layout.rank_state_from_hf(layout, weights.read_float, state.tp_rank,
-                                                                state.pp_rank))
+        model.load_rank_state_dict(own(mm_layout.rank_state_from_hf(layout, weights.read_float, state.tp_rank,
+                                                                    state.pp_rank)))
         log(f" > loaded Hugging Face weights from {args.load}, this rank's shard; training starts at iteration 0")
         args.load = None  # nothing of the loop's own checkpoint layout to resume from
     else:
-        model.load_rank_state_dict(mm_layout.initial_state(layout, args.seed, state.tp_rank, state.pp_rank,
-                                                           std=args.init_method_std))
+        model.load_rank_state_dict(own(mm_layout.initial_state(layout, args.seed, state.tp_rank, state.pp_rank,
+                                                               std=args.init_method_std)))
     if getattr(args, "lora_target_modules", None):  # adapters on this stage's layers, the rest frozen
         from mmrun.engines.mindspore.parallel import vlm_lora
 
@@ -79,6 +87,16 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
                  f"({self.state.tp_rank}, {self.state.pp_rank}): MindSpeed-MM's names and shards "
                  "(engines/mindspore/parallel/vlm.py; the entry's model_provider is not called) ...")
         self.step = build_step(args, self.state, spec, self.log)
+        experts = getattr(self.step.model, "experts", None)  # Qwen3-VL MoE
+        if experts is not None:
+            moe = self.step.model.config.text.moe
+            self.log(f" > Qwen3-VL MoE on this stage: {moe.num_experts // experts.ep} of "
+                     f"{moe.num_experts} experts per sparse layer (EP rank {experts.ep_rank} of {experts.ep}), each "
+                     f"split over TP {self.state.tensor_model_parallel_size} (megatron-core's default expert-tensor-"
+                     f"parallel size = TP); tokens dispatched over {experts.dispatch.size} rank(s) as Megatron's "
+                     "allgather dispatcher")
+            if experts.ep > 1:
+                self.layout = qwen3_moe.ExpertLayout.of(self.layout, experts.ep)
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
         self.step.announce = self.log
