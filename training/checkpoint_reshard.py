@@ -37,8 +37,11 @@ def describe(meta: Mapping[str, Any]) -> str:
 
 def needs_reshard(meta: Mapping[str, Any], model_names: str, layout: ParallelLayout) -> bool:
     names, saved = saved_layout(meta)
-    split_experts = (meta.get("parallel") or {}).get("ep", 1) > 1  # mmrun convert's EP split: joined on load
-    return names != model_names or saved != Layout(layout.tp, layout.pp, layout.vpp) or split_experts
+    # Experts split over EP ranks (mmrun convert's split, MindSpore's parallel engine) load as they are into a run
+    # of the same EP with per-EP-rank directories (its layout has `ep`); else joined into global numbers on load.
+    saved_ep = (meta.get("parallel") or {}).get("ep", 1)
+    other_experts = saved_ep > 1 and saved_ep != getattr(layout, "ep", 1)
+    return names != model_names or saved != Layout(layout.tp, layout.pp, layout.vpp) or other_experts
 
 
 def shape_of(args: Mapping[str, Any] | argparse.Namespace) -> GPTShape:
