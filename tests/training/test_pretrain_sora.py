@@ -3,8 +3,9 @@ PyTorch and MindSpore over 10 iterations, a MindSpore checkpoint resumed on PyTo
 directory that diffusers loads; bad inputs as the entry meets them, one line each.
 
 The features are tiny and random (two MindSpeed-MM .pt files written with torch.save, two mmrun .safetensors), the
-DiT has one layer, one micro-batch of 2 per step (MindSpore's PyNative step costs per operation: the run is the
-slow part). Each run trains once per module. Two data-parallel ranks (one sample each) on both frameworks and FSDP2
+DiT has one layer, one micro-batch of 2 per step. The one-rank MindSpore run is compiled (--ms-jit, one compile
+line), the two-rank one PyNative (recomputation on a CPU): both step kinds meet PyTorch's losses. Each run trains
+once per module. Two data-parallel ranks (one sample each) on both frameworks and FSDP2
 on PyTorch train the losses of one rank with the same micro-batches (2 iterations). LoRA through the entry is shown
 with real output in
 docs/generation.md; the LoRA module itself is tests/models/test_lora.py.
