@@ -52,7 +52,8 @@ VARIANTS = {
             ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"])],
     "vlm-demo": [("pytorch", "pytorch", []), ("mindspore", "mindspore", []),
                  ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"])],
-    "wan-tiny": [("pytorch", "pytorch", []), ("mindspore (PyNative)", "mindspore", [])],
+    "wan-tiny": [("pytorch", "pytorch", []), ("mindspore (compiled, as pretrain_sora.py runs it)", "mindspore", []),
+                 ("mindspore (PyNative)", "mindspore", ["--ms-pynative"])],
 }
 
 
@@ -70,14 +71,15 @@ def command(workload: str, framework: str, extra: list[str], data_json: str) -> 
     if workload == "vlm-demo":
         return [sys.executable, str(ROOT / "models" / "pretrain_vlm.py"), "--ai-framework", framework, *VLM_ARGS,
                 "--mm-data", data_json, "--train-iters", str(ITERS), "--log-interval", "1", *extra]
-    return [sys.executable, __file__, "--wan-worker"]
+    return [sys.executable, __file__, "--wan-worker", *extra]
 
 
-def wan_worker() -> None:
-    """wan_step.py's mmrun side (pretrain_sora.py's model, loss, AdamW, TrainStep) on MMRUN_AI_FRAMEWORK, 3 steps."""
+def wan_worker(jit: bool = True) -> None:
+    """wan_step.py's mmrun side (pretrain_sora.py's model, loss, AdamW, TrainStep) on MMRUN_AI_FRAMEWORK, 3 steps;
+    on MindSpore compiled unless `jit` is False."""
     sys.path.insert(0, str(HERE))
     import wan_step
-    run = wan_step.mmrun_side("tiny", wan_step.initial_weights("tiny"), wan_step.make_batches("tiny"), "fp32")
+    run = wan_step.mmrun_side("tiny", wan_step.initial_weights("tiny"), wan_step.make_batches("tiny"), "fp32", jit)
     for i in range(ITERS):
         loss, _ = run(i)
     print(f"wan-tiny loss after {ITERS} steps: {loss:.6f}")
@@ -131,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="every variant this many times (2)")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     parser.add_argument("--wan-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ms-pynative", action="store_true", help=argparse.SUPPRESS)  # the wan worker's PyNative row
     args = parser.parse_args(argv)
     if args.wan_worker:
-        wan_worker()
+        wan_worker(jit=not args.ms_pynative)
         return 0
     peaks: dict[tuple[str, str], list[float]] = {}
     loads: list[float] = []

@@ -10,6 +10,9 @@ Workloads (one process each, fp32, CPU threads as --threads says):
   vlm-demo-dp2  the demo's job on 2 data-parallel processes (`mmrun --nproc-per-node 2`, same global batch)
   vlm-demo-tp2  the demo's job with --tensor-model-parallel-size 2 (megatron-core on PyTorch, the
              mindspore-parallel engine on MindSpore)
+  wan-tiny, wan-small  models/pretrain_sora.py (t2v, fp32) on benchmarks/wan_step.py's `tiny` / `small` DiT and
+             latent shapes: random feature files and a MindSpeed-MM pretrain_model.json written for the run
+             (`wan_files`), one micro-batch per step
 
 Each round runs every workload on PyTorch, then on MindSpore, so a change in the machine's load hits both
 sides of a ratio. Reported per side: the median iteration time after --warmup, the first iteration, the compile
@@ -48,9 +51,13 @@ from vlm_step import model_json  # noqa: E402 - the `small` model.json, built th
 
 VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
 GPT_ENTRY = ROOT / "models" / "pretrain_gpt.py"
+SORA_ENTRY = ROOT / "models" / "pretrain_sora.py"
 TINY_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
 VLM_COMMON = ["--seq-length", "128", "--lr", "2e-3", "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0"]
 DEMO_BATCH = ["--micro-batch-size", "2", "--global-batch-size", "4", *VLM_COMMON]
+# pretrain_sora.py: examples/wan2.1's optimizer flags, one sample per step, no recomputation (timed as it is)
+WAN_ARGS = ["--micro-batch-size", "1", "--global-batch-size", "1", "--lr", "1e-5", "--weight-decay", "1e-2",
+            "--clip-grad", "1.0", "--eval-iters", "0", "--seed", "1234"]
 # name -> (entry, arguments without the model file, model.json size or None, processes)
 WORKLOADS = {
     "vlm-demo": (VLM_ENTRY, DEMO_BATCH, "tiny", 1),
@@ -61,6 +68,8 @@ WORKLOADS = {
                         "0", "--eval-iters", "0"], None, 1),
     "vlm-demo-dp2": (VLM_ENTRY, DEMO_BATCH, "tiny", 2),
     "vlm-demo-tp2": (VLM_ENTRY, [*DEMO_BATCH, "--tensor-model-parallel-size", "2"], "tiny", 2),
+    "wan-tiny": (SORA_ENTRY, WAN_ARGS, "wan-tiny", 1),
+    "wan-small": (SORA_ENTRY, WAN_ARGS, "wan-small", 1),
 }
 SINGLE = [name for name, row in WORKLOADS.items() if row[3] == 1]  # the default: one process each
 CACHED_NOTE = ", MindSpore with --ms-compile-cache, its second run (the first run's compile in brackets)"
@@ -72,6 +81,47 @@ def _env(threads: int) -> dict[str, str]:
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK")}
     env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+def wan_files(size: str, out: Path, samples: int = 4) -> dict[str, Path]:
+    """pretrain_sora.py's inputs at benchmarks/wan_step.py's `size` (its DiT, latent and prompt shapes): random
+    feature files, data.jsonl, feature_data.json and a pretrain_model.json in MindSpeed-MM's keys (t2v)."""
+    import numpy as np
+
+    from mmrun.data.video import feature_files as ff
+    from wan_step import SIZES
+
+    root = out / f"wan_{size}"
+    if (root / "pretrain_model.json").is_file():
+        return {"data": root / "feature_data.json", "model": root / "pretrain_model.json"}
+    changes, _, frames, hw, text = SIZES[size]
+    h, w = hw if isinstance(hw, tuple) else (hw, hw)
+    (root / "features").mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    records = []
+    for i in range(samples):
+        sample = {ff.VIDEO: rng.standard_normal((16, frames, h, w)).astype(np.float32),
+                  ff.PROMPT_IDS: rng.standard_normal((text, changes["text_dim"])).astype(np.float32),
+                  ff.PROMPT_MASK: (np.arange(text) < text // 2 + i).astype(np.int64)}
+        name = ff.feature_file_name(f"clip{i}.mp4", ff.SAFETENSORS_SUFFIX)
+        ff.write_feature_file(root / "features" / name, sample)
+        records.append({"path": f"clip{i}.mp4", "cap": f"caption {i}", "file": f"features/{name}"})
+    ff.write_index(root / "data.jsonl", records)
+    data = {"dataset_param": {"dataset_type": "feature",
+                              "basic_parameters": {"data_path": str(root / "data.jsonl"), "data_folder": str(root)}},
+            "dataloader_param": {"dataloader_mode": "sampler", "shuffle": True, "drop_last": True}}
+    predictor = {"model_id": "wandit", "model_type": "t2v", "patch_size": [1, 2, 2], "text_len": text, "in_dim": 16,
+                 "hidden_size": changes["num_attention_heads"] * changes["attention_head_dim"],
+                 "ffn_dim": changes["ffn_dim"], "freq_dim": changes["freq_dim"], "text_dim": changes["text_dim"],
+                 "out_dim": 16, "num_heads": changes["num_attention_heads"], "num_layers": changes["num_layers"],
+                 "qk_norm": True, "qk_norm_type": "rmsnorm", "cross_attn_norm": True, "eps": 1e-6,
+                 "max_seq_len": 1024}
+    model = {"load_video_features": True, "load_text_features": True, "task": "t2v", "predictor": predictor,
+             "diffusion": {"model_id": "wan_flow_match_scheduler", "num_train_timesteps": 1000, "shift": 5,
+                           "sigma_min": 0.0, "extra_one_step": True}}
+    (root / "feature_data.json").write_text(json.dumps(data, indent=1) + "\n")
+    (root / "pretrain_model.json").write_text(json.dumps(model, indent=1) + "\n")
+    return {"data": root / "feature_data.json", "model": root / "pretrain_model.json"}
 
 
 def run_cached(workload: str, iters: int, warmup: int, out: Path, data_json: str, threads: int,
@@ -94,7 +144,10 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
         launch = [sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", framework, "--nproc-per-node",
                   str(nproc), "--master-port", "0", str(entry)]
     cmd = [*launch, *args, "--train-iters", str(iters), "--log-interval", "1", "--metrics-file", str(metrics), *extra]
-    if size is not None:
+    if size is not None and size.startswith("wan-"):
+        files = wan_files(size[len("wan-"):], out)
+        cmd += ["--mm-model", str(files["model"]), "--mm-data", str(files["data"])]
+    elif size is not None:
         model = TINY_JSON if size == "tiny" else model_json(size, out)
         cmd += ["--mm-model", str(model), "--mm-data", data_json]
     load_before = os.getloadavg()[0]

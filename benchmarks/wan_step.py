@@ -14,8 +14,9 @@ prompt's length zeroed:
   diffusers   diffusers' WanTransformer3DModel + torch.optim.AdamW (the same parameter groups) and the same
               objective in plain torch: forward, mse, backward, clip_grad_norm_, step, zero_grad, one read-back;
               bf16: fp32 parameters under torch.autocast(bf16), the way diffusers' training scripts run it
-  mindspore   mmrun's side again on MindSpore (its own process, MMRUN_AI_FRAMEWORK=mindspore, PyNative as
-              pretrain_sora.py's step runs there), against mmrun on PyTorch
+  mindspore   mmrun's side again on MindSpore (its own process, MMRUN_AI_FRAMEWORK=mindspore), compiled with
+              mindspore.jit as pretrain_sora.py's step runs there (--ms-pynative: PyNative, the step before),
+              against mmrun on PyTorch; the first step, which compiles, is timed on its own
 
 The PyTorch sides alternate in rounds in one process (a change in the machine's load hits both); the step time
 is the median after --warmup steps, per round, in wall time and in the process's CPU time (steadier on a busy
@@ -25,7 +26,7 @@ gradient norms of the two PyTorch sides are compared once (the same work is meas
 MindSpore's first loss is printed beside them.
 
     python benchmarks/wan_step.py --size tiny                   # a smoke run (PyTorch: seconds; MindSpore's
-                                                                # PyNative steps: about 2 minutes on 2 cores)
+                                                                # compile: 20 s to minutes on 2 cores)
     python benchmarks/wan_step.py --size small --rounds 3       # the table of docs/generation.md
     python benchmarks/wan_step.py --size 1.3b --device cuda --precision bf16 --no-mindspore   # a GPU owner's
 """
@@ -107,7 +108,7 @@ def no_decay(name: str, shape: tuple[int, ...]) -> bool:
 
 # ------------------------------------------------------------------------------------------------ sides
 
-def mmrun_side(size: str, state: dict[str, np.ndarray], batches: list, precision: str):
+def mmrun_side(size: str, state: dict[str, np.ndarray], batches: list, precision: str, jit: bool = True):
     """(step(i) -> (loss, grad norm), description): pretrain_sora.py's model, loss, AdamW and TrainStep."""
     from mmrun import backend
     from mmrun.backend import tensors
@@ -123,7 +124,7 @@ def mmrun_side(size: str, state: dict[str, np.ndarray], batches: list, precision
         model.to(tensors.dtype(compute))  # the engine's Float16Module: fp32 main params live in the optimizer
     optimizer = backend.optim.AdamW(model.named_parameters(), **OPTIMIZER, no_decay=backend.optim.megatron_no_decay)
     schedule = LRSchedule(max_lr=OPTIMIZER["lr"], lr_decay_steps=10**6, lr_decay_style="constant")
-    extra = {"jit": False} if os.environ.get("MMRUN_AI_FRAMEWORK") == "mindspore" else {}
+    extra = {"jit": jit} if os.environ.get("MMRUN_AI_FRAMEWORK") == "mindspore" else {}
     model.train()
 
     def loss_fn(net, x, t, prompt, target, weight):  # pretrain_sora.forward_step + its loss_func
@@ -193,16 +194,19 @@ def timed(run, steps: int, offset: int, sync) -> tuple[list[float], list[float]]
 
 # ---------------------------------------------------------------------------------------- MindSpore row
 
-def mindspore_worker(size: str, precision: str, steps: int, rounds: int, tmp: str) -> None:
-    """mmrun's side on MindSpore (MMRUN_AI_FRAMEWORK=mindspore): the first loss, then `rounds` timed runs."""
+def mindspore_worker(size: str, precision: str, steps: int, rounds: int, tmp: str, jit: bool = True) -> None:
+    """mmrun's side on MindSpore (MMRUN_AI_FRAMEWORK=mindspore): the first loss and the first step's time (the
+    compile, when jit), then `rounds` timed runs."""
     from safetensors.numpy import load_file
 
     state = load_file(Path(tmp) / "state.safetensors")
-    run = mmrun_side(size, state, make_batches(size), precision)
+    run = mmrun_side(size, state, make_batches(size), precision, jit)
+    start = time.perf_counter()
     first, _ = run(0)
+    first_s = time.perf_counter() - start
     runs = [timed(run, steps, 1 + r * steps, lambda: None) for r in range(rounds)]
     from mmrun import backend
-    Path(tmp, "mindspore.json").write_text(json.dumps({"first_loss": first, "runs": runs,
+    Path(tmp, "mindspore.json").write_text(json.dumps({"first_loss": first, "first_s": first_s, "runs": runs,
                                                        "version": backend.load().version()}))
 
 
@@ -212,7 +216,7 @@ def run_mindspore(args: argparse.Namespace, tmp: str, threads: int | None) -> di
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, __file__, "--mindspore-worker", tmp, "--size", args.size, "--precision", args.precision,
-           "--steps", str(args.steps), "--rounds", str(args.rounds)]
+           "--steps", str(args.steps), "--rounds", str(args.rounds)] + (["--ms-pynative"] if args.ms_pynative else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         print(f"mindspore row left out: the worker failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}",
@@ -236,13 +240,16 @@ def main(argv: list[str] | None = None) -> int:
                              "shared machine; 0: the library's choice)")
     parser.add_argument("--no-mindspore", "--no_mindspore", dest="no_mindspore", action="store_true",
                         help="leave out the MindSpore row")
+    parser.add_argument("--ms-pynative", "--ms_pynative", dest="ms_pynative", action="store_true",
+                        help="MindSpore's step in PyNative instead of compiled (the row before graph mode)")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     parser.add_argument("--mindspore-worker", dest="mindspore_worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     if args.mindspore_worker:
-        mindspore_worker(args.size, args.precision, args.steps, args.rounds, args.mindspore_worker)
+        mindspore_worker(args.size, args.precision, args.steps, args.rounds, args.mindspore_worker,
+                         jit=not args.ms_pynative)
         return 0
     os.environ["MMRUN_AI_FRAMEWORK"] = "pytorch"
     if args.device == "cpu":  # mmrun's backend takes the accelerator it finds: show it none
@@ -297,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         medians["mindspore"] = [statistics.median(wall[args.warmup:]) for wall, _ in ms["runs"]]
         cpu["mindspore"] = [statistics.median(cpu_ms[args.warmup:]) for _, cpu_ms in ms["runs"]]
         print(f"mindspore first-step loss {ms['first_loss']:.7f} (|difference| to mmrun on PyTorch "
-              f"{abs(ms['first_loss'] - loss_m):.2e})", flush=True)
+              f"{abs(ms['first_loss'] - loss_m):.2e}); its first step {ms['first_s']:.1f} s"
+              f"{'' if args.ms_pynative else ' (the compile)'}", flush=True)
     tokens = batch * frames * h * w // 4
     step = {name: statistics.median(m) for name, m in medians.items()}
     step_cpu = {name: statistics.median(m) for name, m in cpu.items()}
@@ -316,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                             "diffusers / mmrun " + ratios(medians, medians, "diffusers", "mmrun"),
                             ratios(cpu, cpu, "diffusers", "mmrun")))
     if ms is not None:
-        lines.append(row.format("mmrun on MindSpore (PyNative, its own process, after the rounds)",
+        mode = "PyNative" if args.ms_pynative else "mindspore.jit"
+        lines.append(row.format(f"mmrun on MindSpore ({mode}, its own process, after the rounds)",
                                 f"mindspore {ms['version']}", step["mindspore"], step_cpu["mindspore"],
                                 tokens / step["mindspore"] * 1e3,
                                 "mindspore / mmrun-PyTorch " + ratios(medians, medians, "mindspore", "mmrun"),

@@ -39,6 +39,7 @@ import numpy as np
 
 from mmrun.backend.errors import UsageError
 from mmrun.features.entries import TRAINER_ENTRIES
+from mmrun.models.wan.flow_match import flow_match_loss  # at the top: mindspore.jit compiles loss_func
 from mmrun.training.entry_io import read_mm_json, say_rank0
 from mmrun.training import ModelSource, ModelType, get_args, pretrain, print_rank_0
 
@@ -81,8 +82,10 @@ def _model_source(argv: list[str]) -> ModelSource:
     sizes = {"num_layers": config.num_layers, "hidden_size": config.inner_dim,
              "ffn_hidden_size": config.ffn_dim, "num_attention_heads": config.num_attention_heads,
              "vocab_size": 1, "make_vocab_size_divisible_by": 1}  # no vocabulary: the prompt comes embedded
+    # ms_jit: a run's feature files share one latent and prompt shape (extraction pads prompts to text_len), so
+    # MindSpore compiles the step once per shape (each compile printed) instead of running it in PyNative
     return ModelSource(flag="--mm-model", sizes=sizes, data_flag="--mm-data", data_parallel_only=True,
-                       features=ENTRY_FEATURES)
+                       ms_jit=True, features=ENTRY_FEATURES)
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -207,8 +210,6 @@ def get_batch(data_iterator: Iterator) -> dict[str, Any]:
 
 def loss_func(target: Any, weight: Any, output_tensor: Any) -> tuple[Any, dict[str, Any]]:
     """MindSpeed-MM's training_losses: mse(output.float(), (noise - x0).float()) * the timestep's weight."""
-    from mmrun.models.wan.flow_match import flow_match_loss
-
     loss = flow_match_loss(output_tensor, target, weight)
     return loss, {"lm loss": loss}
 

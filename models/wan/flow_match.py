@@ -24,6 +24,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from mmrun.backend import ops, tensors  # at the top: mindspore.jit compiles this loss and no import inside it
+
 MODEL_ID = "wan_flow_match_scheduler"
 
 
@@ -115,7 +117,5 @@ class FlowMatchTraining:
 
 def flow_match_loss(output: Any, target: Any, weight: Any) -> Any:
     """mse_loss(output.float(), target.float()) * weight, MindSpeed-MM's training_losses (mean reduction)."""
-    from mmrun.backend import ops, tensors
-
     diff = tensors.cast(output, "fp32") - tensors.cast(target, "fp32")
     return ops.mean(diff * diff) * weight

@@ -3,8 +3,9 @@ PyTorch and MindSpore over 10 iterations, a MindSpore checkpoint resumed on PyTo
 directory that diffusers loads; bad inputs as the entry meets them, one line each.
 
 The features are tiny and random (two MindSpeed-MM .pt files written with torch.save, two mmrun .safetensors), the
-DiT has one layer, one micro-batch of 2 per step (MindSpore's PyNative step costs per operation: the run is the
-slow part). Each run trains once per module. Two data-parallel ranks (one sample each) on both frameworks and FSDP2
+DiT has one layer, one micro-batch of 2 per step. The one-rank MindSpore run is compiled (--ms-jit, one compile
+line), the two-rank one PyNative (recomputation on a CPU): both step kinds meet PyTorch's losses. Each run trains
+once per module. Two data-parallel ranks (one sample each) on both frameworks and FSDP2
 on PyTorch train the losses of one rank with the same micro-batches (2 iterations). LoRA through the entry is shown
 with real output in
 docs/generation.md; the LoRA module itself is tests/models/test_lora.py.
@@ -58,7 +59,9 @@ def sora(tmp_path_factory, tk):
     fsdp2 = base / "fsdp2.yaml"
     fsdp2.write_text("sharding_size: auto\nsub_modules_to_wrap: ['blocks.{*}']\n")
     split = ["--micro-batch-size", "1", "--train-iters", str(DP_ITERS), "--save-interval", str(DP_ITERS)]
-    runs = {"pytorch": ("pytorch", 1, []), "mindspore": ("mindspore", 1, []),
+    # the one-rank MindSpore run compiled (--ms-jit: pretrain.sh's recomputation alone would keep it PyNative on a
+    # CPU, engines/portable.py); the two-rank one runs PyNative, so both MindSpore steps meet PyTorch's losses
+    runs = {"pytorch": ("pytorch", 1, []), "mindspore": ("mindspore", 1, ["--ms-jit"]),
             # a global batch of 2 as two micro-batches of 1 (each draws its own timestep) on one rank, then as one
             # on each of two ranks
             "pytorch-mb1": ("pytorch", 1, split), "pytorch-dp2": ("pytorch", 2, split),
@@ -91,7 +94,9 @@ def test_pytorch_and_mindspore_train_the_same_losses(sora):
     pt, ms = sora("pytorch").losses(), sora("mindspore").losses()
     assert sorted(pt) == sorted(ms) == list(range(1, ITERS + 1))
     assert _gap(pt, ms, range(1, ITERS + 1)) <= TOLERANCE, (pt, ms)
-    assert "MindSpore train step: PyNative" in sora("mindspore").output
+    output = sora("mindspore").output
+    assert "MindSpore train step: mindspore.jit (graph)" in output
+    assert output.count("> MindSpore compiled the train step (fused graph) for batch shapes") == 1, output[-3000:]
 
 
 @pytest.mark.slow
@@ -126,6 +131,7 @@ def test_data_parallel_on_both_frameworks_and_fsdp2_train_the_one_rank_losses(so
         assert sorted(run.losses()) == list(range(1, DP_ITERS + 1))
         assert _gap(run.losses(), one, range(1, DP_ITERS + 1)) <= TOLERANCE, (name, run.losses(), one)
     assert "engine torch-fsdp2" in sora("pytorch-fsdp2").output
+    assert "MindSpore train step: PyNative" in sora("mindspore-dp2").output  # recomputation on a CPU: PyNative
 
 
 def test_pipeline_num_layers_with_a_pipeline_split_is_refused_in_one_line(tmp_path, capsys):
