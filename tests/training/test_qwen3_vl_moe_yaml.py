@@ -107,3 +107,18 @@ def test_expert_parallel_2_on_two_fsdp2_ranks_equals_one_process(tmp_path):
     assert sorted(split) == sorted(whole) == [1, 2] and split[1] != split[2], (split, whole)
     for iteration in (1, 2):
         assert all(abs(a - b) <= 1e-5 for a, b in zip(split[iteration], whole[iteration])), (split, whole)
+    # the checkpoint (torch_dcp) holds every expert, gathered from the EP ranks, updated as one process updates them
+    ep2, one = (_saved_experts(tmp_path / run / "save_dir" / "iter_0000002") for run in ("ep2", "one"))
+    assert sorted(ep2) == sorted(one) and len(one) == 4 and all(v.shape[0] == 4 for v in one.values())
+    assert max(float((ep2[k] - one[k]).abs().max()) for k in one) <= 1e-6
+
+
+def _saved_experts(path: Path) -> dict:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()
+             if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))}
+    dcp.load(state, checkpoint_id=str(path))
+    return state
