@@ -98,12 +98,12 @@ def test_expert_parallel_2_on_two_fsdp2_ranks_equals_one_process(tmp_path):
     """expert_parallel_size 2 (MindSpeed-MM's mesh: each rank holds 2 of transformers' 4 experts per layer, tokens
     sent to them by transformers' all-to-all dispatch) on 2 ranks: the losses of 2 iterations equal one process
     holding every expert within 1e-5, and so do the gradient norms (every gradient, the split experts' summed over
-    the EP ranks; the yaml's warm-up gives iteration 1 a learning rate of 0). fp32 parameters: the file's bf16 would
-    round differently per layout."""
-    out, split = _run_30b(tmp_path / "ep2", 2, {"expert_parallel_size": 2, "param_dtype": "fp32"})
+    the EP ranks; the yaml's warm-up gives iteration 1 a learning rate of 0). The file's param_dtype bf16: the split
+    experts compute in it too, as fully_shard makes them compute at EP 1."""
+    out, split = _run_30b(tmp_path / "ep2", 2, {"expert_parallel_size": 2})
     assert "2 expert module(s) (moe_modules) split over expert_parallel_size 2 (all-to-all token dispatch)" in out, \
         out[-3000:]
-    _, whole = _run_30b(tmp_path / "one", 1, {"expert_parallel_size": 1, "param_dtype": "fp32"})
+    _, whole = _run_30b(tmp_path / "one", 1, {"expert_parallel_size": 1})
     assert sorted(split) == sorted(whole) == [1, 2] and split[1] != split[2], (split, whole)
     for iteration in (1, 2):
         assert all(abs(a - b) <= 1e-5 for a, b in zip(split[iteration], whole[iteration])), (split, whole)

@@ -171,7 +171,11 @@ class TorchNativeEngine:
         self.mesh = build_mesh(device.detect().kind, world, shard)
         from mmrun.engines.torch.fsdp2.experts import expert_parallel
 
-        self._experts = expert_parallel(model, self.config, self.plan, device.detect().kind, world)
+        from mmrun.engines.torch.fsdp2.sharding import TORCH_DTYPES
+
+        param_dtype = self.config.param_dtype or precision
+        self._experts = expert_parallel(model, self.config, self.plan, device.detect().kind, world,
+                                        TORCH_DTYPES[param_dtype] if param_dtype else None)
         fsdp_plan = self.plan if self._experts is None else dataclasses.replace(  # split experts: not FSDP's
             self.plan, ignore=[*self.plan.ignore, *self.plan.moe])
         units = apply_fsdp2(model, self.config, fsdp_plan, self.mesh, default_param_dtype=precision)

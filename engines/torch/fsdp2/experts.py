@@ -7,7 +7,8 @@ _init_ep_model: Ascend/MindSpeed-MM, commit 57069cd5): the ranks form a (world /
 dimension (Shard(0): EP rank r holds experts [r E / EP, (r + 1) E / EP), as a DTensor, so a full-state checkpoint
 gathers them), and its forward becomes transformers' `all_to_all` dispatch (AllToAllEP: every (token, expert) pair to
 the rank owning the expert, the results back, weighted and summed on the sender). The dense rest of the model is
-sharded by fully_shard as usual; the expert tensors stay out of it (ignored by FSDP) and their gradients are finished
+sharded by fully_shard as usual; the expert tensors stay out of it (ignored by FSDP: they compute in the file's
+param_dtype by a differentiable cast, as FSDP2's mixed precision would give them) and their gradients are finished
 by `finish_expert_grads`: each EP rank's expert gradient is already the sum over the tokens of its whole EP group
 (the all-to-all's backward), so it is summed over the "ep_replicate" replicas and divided by the world size, as
 MindSpeed-MM's gradient divide factor (world size) does: the mean over the ranks that the dense parameters get.
@@ -29,7 +30,7 @@ class ExpertParallel:
     """The expert-parallel mesh and the expert parameters of one model (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, modules: Sequence[str], device_type: str, world: int, size: int,
-                 source: str = "fsdp2_config.yaml") -> None:
+                 source: str = "fsdp2_config.yaml", compute_dtype: torch.dtype | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Shard, distribute_tensor
         from transformers.distributed.expert_parallel import EpDispatchExpertsParallel
@@ -58,6 +59,8 @@ class ExpertParallel:
                 self.params.append(module._parameters[key])
             module.num_experts = experts // size  # the experts forward then runs local expert numbers
             module._is_expert_parallel = True
+            if compute_dtype is not None:  # FSDP2's param_dtype, as fully_shard gives the experts at EP 1
+                _compute_in(module, compute_dtype)
             EpDispatchExpertsParallel().install_forward(module, mesh["ep"], tp_mesh=mesh["ep_batch"],
                                                         ep_implementation="all_to_all")
 
@@ -78,9 +81,26 @@ class ExpertParallel:
                 f"(all-to-all token dispatch), the local experts {kept}")
 
 
-def expert_parallel(model: torch.nn.Module, config: Any, plan: Any, device_type: str, world: int) -> Any:
+def _compute_in(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The experts' forward on their parameters cast to `dtype` (a differentiable cast: the gradients stay in the
+    parameters' dtype, as FSDP2's mixed precision reduces them); the dispatch calls it with the local tensors."""
+    forward = module.forward
+
+    def cast_forward(*args: Any, **kwargs: Any) -> Any:
+        kept = dict(module._parameters)
+        module._parameters.update({k: v.to(dtype) for k, v in kept.items() if v is not None and v.dtype != dtype})
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            module._parameters.update(kept)
+
+    module.forward = cast_forward
+
+
+def expert_parallel(model: torch.nn.Module, config: Any, plan: Any, device_type: str, world: int,
+                    compute_dtype: torch.dtype | None = None) -> Any:
     """An ExpertParallel when the file asks for expert_parallel_size > 1 and names expert modules, else None."""
     size = getattr(config, "expert_parallel_size", 1)
     if size <= 1 or not plan.moe:
         return None
-    return ExpertParallel(model, plan.moe, device_type, world, size, config.source)
+    return ExpertParallel(model, plan.moe, device_type, world, size, config.source, compute_dtype)
