@@ -241,3 +241,22 @@ def test_mindspeed_mms_qwen2_5_vl_file_names_our_modules_through_the_models_tabl
     assert plan.ignore == ["visual"] and plan.recompute == ["model.layers.0", "model.layers.1"]
     with pytest.raises(FSDP2ConfigError, match="'text_decoder.output_layer' matches no module"):
         plan_modules(config, names)
+
+
+def test_expert_parallel_size_that_does_not_divide_is_refused_in_one_line():
+    """EP must divide the world and every moe_modules module's experts (transformers' fused experts, 4 of them):
+    one line naming the file, before any collective."""
+    transformers = pytest.importorskip("transformers")
+    from mmrun.backend.errors import UsageError
+    from mmrun.engines.torch.fsdp2.experts import ExpertParallel
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextExperts
+
+    import torch
+
+    model = torch.nn.ModuleDict({"experts": Qwen3VLMoeTextExperts(transformers.Qwen3VLMoeTextConfig(
+        hidden_size=8, num_experts=4, moe_intermediate_size=4))})
+    with pytest.raises(UsageError, match=r"^f.yaml: expert_parallel_size 2 does not divide the world size 3; "):
+        ExpertParallel(model, ["experts"], "cpu", world=3, size=2, source="f.yaml")
+    with pytest.raises(UsageError, match=r"^f.yaml: expert_parallel_size 3 does not divide the 4 experts of experts; "
+                                         r"use a divisor of the experts"):
+        ExpertParallel(model, ["experts"], "cpu", world=3, size=3, source="f.yaml")

@@ -39,6 +39,16 @@ class ExpertParallel:
             raise UsageError(f"{source}: expert_parallel_size {size} does not divide the world size {world}; use a "
                              "divisor of the number of processes")
         self.size, self.world, self.modules = size, world, list(modules)
+        for name in self.modules:  # every check before the first collective
+            module = model.get_submodule(name)
+            experts = getattr(module, "num_experts", None)
+            if not isinstance(experts, int) or experts % size:
+                raise UsageError(f"{source}: expert_parallel_size {size} does not divide the {experts} experts of "
+                                 f"{name}; use a divisor of the experts (each EP rank holds experts / EP of them)")
+            for key, param in module.named_parameters(recurse=False):
+                if param.shape[0] != experts:
+                    raise UsageError(f"{source}: moe_modules names {name}, whose {key} {tuple(param.shape)} is not "
+                                     f"one row per expert ({experts}); name the fused experts module")
         # a third, size-1 dimension: transformers' dispatch takes the group of ranks sharing one batch (none here)
         mesh = init_device_mesh(device_type, (world // size, size, 1),
                                 mesh_dim_names=("ep_replicate", "ep", "ep_batch"))
@@ -46,14 +56,8 @@ class ExpertParallel:
         self.params: list[torch.nn.Parameter] = []
         for name in self.modules:
             module = model.get_submodule(name)
-            experts = getattr(module, "num_experts", None)
-            if not isinstance(experts, int) or experts % size:
-                raise UsageError(f"{source}: expert_parallel_size {size} does not divide the {experts} experts of "
-                                 f"{name}; use a divisor of the experts (each EP rank holds experts / EP of them)")
+            experts = module.num_experts
             for key, param in list(module.named_parameters(recurse=False)):
-                if param.shape[0] != experts:
-                    raise UsageError(f"{source}: moe_modules names {name}, whose {key} {tuple(param.shape)} is not "
-                                     f"one row per expert ({experts}); name the fused experts module")
                 shard = distribute_tensor(param.detach(), mesh["ep"], [Shard(0)], src_data_rank=None)
                 module._parameters[key] = torch.nn.Parameter(shard, requires_grad=param.requires_grad)
                 self.params.append(module._parameters[key])
