@@ -98,6 +98,10 @@ class FSDP2Config:
     # expert_parallel_size 1 (the only value taken) MindSpeed-MM shards them inside their FSDP unit like every
     # other module (its _init_ep_model returns before reading moe_modules / reshard_local_experts); so does mmrun
     moe_modules: tuple[str, ...] = ()
+    # expert_parallel_size > 1: the moe_modules' experts split over their own mesh dimension, tokens dispatched to
+    # them (engines/torch/fsdp2/experts.py, as MindSpeed-MM's _init_ep_model)
+    expert_parallel_size: int = 1
+    reshard_local_experts: bool = True
     source: str = "<fsdp2 config>"
 
     def shard_size(self, world_size: int) -> int:
@@ -173,7 +177,13 @@ def config_from_mapping(data: Any, source: str = "<fsdp2 config>") -> FSDP2Confi
         raise FSDP2ConfigError(refused[0])
     values = {key: _value(source, key, spec, data.get(key)) for key, spec in KEYS.items()}
     moe = _value(source, "moe_modules", Key("modules", (), ""), data.get("moe_modules"))
-    config = FSDP2Config(**values, moe_modules=moe, source=source)
+    ep = data.get("expert_parallel_size", 1)
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise FSDP2ConfigError(f"{source}: expert_parallel_size: {ep!r} is not valid; use a positive integer (1: no "
+                               "expert parallelism)")
+    reshard = _value(source, "reshard_local_experts", Key("bool", True, ""), data.get("reshard_local_experts"))
+    config = FSDP2Config(**values, moe_modules=moe, expert_parallel_size=ep, reshard_local_experts=reshard,
+                         source=source)
     if config.pin_memory and not config.offload_to_cpu:
         raise FSDP2ConfigError(f"{source}: pin_memory: true applies only with offload_to_cpu: true; "
                                "set offload_to_cpu: true or drop pin_memory")

@@ -1,9 +1,9 @@
 """The table of MindSpeed-MM's example-file keys (features/mindspeed_mm_keys.yaml): what mmrun does with each.
 
     table = load_key_table()
-    table.entry("fsdp2", "expert_parallel_size")      # Entry(verdict="refused", accept=(1,), why=...)
+    table.entry("wan_extract_data", "dataset_param.preprocess_parameters.cfg")  # Entry(verdict="refused", accept=...)
     table.keys_of("fsdp2", "refused")                 # the keys a reader refuses
-    table.refusal("fsdp2", "expert_parallel_size", 2, where="fsdp2_config.yaml")   # the one-line message, or None
+    table.refusal("wan_extract_data", "dataset_param.preprocess_parameters.cfg", 0.1, where="data.json")  # or None
     list(walk_keys({"a": {"b": [{"c": 1}]}}))        # ["a", "a.b", "a.b[].c"]
 
 No framework is imported; the readers (model / data / FSDP2 files) and the docs page take their verdicts here.

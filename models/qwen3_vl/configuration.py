@@ -11,6 +11,7 @@ The MoE variant (`qwen3_vl_moe`, Qwen3-VL-30B-A3B / 235B-A22B) is the same confi
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -170,6 +171,11 @@ def check_moe(moe: MoeConfig) -> None:
                          f"num_experts (num_moe_experts) {moe.num_experts}; each token is routed to that many experts")
     if moe.decoder_sparse_step < 1:
         raise UsageError(f"decoder_sparse_step {moe.decoder_sparse_step} must be 1 or more (1: every layer has experts)")
+    coef = moe.router_aux_loss_coef
+    if moe.output_router_logits and (isinstance(coef, bool) or not isinstance(coef, (int, float))
+                                     or not math.isfinite(coef) or coef < 0):
+        raise UsageError(f"router_aux_loss_coef (moe_aux_loss_coeff) {coef!r} must be a number >= 0 when "
+                         "output_router_logits is set (the load-balancing loss's weight)")
 
 
 # ---------------------------------------------------------------------------------------- config.json

@@ -7,12 +7,13 @@ learned position table). Checked key by key as Qwen2-VL's model.json is (models/
 unknown key is one warning, a wrong type an error naming it); the result is a ModelJson whose `hf_config`
 is a Qwen3-VL config.json (`configuration.Qwen3VLConfig.from_hf_config` reads it). A MoE text decoder
 (num_moe_experts, Qwen3-VL-30B-A3B's model_30B.json) gives the MoE variant's config.json (model_type qwen3_vl_moe,
-MOE_KEYS renamed to transformers' names); Megatron's moe_aux_loss_coeff (off in MindSpeed-MM's Qwen3-VL json) is
-refused when set.
+MOE_KEYS renamed to transformers' names); Megatron's moe_aux_loss_coeff > 0 switches on transformers' load-balancing
+loss with that coefficient (aux_loss_switch; off where the json leaves it out, as MindSpeed-MM's model_30B.json does).
 """
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
@@ -40,13 +41,27 @@ MOE_KEYS = {"num_moe_experts": "num_experts", "moe_router_topk": "num_experts_pe
             "router_gating_in_fp32": "router_gating_in_fp32"}
 
 
+def aux_loss_switch(path: str, coeff: Any) -> dict:
+    """Megatron's moe_aux_loss_coeff -> transformers' text_config keys: > 0 switches on the load-balancing loss
+    (output_router_logits, router_aux_loss_coef = coeff: transformers' load_balancing_loss_func over every sparse
+    layer, models/qwen3_vl/moe.py); 0 or absent (MindSpeed-MM's model_30B.json) leaves it off. Negative or not a
+    finite number: one line (UsageError)."""
+    if coeff is None:
+        return {"output_router_logits": False}
+    if isinstance(coeff, bool) or not isinstance(coeff, (int, float)) or not math.isfinite(coeff) or coeff < 0:
+        raise UsageError(f"{path}: text_decoder.moe_aux_loss_coeff must be a number >= 0 (0 or absent: no "
+                         f"load-balancing loss). Received: {json.dumps(coeff)}")
+    return {"output_router_logits": coeff > 0, "router_aux_loss_coef": float(coeff)} if coeff else \
+        {"output_router_logits": False}
+
+
 def is_qwen3_model_json(raw: Any) -> bool:
     return isinstance(raw, Mapping) and raw.get("model_id") in MODEL_IDS
 
 
 def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJson:
     """A Qwen3-VL model.json dict -> ModelJson; one-line UsageError (exit 2) on a wrong type, a missing section
-    or what mmrun does not build (Megatron's MoE aux loss, a decoder without QK-norm, a non-interleaved M-RoPE)."""
+    or what mmrun does not build (a decoder without QK-norm, a non-interleaved M-RoPE)."""
     warnings: list[str] = []
     check_section(path, "top", raw, "the top level", warnings, SCHEMA3)
     require(path, raw, "the top level", ("image_encoder", "text_decoder"))
@@ -58,10 +73,6 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
                                    ("vision_projector", proj, "image_encoder.vision_projector"),
                                    ("text_decoder", text, "text_decoder")):
         check_section(path, section, values, where, warnings, SCHEMA3)
-    if text.get("moe_aux_loss_coeff"):
-        raise UsageError(f"{path}: text_decoder.moe_aux_loss_coeff {text['moe_aux_loss_coeff']}: Megatron's per-layer "
-                         "load-balancing loss is not built for Qwen3-VL MoE (transformers' is: output_router_logits "
-                         "with router_aux_loss_coef in a Hugging Face config.json); set it 0 or leave it out")
     refuse_from_key_table(path, raw)
     if text.get("qk_layernorm") is False:
         raise UsageError(f"{path}: text_decoder.qk_layernorm is false, but Qwen3-VL's decoder normalises q and k "
@@ -114,6 +125,11 @@ def parse_model_json(raw: Mapping[str, Any], path: str = "model.json") -> ModelJ
         text_config.setdefault("num_experts_per_tok", 2)  # Megatron's moe_router_topk default
         text_config.setdefault("moe_intermediate_size", text_config["intermediate_size"])  # Megatron: ffn_hidden_size
         text_config.setdefault("router_gating_in_fp32", False)
+        text_config.update(aux_loss_switch(path, text.get("moe_aux_loss_coeff")))
+    elif text.get("moe_aux_loss_coeff") is not None:
+        aux_loss_switch(path, text["moe_aux_loss_coeff"])  # a bad value is refused all the same
+        warnings.append(f"{path}: text_decoder.moe_aux_loss_coeff has no effect without num_moe_experts (a dense "
+                        "decoder has no router)")
     architecture = "Qwen3VLMoeForConditionalGeneration" if model_type == MOE_MODEL_TYPE else "Qwen3VLForConditionalGeneration"
     hf_config = {"model_type": model_type, "architectures": [architecture], **ids,
                  "tie_word_embeddings": not untied, "text_config": text_config, "vision_config": vision_config}

@@ -54,7 +54,10 @@ def test_mindspeed_mm_8b_model_json_is_qwen3_vl_8b():
 @pytest.mark.parametrize("change, message", [
     ({"num_moe_experts": 8, "moe_router_topk": 9},
      r"^model_8B.json: num_experts_per_tok \(moe_router_topk\) 9 must be between 1 and num_experts \(num_moe_experts\) 8"),
-    ({"num_moe_experts": 8, "moe_aux_loss_coeff": 0.001}, r"moe_aux_loss_coeff 0.001: Megatron's per-layer"),
+    ({"num_moe_experts": 8, "moe_aux_loss_coeff": -0.001},
+     r"^model_8B.json: text_decoder.moe_aux_loss_coeff must be a number >= 0 .*Received: -0.001$"),
+    ({"num_moe_experts": 8, "moe_aux_loss_coeff": float("nan")}, r"moe_aux_loss_coeff must be a number >= 0.*NaN$"),
+    ({"num_moe_experts": 8, "moe_aux_loss_coeff": "0.01"}, r"moe_aux_loss_coeff must be int or float\. Received: \"0.01\""),
     ({"qk_layernorm": False}, r"qk_layernorm is false"),
     ({"kv_channels": 64}, r"mrope_section \[24, 20, 20\] must be three numbers summing to head_dim / 2 = 32"),
 ])
@@ -70,3 +73,52 @@ def test_the_tiny_model_json_reads_and_is_one_stage():
     spec = model_json.parse_model_json(raw, "model_tiny.json")
     model_json.check_split(spec, "pytorch", split=False)
     assert spec.warnings == [] and Qwen3VLConfig.from_hf_config(spec.hf_config).vision.num_grid_per_side == 4
+
+
+def test_moe_aux_loss_coeff_switches_transformers_load_balancing_loss():
+    """MindSpeed-MM's model_30B.json leaves moe_aux_loss_coeff out: no aux loss. Set (> 0) on a tiny MoE json, the
+    model built from it has transformers' output_router_logits with router_aux_loss_coef = the coeff: its loss and
+    every gradient equal transformers' Qwen3VLMoe (output_router_logits=True) within 1e-5; 0 switches it off."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from mmrun.backend import autograd, tensors
+    from mmrun.models.qwen3_vl.modeling import Qwen3VLForConditionalGeneration
+
+    mm_30b = json.loads((REPO / "tests/fixtures/mindspeed_mm/mindspore/qwen3vl/model_30B.json").read_text())
+    assert "moe_aux_loss_coeff" not in mm_30b["text_decoder"]
+    assert not Qwen3VLConfig.from_hf_config(model_json.parse_model_json(mm_30b).hf_config).text.moe.output_router_logits
+    raw = json.loads((REPO / "scripts" / "qwen3vl" / "model_tiny.json").read_text())
+    raw["text_decoder"].update(num_moe_experts=4, moe_router_topk=2, moe_intermediate_size=16, moe_aux_loss_coeff=0.5)
+    hf_config = model_json.parse_model_json(raw, "model_tiny.json").hf_config
+    config = Qwen3VLConfig.from_hf_config(hf_config)
+    assert (config.text.moe.output_router_logits, config.text.moe.router_aux_loss_coef) == (True, 0.5)
+    raw["text_decoder"]["moe_aux_loss_coeff"] = 0
+    assert not Qwen3VLConfig.from_hf_config(model_json.parse_model_json(raw).hf_config).text.moe.output_router_logits
+
+    torch.manual_seed(0)
+    theirs = transformers.Qwen3VLMoeForConditionalGeneration(transformers.Qwen3VLMoeConfig(**hf_config)).eval()
+    assert theirs.config.text_config.output_router_logits and theirs.config.text_config.router_aux_loss_coef == 0.5
+    with torch.no_grad():
+        for param in theirs.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    ours = Qwen3VLForConditionalGeneration(config).eval()
+    ours.load_state_dict({name: value.detach().reshape(value.shape[0], -1) if name.endswith("patch_embed.proj.weight")
+                          else value.detach().clone() for name, value in theirs.state_dict().items()})
+    ids = np.random.default_rng(0).integers(10, config.text.vocab_size, (2, 12)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 9:] = 0  # a padded row: the padding leaves the aux loss too
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": np.where(mask == 1, ids, -100)}
+    out = theirs(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    out.loss.backward()
+    params = dict(ours.named_parameters())
+    loss, grads = autograd.value_and_grad(
+        lambda: ours(**{k: tensors.from_numpy(v) for k, v in batch.items()})["loss_dict"]["loss"], params.values())()
+    assert float(out.aux_loss.detach()) > 0.5  # the term is there (a balanced router gives about 1)
+    np.testing.assert_allclose(float(loss), float(out.loss), rtol=0, atol=1e-5)
+    for (name, param), grad in zip(params.items(), grads):
+        theirs_grad = dict(theirs.named_parameters())[name].grad
+        expected = np.zeros(param.shape, np.float32) if theirs_grad is None else theirs_grad.numpy()
+        np.testing.assert_allclose(tensors.to_numpy(grad), expected.reshape(grad.shape), rtol=0, atol=1e-5,
+                                   err_msg=name)

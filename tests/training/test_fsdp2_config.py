@@ -25,7 +25,8 @@ def test_defaults_are_the_user_guides():
     assert config.sharding_size == 1 and config.use_reentrant is True and config.offload_to_cpu is False
     assert config.pin_memory is False and config.num_to_backward_prefetch == 1 and config.cast_forward_inputs
     assert config.reshard_after_forward is None and config.param_dtype is None
-    assert set(KEYS) == {f for f in config.__dataclass_fields__ if f not in ("source", "moe_modules")}
+    assert set(KEYS) == {f for f in config.__dataclass_fields__
+                         if f not in ("source", "moe_modules", "expert_parallel_size", "reshard_local_experts")}
 
 
 def test_the_user_guides_example_file_parses():
@@ -208,7 +209,7 @@ def test_mindspeed_mms_real_files_load_and_their_moe_keys_name_the_experts():
     """examples/qwen3vl/fsdp2_config.yaml (57069cd5) as it is: align_fsdp_param_groups (communication only),
     expert_parallel_size 1 and reshard_local_experts as MindSpeed-MM takes them (no expert parallelism: the experts
     shard in their FSDP unit), moe_modules naming the MoE model's experts and nothing of the dense Qwen3-VL 8B;
-    expert parallelism stops in one line naming MoE (features/mindspeed_mm_keys.yaml)."""
+    expert_parallel_size above 1 is read (engines/torch/fsdp2/experts.py builds it), a bad value stops in one line."""
     from mmrun.engines.fsdp2_config import load_fsdp2_config
 
     config = load_fsdp2_config(FIXTURES / "qwen3vl" / "fsdp2_config.yaml")
@@ -217,9 +218,13 @@ def test_mindspeed_mms_real_files_load_and_their_moe_keys_name_the_experts():
     moe = [*VLM, "model.language_model.layers.0.mlp", "model.language_model.layers.0.mlp.experts"]
     assert plan_modules(config, moe).moe == ["model.language_model.layers.0.mlp.experts"]
     assert plan_modules(config, moe).wrap == []  # sharded with the root unit, as MindSpeed-MM does at EP 1
-    with pytest.raises(FSDP2ConfigError, match=r"^f.yaml: expert_parallel_size: 2 is refused \(accepted: 1\): expert "
-                                               "parallelism of a mixture-of-experts model"):
-        config_from_mapping({"expert_parallel_size": 2}, "f.yaml")
+    assert (config.expert_parallel_size, config.reshard_local_experts) == (1, True)
+    config = config_from_mapping({"expert_parallel_size": 2, "reshard_local_experts": False}, "f.yaml")
+    assert (config.expert_parallel_size, config.reshard_local_experts) == (2, False)
+    for bad in (0, "2", True):
+        with pytest.raises(FSDP2ConfigError, match=rf"^f.yaml: expert_parallel_size: {bad!r} is not valid; use a "
+                                                   "positive integer"):
+            config_from_mapping({"expert_parallel_size": bad}, "f.yaml")
     assert load_fsdp2_config(FIXTURES / "qwen2.5vl" / "fsdp2_config.yaml").ignored_modules == ("image_encoder",)
 
 
@@ -236,3 +241,22 @@ def test_mindspeed_mms_qwen2_5_vl_file_names_our_modules_through_the_models_tabl
     assert plan.ignore == ["visual"] and plan.recompute == ["model.layers.0", "model.layers.1"]
     with pytest.raises(FSDP2ConfigError, match="'text_decoder.output_layer' matches no module"):
         plan_modules(config, names)
+
+
+def test_expert_parallel_size_that_does_not_divide_is_refused_in_one_line():
+    """EP must divide the world and every moe_modules module's experts (transformers' fused experts, 4 of them):
+    one line naming the file, before any collective."""
+    transformers = pytest.importorskip("transformers")
+    from mmrun.backend.errors import UsageError
+    from mmrun.engines.torch.fsdp2.experts import ExpertParallel
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextExperts
+
+    import torch
+
+    model = torch.nn.ModuleDict({"experts": Qwen3VLMoeTextExperts(transformers.Qwen3VLMoeTextConfig(
+        hidden_size=8, num_experts=4, moe_intermediate_size=4))})
+    with pytest.raises(UsageError, match=r"^f.yaml: expert_parallel_size 2 does not divide the world size 3; "):
+        ExpertParallel(model, ["experts"], "cpu", world=3, size=2, source="f.yaml")
+    with pytest.raises(UsageError, match=r"^f.yaml: expert_parallel_size 3 does not divide the 4 experts of experts; "
+                                         r"use a divisor of the experts"):
+        ExpertParallel(model, ["experts"], "cpu", world=3, size=3, source="f.yaml")

@@ -69,3 +69,56 @@ def test_the_real_30b_yaml_trains_transformers_moe_model_on_two_fsdp2_ranks(tmp_
     losses = {r["iteration"]: r["lm_loss"] for r in map(json.loads, metrics.read_text().splitlines())
               if r["kind"] == "train"}
     assert sorted(losses) == [1, 2] and all(math.isfinite(v) and v > 0 for v in losses.values()), losses
+
+
+def _run_30b(root: Path, nproc: int, fsdp2: dict) -> tuple[str, dict[int, tuple[float, float]]]:
+    """The 30B job (write_30b_job) on `nproc` FSDP2 ranks with `fsdp2` changed in its fsdp2_config.yaml -> (stdout,
+    {iteration: (loss, gradient norm)})."""
+    job = write_30b_job(root)
+    config = yaml.safe_load((root / "fsdp2_config.yaml").read_text())
+    (root / "fsdp2_config.yaml").write_text(yaml.safe_dump({**config, **fsdp2}))
+    metrics = root / "metrics.jsonl"
+    marker = uuid.uuid4().hex
+    try:
+        done = subprocess.run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "pytorch",
+                               "--nproc-per-node", str(nproc), "--master-port", "0", str(TRANSFORMERS), str(job),
+                               "--metrics-file", str(metrics)], cwd=root,
+                              env=clean_env(MMRUN_TRAINING_TEST=marker, OMP_NUM_THREADS="1"), capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        for pid in processes_with(f"MMRUN_TRAINING_TEST={marker}"):
+            os.kill(pid, 9)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout, {r["iteration"]: (r["lm_loss"], r["grad_norm"])
+                         for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"}
+
+
+@pytest.mark.slow
+def test_expert_parallel_2_on_two_fsdp2_ranks_equals_one_process(tmp_path):
+    """expert_parallel_size 2 (MindSpeed-MM's mesh: each rank holds 2 of transformers' 4 experts per layer, tokens
+    sent to them by transformers' all-to-all dispatch) on 2 ranks: the losses of 2 iterations equal one process
+    holding every expert within 1e-5, and so do the gradient norms (every gradient, the split experts' summed over
+    the EP ranks; the yaml's warm-up gives iteration 1 a learning rate of 0). The file's param_dtype bf16: the split
+    experts compute in it too, as fully_shard makes them compute at EP 1."""
+    out, split = _run_30b(tmp_path / "ep2", 2, {"expert_parallel_size": 2})
+    assert "2 expert module(s) (moe_modules) split over expert_parallel_size 2 (all-to-all token dispatch)" in out, \
+        out[-3000:]
+    _, whole = _run_30b(tmp_path / "one", 1, {"expert_parallel_size": 1})
+    assert sorted(split) == sorted(whole) == [1, 2] and split[1] != split[2], (split, whole)
+    for iteration in (1, 2):
+        assert all(abs(a - b) <= 1e-5 for a, b in zip(split[iteration], whole[iteration])), (split, whole)
+    # the checkpoint (torch_dcp) holds every expert, gathered from the EP ranks, updated as one process updates them
+    ep2, one = (_saved_experts(tmp_path / run / "save_dir" / "iter_0000002") for run in ("ep2", "one"))
+    assert sorted(ep2) == sorted(one) and len(one) == 4 and all(v.shape[0] == 4 for v in one.values())
+    assert max(float((ep2[k] - one[k]).abs().max()) for k in one) <= 1e-6
+
+
+def _saved_experts(path: Path) -> dict:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.items()
+             if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))}
+    dcp.load(state, checkpoint_id=str(path))
+    return state

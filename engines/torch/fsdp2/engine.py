@@ -21,6 +21,7 @@ What mmrun's loop gets from it (engines/base.py's seam):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -168,13 +169,24 @@ class TorchNativeEngine:
                                  aliases=getattr(model, "mindspeed_mm_modules", None))
         shard = self.config.shard_size(world)
         self.mesh = build_mesh(device.detect().kind, world, shard)
-        units = apply_fsdp2(model, self.config, self.plan, self.mesh, default_param_dtype=precision)
+        from mmrun.engines.torch.fsdp2.experts import expert_parallel
+
+        from mmrun.engines.torch.fsdp2.sharding import TORCH_DTYPES
+
+        param_dtype = self.config.param_dtype or precision
+        self._experts = expert_parallel(model, self.config, self.plan, device.detect().kind, world,
+                                        TORCH_DTYPES[param_dtype] if param_dtype else None)
+        fsdp_plan = self.plan if self._experts is None else dataclasses.replace(  # split experts: not FSDP's
+            self.plan, ignore=[*self.plan.ignore, *self.plan.moe])
+        units = apply_fsdp2(model, self.config, fsdp_plan, self.mesh, default_param_dtype=precision)
         self._ignored = ignored_parameters(model, self.plan)
+        moe = "" if not self.plan.moe else (f"; {self._experts.summary(self.config.reshard_local_experts)}"
+                                            if self._experts is not None else
+                                            f"; {len(self.plan.moe)} expert module(s) (moe_modules, "
+                                            "expert_parallel_size 1) sharded in their unit")
         self.log(f"> FSDP2 (torch fully_shard) over {world} rank(s): {self.config.summary(world)}; "
                  f"{len(units) - 1} unit(s) + root, {len(self.plan.recompute)} recomputed, "
-                 f"{len(self.plan.ignore)} ignored module(s)"
-                 + (f"; {len(self.plan.moe)} expert module(s) (moe_modules, expert_parallel_size 1) sharded in their "
-                    "unit" if self.plan.moe else ""))
+                 f"{len(self.plan.ignore)} ignored module(s){moe}")
 
     def parameter_count(self) -> int:
         return int(sum(p.numel() for p in self.module.parameters()))
@@ -276,6 +288,8 @@ class TorchNativeEngine:
                 acc[0] += num
                 acc[1] += den
         self._average_ignored_grads()
+        if getattr(self, "_experts", None) is not None:
+            self._experts.finish_expert_grads()
         grad_norm = self._clip()
         self.optimizer.step()
         self.scheduler.step(args.global_batch_size)
