@@ -52,10 +52,39 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return mint.reshape(y, shape[:-1] + (weight.shape[0],))
 
 
+class _CpuSoftmax(ms.nn.Cell):
+    """softmax along `dim` with MindSpore's own backward, out * (dout - sum(out * dout, dim)), the sum broadcast
+    to dout's shape before the subtraction. MindSpore 2.10's expanded backward subtracts the (..., 1) sum
+    directly, and the CPU kernel of a broadcasting Sub keeps two size_t index arrays over its output (16 bytes an
+    element) for as long as the kernel lives: in a compiled graph, the whole run, once per softmax (64 MiB a
+    layer for 2 x 8 heads x 512^2 attention probabilities). The same ops in the same order: gradients
+    bit-identical (docs/memory-and-speed.md)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.sum = _ops.ReduceSum(keep_dims=True)
+
+    def construct(self, x):
+        return _softmax(x, dim=self.dim)
+
+    def bprop(self, x, out, dout):
+        return (out * (dout - _ops.broadcast_to(self.sum(out * dout, self.dim), dout.shape)),)
+
+
+# one per dim, made when the backend imports (mindspore.jit reads them as constants)
+_CPU_SOFTMAX = {dim: _CpuSoftmax(dim) for dim in (-1, -2, -3, -4)} if _device.detect().kind == "cpu" else {}
+
+
+def _softmax_fp32(x: Tensor, dim: int) -> Tensor:
+    back = dim - x.ndim if dim >= 0 else dim
+    return _CPU_SOFTMAX[back](x) if back in _CPU_SOFTMAX else _softmax(x, dim=dim)
+
+
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     if x.dtype in HALF_DTYPES:
-        return _ops.cast(_softmax(_fp32(x), dim=dim), x.dtype)
-    return _softmax(x, dim=dim)
+        return _ops.cast(_softmax_fp32(_fp32(x), dim), x.dtype)
+    return _softmax_fp32(x, dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -81,7 +110,12 @@ def causal_mask(seq_len: int, like: Tensor | None = None) -> Tensor:
 
 
 def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
-    # mint has no masked_fill in 2.10.
+    # mint has no masked_fill in 2.10. The mask is broadcast to x's shape first: MindSpore 2.10's CPU kernel
+    # for a broadcasting mask keeps two size_t index arrays over the output (16 bytes an element) for as long
+    # as the kernel lives, which in a compiled graph is the whole run, once per node (the attention's causal
+    # mask: 64 MiB a layer at 2 x 8 heads x 512^2, forward and backward). Same values; docs/memory-and-speed.md.
+    if tuple(mask.shape) != tuple(x.shape):
+        mask = _ops.broadcast_to(mask, x.shape)
     return _ops.masked_fill(x, mask, value)
 
 
