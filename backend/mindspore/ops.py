@@ -11,6 +11,7 @@ fp32 and returned in their own dtype; `cross_entropy` works on fp32 logits and r
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import mindspore as ms
@@ -30,6 +31,10 @@ HALF_DTYPES = (ms.float16, ms.bfloat16)
 # compiled by mindspore.jit reads as constants (it cannot run device.detect()).
 _ON_ASCEND = _device.detect().kind == "npu"
 _NATIVE_DROPOUT = dropout_hash.native_impls(_device.detect().kind)
+# On a CPU, masked_fill and softmax's backward give MindSpore's kernels operands of one shape (below; the memory
+# it saves: docs/memory-and-speed.md). MMRUN_MS_CPU_BROADCAST=1 keeps MindSpore's broadcasting ops (to measure).
+BROADCAST_VAR = "MMRUN_MS_CPU_BROADCAST"
+_SAME_SHAPE_OPERANDS = _device.detect().kind == "cpu" and os.environ.get(BROADCAST_VAR) != "1"
 
 
 def _fp32(x: Tensor | None) -> Tensor | None:
@@ -73,7 +78,7 @@ class _CpuSoftmax(ms.nn.Cell):
 
 
 # one per dim, made when the backend imports (mindspore.jit reads them as constants)
-_CPU_SOFTMAX = {dim: _CpuSoftmax(dim) for dim in (-1, -2, -3, -4)} if _device.detect().kind == "cpu" else {}
+_CPU_SOFTMAX = {dim: _CpuSoftmax(dim) for dim in (-1, -2, -3, -4)} if _SAME_SHAPE_OPERANDS else {}
 
 
 def _softmax_fp32(x: Tensor, dim: int) -> Tensor:
@@ -114,7 +119,7 @@ def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
     # for a broadcasting mask keeps two size_t index arrays over the output (16 bytes an element) for as long
     # as the kernel lives, which in a compiled graph is the whole run, once per node (the attention's causal
     # mask: 64 MiB a layer at 2 x 8 heads x 512^2, forward and backward). Same values; docs/memory-and-speed.md.
-    if tuple(mask.shape) != tuple(x.shape):
+    if _SAME_SHAPE_OPERANDS and tuple(mask.shape) != tuple(x.shape):
         mask = _ops.broadcast_to(mask, x.shape)
     return _ops.masked_fill(x, mask, value)
 
