@@ -114,14 +114,20 @@ def causal_mask(seq_len: int, like: Tensor | None = None) -> Tensor:
     return mint.triu(mint.ones((seq_len, seq_len), dtype=ms.bool_), 1)
 
 
+def _full(t: Tensor, like: Tensor) -> Tensor:
+    """t broadcast to like's shape on a CPU (the operand of an elementwise op with `like`), t itself elsewhere: see
+    masked_fill. The shapes are known when a graph compiles, so under jit this costs one BroadcastTo or nothing."""
+    if _SAME_SHAPE_OPERANDS and tuple(t.shape) != tuple(like.shape):
+        return _ops.broadcast_to(t, like.shape)
+    return t
+
+
 def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
     # mint has no masked_fill in 2.10. The mask is broadcast to x's shape first: MindSpore 2.10's CPU kernel
     # for a broadcasting mask keeps two size_t index arrays over the output (16 bytes an element) for as long
     # as the kernel lives, which in a compiled graph is the whole run, once per node (the attention's causal
     # mask: 64 MiB a layer at 2 x 8 heads x 512^2, forward and backward). Same values; docs/memory-and-speed.md.
-    if _SAME_SHAPE_OPERANDS and tuple(mask.shape) != tuple(x.shape):
-        mask = _ops.broadcast_to(mask, x.shape)
-    return _ops.masked_fill(x, mask, value)
+    return _ops.masked_fill(x, _full(mask, x), value)
 
 
 # Dropout draws its mask from seeding.DROPOUT_GENERATOR, whose state a checkpoint can save and restore.
@@ -384,8 +390,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     if fused is not None:
         return fused
     x32 = x if x.dtype == ms.float32 else _ops.cast(x, ms.float32)
-    normed = x32 * mint.rsqrt(mint.mean(x32 * x32, -1, keepdim=True) + eps)
-    return weight * (normed if x.dtype == ms.float32 else _ops.cast(normed, x.dtype))
+    normed = x32 * _full(mint.rsqrt(mint.mean(x32 * x32, -1, keepdim=True) + eps), x32)
+    normed = normed if x.dtype == ms.float32 else _ops.cast(normed, x.dtype)
+    return _full(weight, normed) * normed
 
 
 def silu(x: Tensor) -> Tensor:
@@ -407,7 +414,7 @@ def rotary_mul(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if fused is not None:
         return fused
     x1, x2 = split(x, x.shape[-1] // 2, dim=-1)  # a copying split (see split)
-    return x * cos + mint.cat([-x2, x1], dim=-1) * sin
+    return x * _full(cos, x) + mint.cat([-x2, x1], dim=-1) * _full(sin, x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
