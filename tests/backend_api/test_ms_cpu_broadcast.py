@@ -42,3 +42,40 @@ def test_softmax_gradient_is_mindspores_bit_for_bit_compiled_and_pynative(bm, di
         got, want = wrap(ms.grad(ours))(x).asnumpy(), wrap(ms.grad(theirs))(x).asnumpy()
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(bm.ops.softmax(x, dim=dim).asnumpy(), mint.nn.functional.softmax(x, dim=dim).asnumpy())
+
+
+def _rms_norm(bm, t, w, cos, sin, mask):
+    return bm.ops.rms_norm(t, w, 1e-6)
+
+
+def _rotary_mul(bm, t, w, cos, sin, mask):
+    return bm.ops.rotary_mul(t, cos * w[0], sin)
+
+
+def _masked_fill(bm, t, w, cos, sin, mask):
+    return bm.ops.masked_fill(t * w, mask, 0.0)
+
+
+@pytest.mark.parametrize("op", [_rms_norm, _rotary_mul, _masked_fill])
+def test_same_shape_operands_change_no_bit_of_values_or_gradients(bm, monkeypatch, op):
+    """Against the same op with MindSpore broadcasting (MMRUN_MS_CPU_BROADCAST=1's path), compiled."""
+    import mindspore as ms
+    from mindspore import mint
+
+    x = ms.Tensor(RNG.standard_normal((2, 3, 6, 8)).astype(np.float32))
+    weight, cos, sin = (ms.Tensor(RNG.standard_normal(s).astype(np.float32)) for s in [(8,), (6, 8), (6, 8)])
+    mask = ms.Tensor(RNG.standard_normal((6, 8)) > 0)
+
+    def loss(t, w):
+        y = op(bm, t, w, cos, sin, mask)
+        return mint.sum(y * y)
+
+    def measure():
+        value, grads = ms.jit(ms.value_and_grad(loss, (0, 1)))(x, weight)
+        return [value.asnumpy()] + [g.asnumpy() for g in grads]
+
+    assert bm.ops._SAME_SHAPE_OPERANDS
+    ours = measure()
+    monkeypatch.setattr(bm.ops, "_SAME_SHAPE_OPERANDS", False)
+    for got, want in zip(ours, measure()):
+        np.testing.assert_array_equal(got, want)
