@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"({time.perf_counter() - start:.0f} s, load {loads[-1]:.1f})", flush=True)
     lines = [] if not args.only else [
         f"{platform.machine()} CPU, {os.cpu_count()} cores, OMP_NUM_THREADS=1, {args.rounds} round(s), "
-        f"load {min(loads):.1f} to {max(loads):.1f}; gpt: {args.gpt_layers} layers; peak RSS of the whole process, MiB", "",
+        f"load {min(loads):.1f} to {max(loads):.1f}; " + (f"gpt: {args.gpt_layers} layers; " if "gpt" in args.only else "")
+        + "peak RSS of the whole process, MiB", "",
         "| workload | variant | peak RSS (each round) | median | / PyTorch |", "|---|---|---|---|---|"]
     for workload in args.only:
         base = statistics.median(peaks[(workload, "pytorch")])
