@@ -18,8 +18,11 @@ compiled graphs, its memory pool and the host tensors included). Workloads:
              of optimizer state rank 0 holds, as its log line reports them (summed from the tensors it keeps),
              and rank 0's peak RSS (a table of its own)
 
-Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), and MindSpore's PyNative step
-(--no-ms-jit; Wan's MindSpore step is PyNative already), each --rounds times, and the ratio MindSpore / PyTorch.
+Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), the same with MindSpore's own
+broadcasting masked_fill and softmax backward (MMRUN_MS_CPU_BROADCAST=1: what mmrun ran before it gave those kernels
+operands of one shape, docs/memory-and-speed.md), and MindSpore's PyNative step (--no-ms-jit; Wan's MindSpore step is
+PyNative already), each --rounds times, and the ratio MindSpore / PyTorch. `--gpt-layers 4` halves the GPT (the
+8-layer job with MindSpore's broadcasting kernels peaks at about 4.4 GB).
 
     python benchmarks/memory.py                       # 2 rounds, every workload
     python benchmarks/memory.py --only wan-tiny --rounds 1
@@ -40,34 +43,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "benchmarks"
 ITERS = 3
-GPT_ARGS = ["--mock-data", "--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length",
+GPT_ARGS = ["--mock-data", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length",
             "512", "--max-position-embeddings", "512", "--micro-batch-size", "2", "--global-batch-size", "2",
             "--lr", "1e-4", "--hidden-dropout", "0", "--attention-dropout", "0", "--eval-iters", "0"]
 VLM_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "128", "--lr", "2e-3",
             "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0",
             "--mm-model", str(ROOT / "scripts" / "qwen2vl" / "model_tiny.json")]
-# workload -> the variants measured: (label, framework, extra arguments)
+BROADCAST = {"MMRUN_MS_CPU_BROADCAST": "1"}
+# workload -> the variants measured: (label, framework, extra arguments, extra environment)
 VARIANTS = {
-    "gpt": [("pytorch", "pytorch", []), ("mindspore", "mindspore", []),
-            ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"])],
-    "vlm-demo": [("pytorch", "pytorch", []), ("mindspore", "mindspore", []),
-                 ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"])],
-    "wan-tiny": [("pytorch", "pytorch", []), ("mindspore (compiled, as pretrain_sora.py runs it)", "mindspore", []),
-                 ("mindspore (PyNative)", "mindspore", ["--ms-pynative"])],
+    "gpt": [("pytorch", "pytorch", [], {}), ("mindspore", "mindspore", [], {}),
+            ("mindspore, MMRUN_MS_CPU_BROADCAST=1 (before)", "mindspore", [], BROADCAST),
+            ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"], {})],
+    "vlm-demo": [("pytorch", "pytorch", [], {}), ("mindspore", "mindspore", [], {}),
+                 ("mindspore, MMRUN_MS_CPU_BROADCAST=1 (before)", "mindspore", [], BROADCAST),
+                 ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"], {})],
+    "wan-tiny": [("pytorch", "pytorch", [], {}),
+                 ("mindspore (compiled, as pretrain_sora.py runs it)", "mindspore", [], {}),
+                 ("mindspore (PyNative)", "mindspore", ["--ms-pynative"], {})],
 }
 
 
 def _env(framework: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "PET_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "PET_")) and k not in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK", *BROADCAST)}
     env.update(GLOG_v="3", OMP_NUM_THREADS="1", MMRUN_AI_FRAMEWORK=framework)
     return env
 
 
-def command(workload: str, framework: str, extra: list[str], data_json: str) -> list[str]:
+def command(workload: str, framework: str, extra: list[str], data_json: str, gpt_layers: int = 8) -> list[str]:
     if workload == "gpt":
         return [sys.executable, str(ROOT / "models" / "pretrain_gpt.py"), "--ai-framework", framework, *GPT_ARGS,
-                "--train-iters", str(ITERS), "--log-interval", "1", *extra]
+                "--num-layers", str(gpt_layers), "--train-iters", str(ITERS), "--log-interval", "1", *extra]
     if workload == "vlm-demo":
         return [sys.executable, str(ROOT / "models" / "pretrain_vlm.py"), "--ai-framework", framework, *VLM_ARGS,
                 "--mm-data", data_json, "--train-iters", str(ITERS), "--log-interval", "1", *extra]
@@ -132,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=[*VARIANTS, "optimizer-state"], default=list(VARIANTS))
     parser.add_argument("--rounds", type=int, default=2, help="every variant this many times (2)")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
+    parser.add_argument("--gpt-layers", type=int, default=8, help="the GPT's layers (8, issue 40's job)")
     parser.add_argument("--wan-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ms-pynative", action="store_true", help=argparse.SUPPRESS)  # the wan worker's PyNative row
     args = parser.parse_args(argv)
@@ -154,20 +162,22 @@ def main(argv: list[str] | None = None) -> int:
                 capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         for round_ in range(args.rounds):
             for workload in args.only:
-                for label, framework, extra in VARIANTS[workload]:
+                for label, framework, extra, env in VARIANTS[workload]:
                     start = time.perf_counter()
-                    peak = peak_mib(command(workload, framework, extra, data_json), _env(framework), tmp)
+                    peak = peak_mib(command(workload, framework, extra, data_json, args.gpt_layers),
+                                    {**_env(framework), **env}, tmp)
                     loads.append(os.getloadavg()[0])
                     peaks.setdefault((workload, label), []).append(peak)
                     print(f"round {round_ + 1} {workload} {label}: peak {peak:.0f} MiB "
                           f"({time.perf_counter() - start:.0f} s, load {loads[-1]:.1f})", flush=True)
     lines = [] if not args.only else [
         f"{platform.machine()} CPU, {os.cpu_count()} cores, OMP_NUM_THREADS=1, {args.rounds} round(s), "
-        f"load {min(loads):.1f} to {max(loads):.1f}; peak RSS of the whole process, MiB", "",
+        f"load {min(loads):.1f} to {max(loads):.1f}; " + (f"gpt: {args.gpt_layers} layers; " if "gpt" in args.only else "")
+        + "peak RSS of the whole process, MiB", "",
         "| workload | variant | peak RSS (each round) | median | / PyTorch |", "|---|---|---|---|---|"]
     for workload in args.only:
         base = statistics.median(peaks[(workload, "pytorch")])
-        for label, _, _ in VARIANTS[workload]:
+        for label, *_ in VARIANTS[workload]:
             values = peaks[(workload, label)]
             med = statistics.median(values)
             lines.append(f"| {workload} | {label} | {', '.join(f'{v:.0f}' for v in values)} | {med:.0f} "

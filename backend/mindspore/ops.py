@@ -11,6 +11,7 @@ fp32 and returned in their own dtype; `cross_entropy` works on fp32 logits and r
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import mindspore as ms
@@ -30,6 +31,10 @@ HALF_DTYPES = (ms.float16, ms.bfloat16)
 # compiled by mindspore.jit reads as constants (it cannot run device.detect()).
 _ON_ASCEND = _device.detect().kind == "npu"
 _NATIVE_DROPOUT = dropout_hash.native_impls(_device.detect().kind)
+# On a CPU, masked_fill and softmax's backward give MindSpore's kernels operands of one shape (below; the memory
+# it saves: docs/memory-and-speed.md). MMRUN_MS_CPU_BROADCAST=1 keeps MindSpore's broadcasting ops (to measure).
+BROADCAST_VAR = "MMRUN_MS_CPU_BROADCAST"
+_SAME_SHAPE_OPERANDS = _device.detect().kind == "cpu" and os.environ.get(BROADCAST_VAR) != "1"
 
 
 def _fp32(x: Tensor | None) -> Tensor | None:
@@ -52,10 +57,39 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return mint.reshape(y, shape[:-1] + (weight.shape[0],))
 
 
+class _CpuSoftmax(ms.nn.Cell):
+    """softmax along `dim` with MindSpore's own backward, out * (dout - sum(out * dout, dim)), the sum broadcast
+    to dout's shape before the subtraction. MindSpore 2.10's expanded backward subtracts the (..., 1) sum
+    directly, and the CPU kernel of a broadcasting Sub keeps two size_t index arrays over its output (16 bytes an
+    element) for as long as the kernel lives: in a compiled graph, the whole run, once per softmax (64 MiB a
+    layer for 2 x 8 heads x 512^2 attention probabilities). The same ops in the same order: gradients
+    bit-identical (docs/memory-and-speed.md)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.sum = _ops.ReduceSum(keep_dims=True)
+
+    def construct(self, x):
+        return _softmax(x, dim=self.dim)
+
+    def bprop(self, x, out, dout):
+        return (out * (dout - _ops.broadcast_to(self.sum(out * dout, self.dim), dout.shape)),)
+
+
+# one per dim, made when the backend imports (mindspore.jit reads them as constants)
+_CPU_SOFTMAX = {dim: _CpuSoftmax(dim) for dim in (-1, -2, -3, -4)} if _SAME_SHAPE_OPERANDS else {}
+
+
+def _softmax_fp32(x: Tensor, dim: int) -> Tensor:
+    back = dim - x.ndim if dim >= 0 else dim
+    return _CPU_SOFTMAX[back](x) if back in _CPU_SOFTMAX else _softmax(x, dim=dim)
+
+
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     if x.dtype in HALF_DTYPES:
-        return _ops.cast(_softmax(_fp32(x), dim=dim), x.dtype)
-    return _softmax(x, dim=dim)
+        return _ops.cast(_softmax_fp32(_fp32(x), dim), x.dtype)
+    return _softmax_fp32(x, dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -80,9 +114,20 @@ def causal_mask(seq_len: int, like: Tensor | None = None) -> Tensor:
     return mint.triu(mint.ones((seq_len, seq_len), dtype=ms.bool_), 1)
 
 
+def _full(t: Tensor, like: Tensor) -> Tensor:
+    """t broadcast to like's shape on a CPU (the operand of an elementwise op with `like`), t itself elsewhere: see
+    masked_fill. The shapes are known when a graph compiles, so under jit this costs one BroadcastTo or nothing."""
+    if _SAME_SHAPE_OPERANDS and tuple(t.shape) != tuple(like.shape):
+        return _ops.broadcast_to(t, like.shape)
+    return t
+
+
 def masked_fill(x: Tensor, mask: Tensor, value: float) -> Tensor:
-    # mint has no masked_fill in 2.10.
-    return _ops.masked_fill(x, mask, value)
+    # mint has no masked_fill in 2.10. The mask is broadcast to x's shape first: MindSpore 2.10's CPU kernel
+    # for a broadcasting mask keeps two size_t index arrays over the output (16 bytes an element) for as long
+    # as the kernel lives, which in a compiled graph is the whole run, once per node (the attention's causal
+    # mask: 64 MiB a layer at 2 x 8 heads x 512^2, forward and backward). Same values; docs/memory-and-speed.md.
+    return _ops.masked_fill(x, _full(mask, x), value)
 
 
 # Dropout draws its mask from seeding.DROPOUT_GENERATOR, whose state a checkpoint can save and restore.
@@ -345,8 +390,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     if fused is not None:
         return fused
     x32 = x if x.dtype == ms.float32 else _ops.cast(x, ms.float32)
-    normed = x32 * mint.rsqrt(mint.mean(x32 * x32, -1, keepdim=True) + eps)
-    return weight * (normed if x.dtype == ms.float32 else _ops.cast(normed, x.dtype))
+    normed = x32 * _full(mint.rsqrt(mint.mean(x32 * x32, -1, keepdim=True) + eps), x32)
+    normed = normed if x.dtype == ms.float32 else _ops.cast(normed, x.dtype)
+    return _full(weight, normed) * normed
 
 
 def silu(x: Tensor) -> Tensor:
@@ -368,7 +414,7 @@ def rotary_mul(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if fused is not None:
         return fused
     x1, x2 = split(x, x.shape[-1] // 2, dim=-1)  # a copying split (see split)
-    return x * cos + mint.cat([-x2, x1], dim=-1) * sin
+    return x * _full(cos, x) + mint.cat([-x2, x1], dim=-1) * _full(sin, x)
 
 
 def sigmoid(x: Tensor) -> Tensor:

@@ -1,0 +1,81 @@
+"""MindSpore on a CPU: `masked_fill` and softmax's backward hand MindSpore's kernels operands of one shape, so no
+compiled CPU kernel keeps broadcast index arrays (16 bytes an output element) for the whole run
+(docs/memory-and-speed.md, "Where the compiled step's memory went"). Values and gradients stay bit-identical to
+MindSpore's own ops, compiled and PyNative."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+RNG = np.random.default_rng(7)
+
+
+def test_masked_fill_gives_mindspore_a_mask_of_xs_shape_and_the_same_values(bm, monkeypatch):
+    import mindspore as ms
+
+    real = ms.ops.masked_fill
+    x = ms.Tensor(RNG.standard_normal((2, 3, 5, 5)).astype(np.float32))
+    mask = bm.ops.causal_mask(5)
+    expected = real(x, mask, float("-inf")).asnumpy()  # MindSpore broadcasting the (5, 5) mask itself
+    seen = []
+    monkeypatch.setattr(ms.ops, "masked_fill", lambda t, m, v: (seen.append(tuple(m.shape)), real(t, m, v))[1])
+    np.testing.assert_array_equal(bm.ops.masked_fill(x, mask, float("-inf")).asnumpy(), expected)
+    assert seen == [(2, 3, 5, 5)]
+
+
+@pytest.mark.parametrize("dim", [-1, 1])
+def test_softmax_gradient_is_mindspores_bit_for_bit_compiled_and_pynative(bm, dim):
+    import mindspore as ms
+    from mindspore import mint
+
+    assert bm.ops._CPU_SOFTMAX, "the CPU softmax with the same-shape backward is not in use"
+    x = ms.Tensor(RNG.standard_normal((2, 3, 5, 7)).astype(np.float32))
+    w = ms.Tensor(RNG.standard_normal((2, 3, 5, 7)).astype(np.float32))
+
+    def ours(t):
+        return mint.sum(bm.ops.softmax(t, dim=dim) * w)
+
+    def theirs(t):
+        return mint.sum(mint.nn.functional.softmax(t, dim=dim) * w)
+
+    for wrap in (lambda f: f, ms.jit):
+        got, want = wrap(ms.grad(ours))(x).asnumpy(), wrap(ms.grad(theirs))(x).asnumpy()
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(bm.ops.softmax(x, dim=dim).asnumpy(), mint.nn.functional.softmax(x, dim=dim).asnumpy())
+
+
+def _rms_norm(bm, t, w, cos, sin, mask):
+    return bm.ops.rms_norm(t, w, 1e-6)
+
+
+def _rotary_mul(bm, t, w, cos, sin, mask):
+    return bm.ops.rotary_mul(t, cos * w[0], sin)
+
+
+def _masked_fill(bm, t, w, cos, sin, mask):
+    return bm.ops.masked_fill(t * w, mask, 0.0)
+
+
+@pytest.mark.parametrize("op", [_rms_norm, _rotary_mul, _masked_fill])
+def test_same_shape_operands_change_no_bit_of_values_or_gradients(bm, monkeypatch, op):
+    """Against the same op with MindSpore broadcasting (MMRUN_MS_CPU_BROADCAST=1's path), compiled."""
+    import mindspore as ms
+    from mindspore import mint
+
+    x = ms.Tensor(RNG.standard_normal((2, 3, 6, 8)).astype(np.float32))
+    weight, cos, sin = (ms.Tensor(RNG.standard_normal(s).astype(np.float32)) for s in [(8,), (6, 8), (6, 8)])
+    mask = ms.Tensor(RNG.standard_normal((6, 8)) > 0)
+
+    def loss(t, w):
+        y = op(bm, t, w, cos, sin, mask)
+        return mint.sum(y * y)
+
+    def measure():
+        value, grads = ms.jit(ms.value_and_grad(loss, (0, 1)))(x, weight)
+        return [value.asnumpy()] + [g.asnumpy() for g in grads]
+
+    assert bm.ops._SAME_SHAPE_OPERANDS
+    ours = measure()
+    monkeypatch.setattr(bm.ops, "_SAME_SHAPE_OPERANDS", False)
+    for got, want in zip(ours, measure()):
+        np.testing.assert_array_equal(got, want)
