@@ -10,6 +10,8 @@ Workloads (one process each, fp32, CPU threads as --threads says):
   vlm-demo-dp2  the demo's job on 2 data-parallel processes (`mmrun --nproc-per-node 2`, same global batch)
   vlm-demo-tp2  the demo's job with --tensor-model-parallel-size 2 (megatron-core on PyTorch, the
              mindspore-parallel engine on MindSpore)
+  vlm-demo-pp2  the demo's job with --pipeline-model-parallel-size 2 (scripts/qwen2vl/model_tiny_pp2.json: the ViT
+             and a decoder layer on stage 0, the other decoder layer on stage 1; the same engines)
 
 Each round runs every workload on PyTorch, then on MindSpore, so a change in the machine's load hits both
 sides of a ratio. Reported per side: the median iteration time after --warmup, the first iteration, the compile
@@ -19,7 +21,7 @@ it ran; per workload the MindSpore / PyTorch ratio of each round and their media
     python benchmarks/ms_speed.py                          # 3 rounds, every workload
     python benchmarks/ms_speed.py --only vlm-demo --rounds 2 --markdown out.md
     python benchmarks/ms_speed.py --ms-args=--no-ms-jit     # MindSpore's PyNative step, for the before/after
-    python benchmarks/ms_speed.py --only vlm-demo-dp2 vlm-demo-tp2 --rounds 1   # 2 processes each
+    python benchmarks/ms_speed.py --only vlm-demo-dp2 vlm-demo-tp2 vlm-demo-pp2 --rounds 1   # 2 processes each
     python benchmarks/ms_speed.py --ms-compile-cache   # each MindSpore job twice: the second loads the graphs
 
 With --ms-compile-cache every MindSpore job runs twice with --ms-compile-cache (a fresh folder per pair):
@@ -49,6 +51,7 @@ from vlm_step import model_json  # noqa: E402 - the `small` model.json, built th
 VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
 GPT_ENTRY = ROOT / "models" / "pretrain_gpt.py"
 TINY_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+MODEL_FILES = {"tiny": TINY_JSON, "tiny-pp2": ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json"}
 VLM_COMMON = ["--seq-length", "128", "--lr", "2e-3", "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0"]
 DEMO_BATCH = ["--micro-batch-size", "2", "--global-batch-size", "4", *VLM_COMMON]
 # name -> (entry, arguments without the model file, model.json size or None, processes)
@@ -61,6 +64,7 @@ WORKLOADS = {
                         "0", "--eval-iters", "0"], None, 1),
     "vlm-demo-dp2": (VLM_ENTRY, DEMO_BATCH, "tiny", 2),
     "vlm-demo-tp2": (VLM_ENTRY, [*DEMO_BATCH, "--tensor-model-parallel-size", "2"], "tiny", 2),
+    "vlm-demo-pp2": (VLM_ENTRY, [*DEMO_BATCH, "--pipeline-model-parallel-size", "2"], "tiny-pp2", 2),
 }
 SINGLE = [name for name, row in WORKLOADS.items() if row[3] == 1]  # the default: one process each
 CACHED_NOTE = ", MindSpore with --ms-compile-cache, its second run (the first run's compile in brackets)"
@@ -95,7 +99,7 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
                   str(nproc), "--master-port", "0", str(entry)]
     cmd = [*launch, *args, "--train-iters", str(iters), "--log-interval", "1", "--metrics-file", str(metrics), *extra]
     if size is not None:
-        model = TINY_JSON if size == "tiny" else model_json(size, out)
+        model = MODEL_FILES[size] if size in MODEL_FILES else model_json(size, out)
         cmd += ["--mm-model", str(model), "--mm-data", data_json]
     load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=_env(threads), timeout=3600)
