@@ -10,6 +10,8 @@ Workloads (one process each, fp32, CPU threads as --threads says):
   vlm-demo-dp2  the demo's job on 2 data-parallel processes (`mmrun --nproc-per-node 2`, same global batch)
   vlm-demo-tp2  the demo's job with --tensor-model-parallel-size 2 (megatron-core on PyTorch, the
              mindspore-parallel engine on MindSpore)
+  vlm-demo-pp2  the demo's job with --pipeline-model-parallel-size 2 (scripts/qwen2vl/model_tiny_pp2.json: the ViT
+             and a decoder layer on stage 0, the other decoder layer on stage 1; the same engines)
   wan-tiny, wan-small  models/pretrain_sora.py (t2v, fp32) on benchmarks/wan_step.py's `tiny` / `small` DiT and
              latent shapes: random feature files and a MindSpeed-MM pretrain_model.json written for the run
              (`wan_files`), one micro-batch per step
@@ -22,7 +24,7 @@ it ran; per workload the MindSpore / PyTorch ratio of each round and their media
     python benchmarks/ms_speed.py                          # 3 rounds, every workload
     python benchmarks/ms_speed.py --only vlm-demo --rounds 2 --markdown out.md
     python benchmarks/ms_speed.py --ms-args=--no-ms-jit     # MindSpore's PyNative step, for the before/after
-    python benchmarks/ms_speed.py --only vlm-demo-dp2 vlm-demo-tp2 --rounds 1   # 2 processes each
+    python benchmarks/ms_speed.py --only vlm-demo-dp2 vlm-demo-tp2 vlm-demo-pp2 --rounds 1   # 2 processes each
     python benchmarks/ms_speed.py --ms-compile-cache   # each MindSpore job twice: the second loads the graphs
 
 With --ms-compile-cache every MindSpore job runs twice with --ms-compile-cache (a fresh folder per pair):
@@ -53,6 +55,7 @@ VLM_ENTRY = ROOT / "models" / "pretrain_vlm.py"
 GPT_ENTRY = ROOT / "models" / "pretrain_gpt.py"
 SORA_ENTRY = ROOT / "models" / "pretrain_sora.py"
 TINY_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
+MODEL_FILES = {"tiny": TINY_JSON, "tiny-pp2": ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json"}
 VLM_COMMON = ["--seq-length", "128", "--lr", "2e-3", "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0"]
 DEMO_BATCH = ["--micro-batch-size", "2", "--global-batch-size", "4", *VLM_COMMON]
 # pretrain_sora.py: examples/wan2.1's optimizer flags, one sample per step, no recomputation (timed as it is)
@@ -68,6 +71,7 @@ WORKLOADS = {
                         "0", "--eval-iters", "0"], None, 1),
     "vlm-demo-dp2": (VLM_ENTRY, DEMO_BATCH, "tiny", 2),
     "vlm-demo-tp2": (VLM_ENTRY, [*DEMO_BATCH, "--tensor-model-parallel-size", "2"], "tiny", 2),
+    "vlm-demo-pp2": (VLM_ENTRY, [*DEMO_BATCH, "--pipeline-model-parallel-size", "2"], "tiny-pp2", 2),
     "wan-tiny": (SORA_ENTRY, WAN_ARGS, "wan-tiny", 1),
     "wan-small": (SORA_ENTRY, WAN_ARGS, "wan-small", 1),
 }
@@ -148,7 +152,7 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
         files = wan_files(size[len("wan-"):], out)
         cmd += ["--mm-model", str(files["model"]), "--mm-data", str(files["data"])]
     elif size is not None:
-        model = TINY_JSON if size == "tiny" else model_json(size, out)
+        model = MODEL_FILES[size] if size in MODEL_FILES else model_json(size, out)
         cmd += ["--mm-model", str(model), "--mm-data", data_json]
     load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=_env(threads), timeout=3600)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +112,20 @@ def reference_and_engine(nproc: int, args: list[str], engine_args: list[str], tm
     return load_results(tmp / "mcore"), load_results(tmp / "mindspore")
 
 
+@contextmanager
+def cpu_load(processes: int):
+    """`processes` busy loops (nice 0) for the duration: a loaded machine, where one rank can wait on another
+    for tens of seconds (MindSpore's CPU collectives gave up after 30 s: launchers/run.py, CPU_COMM_TIMEOUT_VAR)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 class Jobs:
     """What the tests use from here (test modules cannot import conftest under --import-mode=importlib)."""
 
@@ -119,6 +134,7 @@ class Jobs:
     mmrun = staticmethod(mmrun)
     msrun = staticmethod(msrun)
     reference_and_engine = staticmethod(reference_and_engine)
+    cpu_load = staticmethod(cpu_load)
 
 
 @pytest.fixture

@@ -20,6 +20,10 @@ CONFIGS = {
     "tp2-pp2": (4, ["--tp", "2", "--pp", "2", "--micro-batches", "4"]),
     "pp2-dp2-untied": (4, ["--pp", "2", "--micro-batches", "3", "--untie"]),
 }
+# name -> busy loops running beside it: TP=2 x PP=2 stopped in the gradient norm's all-reduce 5 times in 10 at load
+# 12 to 20 while MindSpore's CPU collectives gave up on a peer after 30 s (MS_CPU_COMM_OP_TIMEOUT; mmrun now
+# exports --distributed-timeout-minutes' 600 s to msrun's workers, launchers/run.py). It runs loaded here.
+LOADED = {"tp2-pp2": 2}
 
 
 @pytest.mark.slow
@@ -27,7 +31,8 @@ CONFIGS = {
 def test_engine_equals_megatron_core(tmp_path, jobs, name):
     nproc, args = CONFIGS[name]
     args = [*args, "--iters", str(ITERS)]
-    reference, engine = jobs.reference_and_engine(nproc, args, ["--jit", "on"], tmp_path)
+    with jobs.cpu_load(LOADED.get(name, 0)):
+        reference, engine = jobs.reference_and_engine(nproc, args, ["--jit", "on"], tmp_path)
     assert sorted(engine) == sorted(reference) == list(range(nproc))
     for rank, ref in reference.items():
         ours = engine[rank]

@@ -56,7 +56,7 @@ from mmrun.backend.train_step_shared import StepResult, advance_schedule, check_
 
 MICRO_BATCH_FIELDS = ("tokens", "position_ids", "labels", "loss_mask")
 # What each compiled piece of the step is, for the line printed when it compiles.
-_GRAPHS = {"backward": "forward-backward", "forward": "forward", "squares": "gradient norm",
+_GRAPHS = {"backward": "forward-backward", "forward": "forward", "norm": "gradient norm",
            "apply": "clipping and AdamW"}
 
 
@@ -151,9 +151,14 @@ class ParallelTrainStep(ms.nn.Cell):
         else:
             grad = ms.value_and_grad(self._middle_dot, 0, params)
         self._grad_fn = grad
+        # The norm's all-reduce over the model-parallel group runs inside its graph (AllReduce compiles on every
+        # device; on CPU mccl), so the host reads nothing between the gradients and the update.
+        mp = state.groups["mp"].name
+        self._mp_reduce = ms.ops.AllReduce(ms.ops.ReduceOp.SUM, mp) if mp else None
+        self._loss_owner = ms.Tensor(float(self.last and tp_rank == 0), ms.float32)  # one copy of the loss summed
         self._compiled = {"backward": wrap(self._backward), "forward": wrap(self._forward),
                           "forward_eval": wrap(self._forward_eval),
-                          "evaluate": wrap(self._evaluate), "squares": ms.jit(self._squares),
+                          "evaluate": wrap(self._evaluate), "norm": ms.jit(self._norm),
                           "apply": ms.jit(self._apply)}
         self._p2p: PipelineP2P | None = None
         self.announce: Callable[[str], None] | None = None  # prints each graph's first (compiling) call once
@@ -218,6 +223,15 @@ class ParallelTrainStep(ms.nn.Cell):
                 total = total + mint.sum(g * g)
         return total
 
+    def _norm(self, grads, loss, expert_squares):
+        """(the global gradient norm, the last stage's loss) on every rank: this rank's squares (its experts' already
+        summed over their EP group) and its loss summed over the model-parallel group in one all-reduce."""
+        squares = self._squares(grads) + expert_squares
+        pair = mint.cat([mint.reshape(squares, (1,)), mint.reshape(loss * self._loss_owner, (1,))])
+        if self._mp_reduce is not None:
+            pair = self._mp_reduce(pair)
+        return mint.sqrt(pair[0]), pair[1]
+
     def _apply(self, grads, norm, scalars):
         grads, norm = optim.clip_grad_norm(grads, self.clip_grad, total=norm)
         return F.depend(norm, self.optimizer(grads, scalars))
@@ -255,10 +269,10 @@ class ParallelTrainStep(ms.nn.Cell):
             self._p2p = PipelineP2P(self.state, shape)
         return self._p2p
 
-    def compute_gradients(self, micro_batches: Sequence[Sequence[Any]]) -> tuple[float, tuple[ms.Tensor, ...]]:
+    def compute_gradients(self, micro_batches: Sequence[Sequence[Any]]) -> tuple[ms.Tensor, tuple[ms.Tensor, ...]]:
         """Forward and backward over the micro-batches and the finalized gradients of this rank's parameters
-        (aligned with optimizer.names), before clipping; the loss is the mean over micro-batches and
-        data-parallel ranks, on every rank."""
+        (aligned with optimizer.names), before clipping; the loss (a scalar tensor, not read here) is the mean
+        over micro-batches and data-parallel ranks, on the last stage."""
         batches = self._micro_batches(micro_batches)
         num = len(batches)
         self.model.set_train(True)  # Megatron's train_step runs the model in training mode (dropout on)
@@ -273,7 +287,7 @@ class ParallelTrainStep(ms.nn.Cell):
                 self._dropout_at(i)
                 loss, _, acc = self._timed("backward", batch, backward, acc, batch, None, None, scale)
                 acc = ms.mutable(acc)
-                loss_sum += float(loss)
+                loss_sum = loss_sum + loss  # a tensor: the host reads the loss once, at the step's end
         else:
             loss_sum, acc = self._one_f_one_b(batches, acc, scale)
         self._dropout_at(num, before=0)  # every rank leaves the step where one process would
@@ -290,8 +304,8 @@ class ParallelTrainStep(ms.nn.Cell):
     def _timed(self, name: str, batch: Any, graph: Callable, *args: Any) -> Any:
         """graph(*args); its first call for each set of batch shapes (batch None: shapes that never change)
         compiles under mindspore.jit, and that call's time is printed once (train_step._announce_first_call, shared;
-        squares and apply are compiled in PyNative too)."""
-        if not (self.jit or name in ("squares", "apply")):
+        norm and apply are compiled in PyNative too)."""
+        if not (self.jit or name in ("norm", "apply")):
             return graph(*args)
         shapes = () if batch is None else tuple(tuple(t.shape) for t in batch[0] if t is not None)
         where = f" for batch shapes [{', '.join('x'.join(map(str, s)) for s in shapes)}]" if shapes else ""
@@ -300,7 +314,7 @@ class ParallelTrainStep(ms.nn.Cell):
             lambda s: f"> MindSpore compiled the train step (parallel {_GRAPHS[name]} graph){where} in {s:.1f} s "
                       "(once; this iteration's time includes it)")
 
-    def _one_f_one_b(self, batches: list, acc, scale) -> tuple[float, Any]:
+    def _one_f_one_b(self, batches: list, acc, scale) -> tuple[Any, Any]:
         """Megatron's forward_backward_pipelining_without_interleaving."""
         p2p = self._pipeline(batches[0])
         pp, pp_rank, num = self.state.pipeline_model_parallel_size, self.state.pp_rank, len(batches)
@@ -325,7 +339,7 @@ class ParallelTrainStep(ms.nn.Cell):
             loss, input_grad, acc = self._timed("backward", batches[i], backward, acc, batches[i], hidden_in,
                                                 output_grad, scale)
             acc = ms.mutable(acc)
-            loss_sum += float(loss)
+            loss_sum = loss_sum + loss
             return None if self.first else input_grad
 
         for i in range(warmup):
@@ -350,12 +364,12 @@ class ParallelTrainStep(ms.nn.Cell):
             p2p.send_backward(run_backward(p2p.recv_backward(shape(pending[0][0]))))
         return loss_sum, acc
 
-    def _finalize(self, grads: list, loss: float) -> tuple[float, tuple[ms.Tensor, ...]]:
+    def _finalize(self, grads: list, loss: Any) -> tuple[ms.Tensor, tuple[ms.Tensor, ...]]:
         """megatron-core's finalize_model_grads (data-parallel mean, sequence-parallel sums, tied embeddings);
         the loss rides in the data-parallel buffer."""
         groups = self.state.groups
         dp = self.state.data_parallel_size
-        loss_t = ms.Tensor(np.array([loss], dtype=np.float32))
+        loss_t = mint.reshape(F.cast(loss if isinstance(loss, ms.Tensor) else ms.Tensor(loss), ms.float32), (1,))
         experts = self._expert_index
         if dp > 1 and experts:  # megatron-core's DDP: the experts' over their expert-data-parallel group, also 1/dp
             dense = [i for i in range(len(grads)) if i not in set(experts)]
@@ -371,7 +385,7 @@ class ParallelTrainStep(ms.nn.Cell):
                 grads[i] = grad
         if self._tied_index is not None:
             grads[self._tied_index] = _all_reduce_(grads[self._tied_index].copy(), groups["embd"].name)
-        return float(loss_t.asnumpy().reshape(-1)[0]), tuple(grads)
+        return mint.reshape(loss_t, ()), tuple(grads)
 
     def _over_model_parallel(self, squares: ms.Tensor, loss: float) -> tuple[float, float]:
         """One all-reduce over the model-parallel group: (sqrt of the summed squares, the last stage's loss)."""
@@ -380,24 +394,35 @@ class ParallelTrainStep(ms.nn.Cell):
         values = _all_reduce_(buffer, self.state.groups["mp"].name).asnumpy()
         return math.sqrt(float(values[0])), float(values[1])
 
-    def grad_norm(self, grads: Sequence[ms.Tensor], loss: float = 0.0) -> tuple[float, float]:
+    def _expert_squares(self, grads: Sequence[ms.Tensor]) -> ms.Tensor:
+        """Each expert once: the squares of this rank's experts summed over the EP group (0 without experts); the
+        norm's graph adds them to the dense squares before its model-parallel all-reduce."""
+        if not self._expert_index:
+            return ms.Tensor(0.0, ms.float32)
+        own = sum((mint.sum(grads[i] * grads[i]) for i in self._expert_index), ms.Tensor(0.0, ms.float32))
+        return _all_reduce_(mint.reshape(own, (1,)), self.roles.expert_parallel.name)[0]
+
+    def _norm_and_loss(self, grads: Sequence[ms.Tensor], loss: Any) -> tuple[ms.Tensor, ms.Tensor]:
+        loss = loss if isinstance(loss, ms.Tensor) else ms.Tensor(float(loss), ms.float32)
+        return self._timed("norm", None, self._compiled["norm"], ms.mutable(tuple(grads)), loss,
+                           self._expert_squares(grads))
+
+    def grad_norm(self, grads: Sequence[ms.Tensor], loss: Any = 0.0) -> tuple[float, float]:
         """(global L2 norm of the finalized gradients over the model-parallel group, the last stage's `loss`
         on every rank)."""
-        squares = self._timed("squares", None, self._compiled["squares"], ms.mutable(tuple(grads)))
-        if self._expert_index:  # each expert once: its squares summed over the EP group, then over TP x PP
-            own = sum((mint.sum(grads[i] * grads[i]) for i in self._expert_index), ms.Tensor(0.0, ms.float32))
-            squares = squares + _all_reduce_(mint.reshape(own, (1,)), self.roles.expert_parallel.name)[0]
-        return self._over_model_parallel(squares, loss)
+        norm, loss = self._norm_and_loss(grads, loss)
+        return float(norm), float(loss)
 
-    def apply_gradients(self, grads: Sequence[ms.Tensor], loss: float) -> StepResult:
+    def apply_gradients(self, grads: Sequence[ms.Tensor], loss: Any) -> StepResult:
         """The second half of a step: the norm over model-parallel ranks, clipping and the AdamW update of
-        `grads` from compute_gradients; `loss` is what compute_gradients returned (shared with every stage)."""
+        `grads` from compute_gradients; `loss` is what compute_gradients returned (shared with every stage).
+        The norm and the loss reach the host once, after the update is under way."""
         lr = set_step_lr(self.lr_scheduler, self.optimizer)
-        norm, loss = self.grad_norm(grads, loss)
-        self._timed("apply", None, self._compiled["apply"], ms.mutable(tuple(grads)), ms.Tensor(norm, ms.float32),
+        norm, loss = self._norm_and_loss(grads, loss)
+        self._timed("apply", None, self._compiled["apply"], ms.mutable(tuple(grads)), norm,
                     self.optimizer._next_scalars())
         advance_schedule(self.lr_scheduler, self.increment, False)
-        return StepResult(loss, norm, float(lr))
+        return StepResult(float(loss), float(norm), float(lr))
 
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
         """One training step over the micro-batches: compute_gradients, then apply_gradients."""
