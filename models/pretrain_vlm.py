@@ -516,18 +516,15 @@ def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64) -> dict[
 
 
 def _fixed_inputs(grid: Any, patches: int) -> dict[str, Any]:
-    """A model's own fixed-shape inputs (Qwen2.5-VL's window ids, Qwen3-VL's position taps), from its config."""
+    """A model's own fixed-shape inputs (Qwen2.5-VL's window ids, Qwen3-VL's position taps: its family's
+    fixed_vision_inputs), from its config object (built once)."""
+    from mmrun.models import families
+
     global _FIXED_CONFIG
-    config = _MODEL_JSON.hf_config
-    if config["model_type"] == "qwen3_vl":
-        from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig as config_class
-        from mmrun.models.qwen3_vl.modeling import fixed_position_taps as inputs
-    else:
-        from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig as config_class
-        from mmrun.models.qwen2_vl.modeling import fixed_window_inputs as inputs
+    family = families.by_model_type(_MODEL_JSON.hf_config["model_type"])
     if _FIXED_CONFIG is None:
-        _FIXED_CONFIG = config_class.from_hf_config(config)
-    return inputs(_FIXED_CONFIG, grid, patches)
+        _FIXED_CONFIG = families.config_class(family).from_hf_config(_MODEL_JSON.hf_config)
+    return families.part(family, "fixed_vision_inputs")(_FIXED_CONFIG, grid, patches)
 
 
 def _patch_dim(vision: dict[str, Any]) -> int:

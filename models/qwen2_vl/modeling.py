@@ -32,8 +32,7 @@ from mmrun.backend import nn, ops, tensors
 from mmrun.data.multimodal.rope_index import get_rope_index
 from mmrun.models.vlm import vision_layout
 from mmrun.models.vlm.blocks import (VisionAttention, VisionPatchEmbed, causal_lm_loss, freeze_parts, host_array,
-                                     merge_vision, place_features, place_fixed_features, rotary_of_positions,
-                                     vision_rotary)
+                                     merge_vision, place_fixed_features, rotary_of_positions, vision_rotary)
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, TextConfig, VisionConfig
 from mmrun.models.qwen2_vl.mm_layout import MINDSPEED_MM_MODULES
 from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation,
@@ -296,7 +295,7 @@ def fixed_vision_features(patch_embed: Any, blocks: Any, merger: Any, inv_freq: 
     return merger(x)
 
 
-def fixed_window_inputs(config: Qwen2VLConfig, grid: np.ndarray | None, patches: int) -> dict[str, np.ndarray]:
+def fixed_vision_inputs(config: Qwen2VLConfig, grid: np.ndarray | None, patches: int) -> dict[str, np.ndarray]:
     """The fixed-shape batch's inputs beyond vision_layout.fixed_layout's (the data path, on the host): Qwen2.5-VL's
     window ids, nothing for Qwen2-VL."""
     if not config.is_qwen2_5:

@@ -188,7 +188,7 @@ def vision_blocks(config: VisionConfig, patch_embed: Any, pos_table: Any, blocks
     return merger(x), deepstack
 
 
-def fixed_position_taps(config: Qwen3VLConfig, grid: np.ndarray | None, patches: int) -> dict[str, np.ndarray]:
+def fixed_vision_inputs(config: Qwen3VLConfig, grid: np.ndarray | None, patches: int) -> dict[str, np.ndarray]:
     """The fixed-shape batch's inputs beyond vision_layout.fixed_layout's (the data path, on the host): the learned
     positions' bilinear taps of the patches (position_taps), padded to `patches` (row 0, weight 0)."""
     grid = np.zeros((0, 3), np.int64) if grid is None else grid
@@ -311,7 +311,7 @@ class Qwen3VLForConditionalGeneration(nn.Module):
                 pixel_tap_indices=None, pixel_tap_weights=None, **ignored):
         image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
         text = self.model.language_model
-        if pixel_segment_ids is not None:  # a fixed-shape batch (fixed_layout, fixed_position_taps): nothing on the host
+        if pixel_segment_ids is not None:  # a fixed-shape batch (fixed_layout, fixed_vision_inputs): no host reads
             embeds, injection = self.embed_fixed(input_ids, pixel_values, pixel_segment_ids, pixel_position_ids,
                                                  pixel_tap_indices, pixel_tap_weights)
         else:

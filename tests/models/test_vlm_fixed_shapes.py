@@ -1,6 +1,6 @@
 """The fixed-shape batch of MindSpore's compiled step (models/pretrain_vlm.py fixed_shape_collate) gives the grid
 batch's logits, loss and gradients: Qwen2.5-VL's windows as per-patch segment ids (vision_layout.window_segment_ids),
-Qwen3-VL's learned-position taps and DeepStack (qwen3_vl.modeling.fixed_position_taps, embed_fixed), the patches
+Qwen3-VL's learned-position taps and DeepStack (qwen3_vl.modeling.fixed_vision_inputs, embed_fixed), the patches
 padded to a bucket. PyTorch in this process; MindSpore, compiled (mindspore.jit), in one subprocess
 (workers/vlm_fixed_run.py) on the same weights and batch."""
 from __future__ import annotations

@@ -50,10 +50,9 @@ def with_positions(model, model_type: str, batch: dict[str, np.ndarray]) -> dict
 def fixed_batch(model, model_type: str, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The grid batch as fixed_shape_collate lays it out: the patches padded to their bucket (smallest 48), the
     segment ids, rotary positions and the model's own inputs (window ids / position taps)."""
-    if model_type == "qwen3_vl":
-        from mmrun.models.qwen3_vl.modeling import fixed_position_taps as own_inputs
-    else:
-        from mmrun.models.qwen2_vl.modeling import fixed_window_inputs as own_inputs
+    from mmrun.models import families
+
+    own_inputs = families.part(model.config, "fixed_vision_inputs")
     vision = model.config.vision
     grid = batch.get("image_grid_thw")
     pixels = batch.get("pixel_values", np.zeros((0, vision.patch_dim), np.float32))
