@@ -64,6 +64,9 @@ SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
 # (vision_layout.DATA_PARALLEL_FIXED_SHAPE_MODELS: Qwen2.5-VL and Qwen3-VL too).
 FIXED_SHAPE_MODELS = vision_layout.FIXED_SHAPE_MODELS
 FIRST_BUCKET_MAX = 4096
+# Unsplit models MindSpore's data-parallel step does not compile, and why (one notice line).
+EAGER_ON_MINDSPORE = {"qwen3_vl_moe": "its experts' GEMMs split the tokens by counts read on the host "
+                                      "(models/qwen3_vl/moe.py), which a fixed-shape graph cannot"}
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
 # Features this entry implements itself (features/entries.py lists them all for `mmrun features --check`): LoRA on
 # Qwen2-VL / Qwen2.5-VL (checkpoint/peft.py), expert parallelism on Qwen3-VL MoE (models/qwen3_vl/moe.py).
@@ -166,6 +169,9 @@ def _compiles(framework: str, split: bool, known: argparse.Namespace) -> bool:
     job that reads videos (one notice line then: it runs PyNative)."""
     compiled = framework == "mindspore" and vision_layout.pads_to_fixed_shapes(_MODEL_JSON.hf_config["model_type"],
                                                                                split)
+    eager = EAGER_ON_MINDSPORE.get(_MODEL_JSON.hf_config["model_type"])
+    if framework == "mindspore" and eager and not split and not known.no_ms_jit:
+        say_rank0("notice", f"MindSpore's train step runs PyNative for this model: {eager}")
     videos = _video_attr(known.mm_data) if compiled else None
     if videos and not known.no_ms_jit:
         say_rank0("notice", f"--mm-data {known.mm_data} reads videos (attr.videos {videos!r}): MindSpore's compiled "
