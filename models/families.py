@@ -35,7 +35,9 @@ class Family:
 
 # The parts a Qwen vision-language family provides to the shared code of models/vlm/.
 _VLM_PARTS = {"configuration": "configuration", "modeling": "modeling", "hf_checkpoint": "hf_checkpoint",
-              "mm_layout": "mm_layout", "model_json": "model_json"}
+              "mm_layout": "mm_layout", "model_json": "model_json",
+              # (config, grid, patches) -> a fixed-shape batch's own inputs (pretrain_vlm.py fixed_shape_collate)
+              "fixed_vision_inputs": "modeling:fixed_vision_inputs"}
 
 FAMILIES: tuple[Family, ...] = (
     Family("qwen2_vl", ("qwen2_vl", "qwen2_5_vl"), ("qwen2vl", "qwen2_5vl"), "Qwen2VLConfig",

@@ -26,8 +26,9 @@ This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run 
 Data parallelism alone trains the portable model with mmrun's data-parallel engine on both frameworks (the
 same weights, batches and losses); on MindSpore the step is compiled (mindspore.jit) on fixed shapes: the text
 padded to --seq-length, the ViT's patches to a few buckets with per-frame segment ids (fixed_shape_collate), one
-graph per bucket (Qwen2-VL, images, on the data-parallel and the tensor/pipeline-parallel engine alike;
-Qwen2.5-VL, videos and --no-ms-jit run in PyNative).
+graph per bucket (images: Qwen2-VL on the data-parallel and the tensor/pipeline-parallel engine alike, Qwen2.5-VL
+with its windows as segment ids and Qwen3-VL with its position taps on the data-parallel engine; Qwen2.5-VL and
+Qwen3-VL split, videos, Qwen3-VL MoE and --no-ms-jit run in PyNative).
 --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer), or
 --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
@@ -61,9 +62,13 @@ PARALLEL_FRAMEWORKS = ("pytorch", "mindspore")
 # --use-distributed-optimizer (backend/mindspore/parallel/zero.py).
 SPLIT_ONLY_FRAMEWORKS = ("mindspore",)
 SPLIT_FLAGS = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
-# Models whose MindSpore step compiles on fixed-shape batches (vision_layout.FIXED_SHAPE_MODELS).
+# Models whose MindSpore step compiles on fixed-shape batches, split (vision_layout.FIXED_SHAPE_MODELS) or not
+# (vision_layout.DATA_PARALLEL_FIXED_SHAPE_MODELS: Qwen2.5-VL and Qwen3-VL too).
 FIXED_SHAPE_MODELS = vision_layout.FIXED_SHAPE_MODELS
 FIRST_BUCKET_MAX = 4096
+# Unsplit models MindSpore's data-parallel step does not compile, and why (one notice line).
+EAGER_ON_MINDSPORE = {"qwen3_vl_moe": "its experts' GEMMs split the tokens by counts read on the host "
+                                      "(models/qwen3_vl/moe.py), which a fixed-shape graph cannot"}
 LORA_FLAGS = ("--lora-target-modules", "--lora_target_modules")
 # Features this entry implements itself (features/entries.py lists them all for `mmrun features --check`): LoRA on
 # Qwen2-VL / Qwen2.5-VL (checkpoint/peft.py), expert parallelism on Qwen3-VL MoE (models/qwen3_vl/moe.py).
@@ -73,6 +78,7 @@ MOE_FEATURES = ("expert-parallel", "moe-allgather-dispatcher")
 # Frameworks whose parallel engine trains LoRA split (engines/mindspore/parallel/vlm_lora.py: over pipeline stages).
 LORA_SPLIT_FRAMEWORKS = ("mindspore",)
 _MODEL_JSON: Any = None  # models.vlm.model_json.ModelJson, read once before the arguments are parsed
+_FIXED_CONFIG: Any = None  # the model's config object, for fixed_shape_collate's per-model inputs
 
 
 def extra_args_provider(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -135,7 +141,8 @@ def _model_source(argv: list[str]) -> ModelSource:
         moe = _MODEL_JSON.hf_config["model_type"] == "qwen3_vl_moe"
         return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
                            data_parallel_only=not split, shards_optimizer=resolve(argv).framework == "mindspore",
-                           features=MOE_FEATURES if moe else ())
+                           features=MOE_FEATURES if moe else (),
+                           ms_jit=_compiles(resolve(argv).framework, split, known))
     _MODEL_JSON = read_model_json(known.mm_model, warn=partial(say_rank0, "warning"))
     from mmrun.backend.selection import resolve
 
@@ -152,18 +159,28 @@ def _model_source(argv: list[str]) -> ModelSource:
         say_rank0("warning", "megatron-core is not installed: this run trains the model on mmrun's data-parallel "
                   "engine (the same network and initial weights); pip install megatron-core (the [megatron] extra) "
                   "to train it on megatron-core as --use-mcore-models asks")
-    compiled = framework == "mindspore" and _MODEL_JSON.hf_config["model_type"] in FIXED_SHAPE_MODELS
+    return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
+                       data_parallel_only=framework not in PARALLEL_FRAMEWORKS
+                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore
+                       or (lora and not split),
+                       ms_jit=_compiles(framework, split, known), features=LORA_FEATURES,
+                       shards_optimizer=framework == "mindspore")
+
+
+def _compiles(framework: str, split: bool, known: argparse.Namespace) -> bool:
+    """Whether MindSpore compiles the step on fixed-shape batches (vision_layout.pads_to_fixed_shapes): not for a
+    job that reads videos (one notice line then: it runs PyNative)."""
+    compiled = framework == "mindspore" and vision_layout.pads_to_fixed_shapes(_MODEL_JSON.hf_config["model_type"],
+                                                                               split)
+    eager = EAGER_ON_MINDSPORE.get(_MODEL_JSON.hf_config["model_type"])
+    if framework == "mindspore" and eager and not split and not known.no_ms_jit:
+        say_rank0("notice", f"MindSpore's train step runs PyNative for this model: {eager}")
     videos = _video_attr(known.mm_data) if compiled else None
     if videos and not known.no_ms_jit:
         say_rank0("notice", f"--mm-data {known.mm_data} reads videos (attr.videos {videos!r}): MindSpore's compiled "
                   "step takes fixed-shape image batches only, so this job runs eagerly (PyNative, as --no-ms-jit: "
                   "the same results, slower)")
-    return ModelSource(flag="--mm-model", sizes=_MODEL_JSON.sizes, data_flag="--mm-data",
-                       data_parallel_only=framework not in PARALLEL_FRAMEWORKS
-                       or (framework in SPLIT_ONLY_FRAMEWORKS and not split) or without_mcore
-                       or (lora and not split),
-                       ms_jit=compiled and not videos, features=LORA_FEATURES,
-                       shards_optimizer=framework == "mindspore")
+    return compiled and not videos
 
 
 def _video_attr(data_path: str | None) -> str | None:
@@ -460,8 +477,9 @@ def _fixed_shapes(args: Any) -> bool:
     """Whether batches are padded to fixed shapes: MindSpore's data-parallel engine compiling the step."""
     from mmrun.backend import selection
 
+    split = (args.tensor_model_parallel_size or 1) > 1 or (args.pipeline_model_parallel_size or 1) > 1
     return selection.framework() == "mindspore" and not args.no_ms_jit and \
-        _MODEL_JSON.hf_config["model_type"] in FIXED_SHAPE_MODELS
+        vision_layout.pads_to_fixed_shapes(_MODEL_JSON.hf_config["model_type"], split)
 
 
 def _first_bucket(dataset: Any, micro_batch_size: int) -> int:
@@ -502,7 +520,20 @@ def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64) -> dict[
     patches = vision_layout.patch_bucket(total, smallest)
     batch["pixel_values"] = np.concatenate([pixels, np.zeros((patches - total, dim), pixels.dtype)])
     batch["pixel_segment_ids"], batch["pixel_position_ids"] = vision_layout.fixed_layout(grid, merge, patches)
+    batch.update(_fixed_inputs(grid, patches))
     return batch
+
+
+def _fixed_inputs(grid: Any, patches: int) -> dict[str, Any]:
+    """A model's own fixed-shape inputs (Qwen2.5-VL's window ids, Qwen3-VL's position taps: its family's
+    fixed_vision_inputs), from its config object (built once)."""
+    from mmrun.models import families
+
+    global _FIXED_CONFIG
+    family = families.by_model_type(_MODEL_JSON.hf_config["model_type"])
+    if _FIXED_CONFIG is None:
+        _FIXED_CONFIG = families.config_class(family).from_hf_config(_MODEL_JSON.hf_config)
+    return families.part(family, "fixed_vision_inputs")(_FIXED_CONFIG, grid, patches)
 
 
 def _patch_dim(vision: dict[str, Any]) -> int:

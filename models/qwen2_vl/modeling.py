@@ -32,7 +32,7 @@ from mmrun.backend import nn, ops, tensors
 from mmrun.data.multimodal.rope_index import get_rope_index
 from mmrun.models.vlm import vision_layout
 from mmrun.models.vlm.blocks import (VisionAttention, VisionPatchEmbed, causal_lm_loss, freeze_parts, host_array,
-                                     merge_vision, place_features, rotary_of_positions, vision_rotary)
+                                     merge_vision, place_fixed_features, rotary_of_positions, vision_rotary)
 from mmrun.models.qwen2_vl.configuration import Qwen2VLConfig, TextConfig, VisionConfig
 from mmrun.models.qwen2_vl.mm_layout import MINDSPEED_MM_MODULES
 from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation,
@@ -212,11 +212,12 @@ class Qwen2VLForConditionalGeneration(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
                 pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, position_ids=None,
-                calculate_per_token_loss: bool = False, pixel_segment_ids=None, pixel_position_ids=None, **ignored):
+                calculate_per_token_loss: bool = False, pixel_segment_ids=None, pixel_position_ids=None,
+                pixel_window_ids=None, **ignored):
         embeds = self.model.embed_tokens(input_ids)
         if pixel_segment_ids is not None:  # a fixed-shape batch (vision_layout.fixed_layout): nothing on the host
             embeds = merge_fixed_vision(self.config, self.visual, input_ids, embeds, pixel_values, pixel_segment_ids,
-                                        pixel_position_ids)
+                                        pixel_position_ids, pixel_window_ids)
         else:
             embeds, position_ids = self._merge_grids(input_ids, attention_mask, embeds, pixel_values, image_grid_thw,
                                                      pixel_values_videos, video_grid_thw, second_per_grid_ts,
@@ -270,34 +271,38 @@ def rope_index(config: Qwen2VLConfig, input_ids, image_grid, video_grid, attenti
         tokens_per_second=config.vision.tokens_per_second if config.is_qwen2_5 else None)
 
 
-def merge_fixed_vision(config: Qwen2VLConfig, visual: Any, input_ids, embeds, pixel_values, segment_ids, positions):
-    """merge_vision for a batch padded to fixed shapes (images only, Qwen2-VL's ViT): the patches padded to a
-    bucket, their per-frame segment ids and rotary positions as device tensors (vision_layout.fixed_layout), so
-    nothing depends on the images' sizes and the step compiles once per bucket. The data path checked tokens
-    against features. The padding attends only to itself and no token takes its features: no loss, no gradient."""
+def merge_fixed_vision(config: Qwen2VLConfig, visual: Any, input_ids, embeds, pixel_values, segment_ids, positions,
+                       window_ids=None):
+    """merge_vision for a batch padded to fixed shapes (images only): the patches padded to a bucket, their
+    per-frame segment ids and rotary positions as device tensors (vision_layout.fixed_layout), and for
+    Qwen2.5-VL their window ids (vision_layout.window_segment_ids), so nothing depends on the images' sizes and
+    the step compiles once per bucket. The data path checked tokens against features. The padding attends only
+    to itself and no token takes its features: no loss, no gradient."""
     vision = fixed_vision_features(visual.patch_embed, visual.blocks, visual.merger, visual.inv_freq, pixel_values,
-                                   segment_ids, positions)
+                                   segment_ids, positions, window_ids, config.vision.fullatt_block_indexes)
     return place_fixed_features(config, input_ids, embeds, vision)
 
 
 def fixed_vision_features(patch_embed: Any, blocks: Any, merger: Any, inv_freq: np.ndarray, pixel_values,
-                          segment_ids, positions):
+                          segment_ids, positions, window_ids=None, full_blocks: tuple[int, ...] = ()):
     """The ViT on a fixed-shape batch, from its pieces (this model's, or the tensor-parallel stage's in
-    engines/mindspore/parallel/vlm.py): merged features (patches / merge^2, text width)."""
+    engines/mindspore/parallel/vlm.py): merged features (patches / merge^2, text width). With window_ids
+    (Qwen2.5-VL), blocks other than full_blocks attend within windows, in the patches' own order."""
     x = patch_embed(pixel_values)
     cos, sin = rotary_of_positions(positions, inv_freq)
-    for block in blocks:
-        x = block(x, cos, sin, segment_ids)
+    for index, block in enumerate(blocks):
+        x = block(x, cos, sin, segment_ids if window_ids is None or index in full_blocks else window_ids)
     return merger(x)
 
 
-def place_fixed_features(config: Qwen2VLConfig, input_ids, embeds, vision):
-    """embeds with the image tokens' rows replaced by `vision` (merge_fixed_vision's features), in order."""
-    batch, seq, _ = embeds.shape
-    ids = ops.reshape(input_ids, (batch * seq,))
-    if vision.dtype != embeds.dtype:
-        vision = tensors.cast(vision, embeds.dtype)
-    return place_features(ids, embeds, vision, [(tensors.cast(ids == config.image_token_id, "int64"), 0)])
+def fixed_vision_inputs(config: Qwen2VLConfig, grid: np.ndarray | None, patches: int) -> dict[str, np.ndarray]:
+    """The fixed-shape batch's inputs beyond vision_layout.fixed_layout's (the data path, on the host): Qwen2.5-VL's
+    window ids, nothing for Qwen2-VL."""
+    if not config.is_qwen2_5:
+        return {}
+    vision = config.vision
+    return {"pixel_window_ids": vision_layout.window_segment_ids(grid, vision.spatial_merge_size, vision.window_size,
+                                                                 vision.patch_size, patches)}
 
 
 # ------------------------------------------------------------------------------------------ weights

@@ -35,8 +35,9 @@ from mmrun.backend import nn, ops, tensors
 from mmrun.data.multimodal.rope_index import get_rope_index, per_frame_grids
 from mmrun.models.vlm import vision_layout
 from mmrun.models.vlm.blocks import (VisionAttention, VisionPatchEmbed, causal_lm_loss, freeze_parts, host_array,
-                                     merge_vision, vision_rotary)
+                                     merge_vision, place_fixed_features, rotary_of_positions, vision_rotary)
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, TextConfig, VisionConfig
+from mmrun.models.qwen3_vl.moe import add_aux_loss  # at the top: mindspore.jit parses no import in forward
 from mmrun.models.transformer_blocks import (GQASelfAttention, SwiGLUMLP, activation,
                                              interleaved_multimodal_rotary, rotary_inv_freq)
 
@@ -157,22 +158,44 @@ def vision_forward(config: VisionConfig, inv_freq: np.ndarray, patch_embed: Any,
     if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
         raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
                          f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid")
-    x = patch_embed(pixel_values)
     indices, weights = position_taps(grid, config.num_grid_per_side, merge)
-    taps = ops.reshape(ops.embedding(tensors.from_numpy(indices.reshape(-1)), pos_table), (total, 4, -1))
+    cos, sin = vision_rotary(vision_layout.rotary_position_ids(grid, merge), inv_freq)
+    return vision_blocks(config, patch_embed, pos_table, blocks, merger, deepstack_mergers, pixel_values,
+                         tensors.from_numpy(indices), tensors.from_numpy(weights), cos, sin,
+                         vision_layout.frame_cu_seqlens(grid))
+
+
+def vision_blocks(config: VisionConfig, patch_embed: Any, pos_table: Any, blocks: Any, merger: Any,
+                  deepstack_mergers: Any, pixel_values: Any, tap_indices: Any, tap_weights: Any, cos: Any, sin: Any,
+                  segments: Any) -> tuple[Any, list]:
+    """vision_forward after the host layout: the position taps (patches, 4) as device tensors, the rotary tables,
+    and the attention segments (host boundaries, or a fixed-shape batch's device segment ids)."""
+    total = pixel_values.shape[0]
+    x = patch_embed(pixel_values)
+    taps = ops.reshape(ops.embedding(ops.reshape(tap_indices, (-1,)), pos_table), (total, 4, -1))
     # fp32 weights, as transformers' (a bf16 table's taps are promoted, summed in fp32, then cast back)
     if taps.dtype != tensors.float32:
         taps = tensors.cast(taps, "float32")
-    positions = ops.sum(taps * ops.reshape(tensors.from_numpy(weights), (total, 4, 1)), dim=1)
+    if tap_weights.dtype != tensors.float32:  # a bf16 run's get_batch casts the fixed-shape batch's floats
+        tap_weights = tensors.cast(tap_weights, "float32")
+    positions = ops.sum(taps * ops.reshape(tap_weights, (total, 4, 1)), dim=1)
     x = x + tensors.cast(positions, x.dtype)
-    cos, sin = vision_rotary(vision_layout.rotary_position_ids(grid, merge), inv_freq)
-    frames = vision_layout.frame_cu_seqlens(grid)
     deepstack = []
     for index, block in enumerate(blocks):
-        x = block(x, cos, sin, frames)
+        x = block(x, cos, sin, segments)
         if index in config.deepstack_visual_indexes:
             deepstack.append(deepstack_mergers[config.deepstack_visual_indexes.index(index)](x))
     return merger(x), deepstack
+
+
+def fixed_vision_inputs(config: Qwen3VLConfig, grid: np.ndarray | None, patches: int) -> dict[str, np.ndarray]:
+    """The fixed-shape batch's inputs beyond vision_layout.fixed_layout's (the data path, on the host): the learned
+    positions' bilinear taps of the patches (position_taps), padded to `patches` (row 0, weight 0)."""
+    grid = np.zeros((0, 3), np.int64) if grid is None else grid
+    indices, weights = position_taps(grid, config.vision.num_grid_per_side, config.vision.spatial_merge_size)
+    pad = patches - indices.shape[0]
+    return {"pixel_tap_indices": np.concatenate([indices, np.zeros((pad, 4), np.int64)]),
+            "pixel_tap_weights": np.concatenate([weights, np.zeros((pad, 4), np.float32)])}
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -284,10 +307,15 @@ class Qwen3VLForConditionalGeneration(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
                 pixel_values_videos=None, video_grid_thw=None, position_ids=None,
-                calculate_per_token_loss: bool = False, **ignored):
+                calculate_per_token_loss: bool = False, pixel_segment_ids=None, pixel_position_ids=None,
+                pixel_tap_indices=None, pixel_tap_weights=None, **ignored):
         image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
         text = self.model.language_model
-        embeds, injection = self.embed(input_ids, pixel_values, image_grid, pixel_values_videos, video_grid)
+        if pixel_segment_ids is not None:  # a fixed-shape batch (fixed_layout, fixed_vision_inputs): no host reads
+            embeds, injection = self.embed_fixed(input_ids, pixel_values, pixel_segment_ids, pixel_position_ids,
+                                                 pixel_tap_indices, pixel_tap_weights)
+        else:
+            embeds, injection = self.embed(input_ids, pixel_values, image_grid, pixel_values_videos, video_grid)
         if position_ids is None:
             position_ids = tensors.from_numpy(rope_index(self.config, input_ids, image_grid, video_grid,
                                                          attention_mask)[0])
@@ -298,7 +326,6 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         logits = ops.linear(hidden, weight)
         loss_dict = {} if labels is None else causal_lm_loss(logits, labels, calculate_per_token_loss)
         if router_logits:  # the MoE variant's load-balancing loss, as transformers adds it
-            from mmrun.models.qwen3_vl.moe import add_aux_loss
             loss_dict = add_aux_loss(loss_dict, router_logits, moe, attention_mask)
         return {"logits": logits, "loss_dict": loss_dict}
 
@@ -324,6 +351,20 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             # have gradients (zeros) on every rank, as the ViT has: DDP and FSDP2 then reduce the same tensors
             embeds = embeds + tensors.cast(sum(ops.sum(f) for f in deepstack), embeds.dtype) * 0.0
         return embeds, injection
+
+    def embed_fixed(self, input_ids, pixel_values, segment_ids, positions, tap_indices, tap_weights):
+        """embed for a batch padded to fixed shapes (images only; MindSpore's compiled step): the patches padded to a
+        bucket with their segment ids, rotary positions and position taps as device tensors, so nothing depends on
+        the images' sizes. The data path checked tokens against features; the padding attends only to itself and
+        no token takes its features (DeepStack's too): no loss, no gradient."""
+        visual = self.model.visual
+        cos, sin = rotary_of_positions(positions, visual.inv_freq)
+        merged, deepstack = vision_blocks(self.config.vision, visual.patch_embed, visual.pos_embed.weight,
+                                          visual.blocks, visual.merger, visual.deepstack_merger_list, pixel_values,
+                                          tap_indices, tap_weights, cos, sin, segment_ids)
+        embeds = place_fixed_features(self.config, input_ids, self.model.language_model.embed_tokens(input_ids),
+                                      merged)
+        return embeds, (deepstack_index(self.config, input_ids, 0), deepstack) if deepstack else None
 
     def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:
         """MindSpeed-MM's model.freeze (defaults: ViT frozen, merger and LLM trained); returns {part: number of

@@ -145,6 +145,16 @@ def place_features(ids, embeds, vision, counts):
     return ops.reshape(ops.embedding(index, table), (batch, seq, hidden))
 
 
+def place_fixed_features(config: Any, input_ids, embeds, vision):
+    """embeds with the image tokens' rows replaced by `vision`, in order: a fixed-shape batch's ViT features
+    (models/qwen2_vl/modeling.py merge_fixed_vision, Qwen3-VL's embed_fixed), padding rows unused."""
+    batch, seq, _ = embeds.shape
+    ids = ops.reshape(input_ids, (batch * seq,))
+    if vision.dtype != embeds.dtype:
+        vision = tensors.cast(vision, embeds.dtype)
+    return place_features(ids, embeds, vision, [(tensors.cast(ids == config.image_token_id, "int64"), 0)])
+
+
 def parameter_part(name: str, encoder_prefix: str = VISION_ENCODER_PREFIX,
                    projector_prefix: str = VISION_PROJECTOR_PREFIX) -> str:
     """Which of the three freezable parts a parameter belongs to (the prefixes: this model's names)."""

@@ -83,6 +83,15 @@ def window_index(grid: np.ndarray, merge: int, window_size: int, patch_size: int
 # Models whose batches the entry pads to fixed shapes for MindSpore's compiled step (fixed_layout below), on the
 # data-parallel and the tensor/pipeline-parallel engine alike; Qwen2.5-VL's window layout is not padded yet.
 FIXED_SHAPE_MODELS = ("qwen2_vl",)
+# ... on the data-parallel engine (an unsplit model): Qwen2.5-VL's windows as segment ids (window_segment_ids),
+# Qwen3-VL's learned-position taps (models/qwen3_vl/modeling.py fixed_position_taps) as inputs of the step too.
+DATA_PARALLEL_FIXED_SHAPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+def pads_to_fixed_shapes(model_type: str, split: bool) -> bool:
+    """Whether MindSpore's compiled step takes this model's batches padded to fixed shapes (split: over
+    tensor/pipeline ranks on the parallel engine, else on the data-parallel engine)."""
+    return model_type in (FIXED_SHAPE_MODELS if split else DATA_PARALLEL_FIXED_SHAPE_MODELS)
 
 
 def patch_bucket(total: int, smallest: int = 64) -> int:
@@ -109,3 +118,19 @@ def fixed_layout(grid: np.ndarray | None, merge: int, patches: int) -> tuple[np.
     positions = np.zeros((patches, 2), dtype=np.int64)
     positions[:total] = rotary_position_ids(grid, merge)
     return segments, positions
+
+
+def window_segment_ids(grid: np.ndarray | None, merge: int, window_size: int, patch_size: int,
+                       patches: int) -> np.ndarray:
+    """Qwen2.5-VL's windows for a batch padded to `patches` patches, in the patches' own order: (patches,) int32,
+    each patch the id of its window (window_index's windows, numbered in its order), the padding one segment of
+    its own. Attention within equal ids (ops.segment_attention) is window attention without regrouping the
+    patches window by window: the same result as window_index's gather, attention and scatter back."""
+    grid = np.zeros((0, 3), np.int64) if grid is None else grid
+    order, bounds = window_index(grid, merge, window_size, patch_size)
+    unit = merge * merge
+    tokens = np.empty(order.size, dtype=np.int32)  # window of each merged token, in image order
+    tokens[order] = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds) // unit)
+    segments = np.full(patches, len(bounds) - 1, dtype=np.int32)
+    segments[:order.size * unit] = np.repeat(tokens, unit)
+    return segments
