@@ -97,7 +97,7 @@ def test_nan_against_number_fails_and_nan_against_nan_passes(tmp_path, capsys):
      ":3: 'lm loss: 6.9x50000E+00' is not a number in the iteration line; the log is garbled there"),
     (b'{"kind": "train", "iteration": 1, "lm_loss": 7.0}\n{"kind": "tra\n{"kind": "train"}\n',
      ":2: not a JSON object; the metrics file is garbled there"),
-])
+], ids=["text", "binary", "garbled-number", "garbled-json"])  # the log's lines carry the time: no ids from them (xdist)
 def test_garbage_is_a_one_line_error(tmp_path, content, message):
     (tmp_path / "a.log").write_text(megatron_log(curve()))
     (tmp_path / "bad.log").write_bytes(content)
