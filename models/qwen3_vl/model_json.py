@@ -166,6 +166,12 @@ def check_split(spec: ModelJson, framework: str, split: bool) -> None:
                          f"--ai-framework {' or '.join(MOE_SPLIT_FRAMEWORKS)} only. Received: --ai-framework "
                          f"{framework} with a --tensor-/--pipeline-model-parallel-size above 1; train it there, or "
                          "with both at 1 (data parallel, --expert-model-parallel-size as you like)")
+    if split and spec.hf_config["text_config"].get("output_router_logits"):
+        raise UsageError(f"{spec.path}: text_decoder.moe_aux_loss_coeff "
+                         f"{spec.hf_config['text_config'].get('router_aux_loss_coef')}: the load-balancing loss is built "
+                         "on the data-parallel engine only (the split engines have no aux loss). Received: a "
+                         "--tensor-/--pipeline-model-parallel-size above 1; set moe_aux_loss_coeff 0 or leave it out, "
+                         "or train unsplit")
     if split and framework not in SPLIT_FRAMEWORKS:
         raise UsageError(f"tensor/pipeline parallelism of Qwen3-VL is built on --ai-framework "
                          f"{' or '.join(SPLIT_FRAMEWORKS)} only. Received: --ai-framework {framework} with a split; "

@@ -42,6 +42,14 @@ def test_mindspeed_mm_30b_model_json_is_qwen3_vl_30b_a3b():
     assert (config.text.hidden_size, config.text.num_key_value_heads, config.text.head_dim) == (2048, 4, 128)
     model_json.check_split(spec, "mindspore", split=True)  # MindSpore's parallel engine splits it (qwen3_moe.py)
     model_json.check_split(spec, "pytorch", split=True)  # finetune_qwen3vl_30B.sh's TP2 PP4 EP2 on megatron-core
+    with_aux = copy.deepcopy(MODEL_30B)
+    with_aux["text_decoder"]["moe_aux_loss_coeff"] = 0.01
+    aux_spec = model_json.parse_model_json(with_aux, "model_30B.json")
+    assert aux_spec.hf_config["text_config"]["output_router_logits"]  # unsplit: transformers' load-balancing loss
+    for framework in ("mindspore", "pytorch"):
+        with pytest.raises(UsageError, match=r"model_30B.json: text_decoder.moe_aux_loss_coeff 0.01: the load-balancing "
+                                             r"loss is built on the data-parallel engine only"):
+            model_json.check_split(aux_spec, framework, split=True)
     assert model_json.check_experts(spec, "2", ["--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"],
                                     world_size=16, megatron_core=True) == [
         "--moe-grouped-gemm: speed flags of Megatron's MoE layer; megatron-core's SequentialMLP and unfused permutation "

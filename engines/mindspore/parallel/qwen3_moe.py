@@ -149,11 +149,6 @@ class MoEMLP(nn.Module):
 def place_sparse_layers(stage: Any, experts: ExpertParallel) -> int:
     """Put MoEMLP in the stage's sparse decoder layers (global numbers stage.layers). Returns how many."""
     moe_config = stage.config.text.moe
-    if moe_config is not None and moe_config.output_router_logits:
-        raise UsageError("Qwen3-VL MoE on MindSpore's parallel engine: the load-balancing loss (model.json's "
-                         "moe_aux_loss_coeff, config.json's output_router_logits) is built on the data-parallel engine "
-                         "only. Received: output_router_logits true with a TP/PP split; set moe_aux_loss_coeff 0 or "
-                         "train unsplit")
     placed = 0
     for layer, index in zip(stage.text_decoder.decoder.layers, stage.layers):
         if moe_config is not None and moe_config.is_sparse(index):
