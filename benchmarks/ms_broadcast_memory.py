@@ -21,13 +21,12 @@ set before the first step (compilation included), `pool` = MindSpore's pool peak
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ms_recompute_probe import run_worker  # noqa: E402 - the plain-MindSpore worker runner, shared
 
 WORKER = r'''
 import json, resource, sys
@@ -98,18 +97,8 @@ OPS = ["tanh", "add_bias", "add_bias_same", "masked_fill", "masked_fill_same", "
 
 
 def run(case: dict) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1",
-           "MS_DEV_RUNTIME_CONF": "memory_statistics:True"}
-    with tempfile.TemporaryDirectory() as tmp:  # mindspore.jit parses the source: the worker must be a file
-        worker = Path(tmp) / "ms_broadcast_worker.py"
-        worker.write_text(WORKER, encoding="utf-8")
-        done = subprocess.run([sys.executable, str(worker), json.dumps(case)], capture_output=True, text=True, env=env,
-                              timeout=1800)
-    lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"{case} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    pools = re.findall(r"Common mem pool info:.*?peak used mem:(\d+)M", done.stdout + done.stderr)
-    return {**json.loads(lines[-1][len("RESULT "):]), "pool": int(pools[-1]) if pools else float("nan")}
+    result, pool = run_worker(WORKER, "ms_broadcast_worker", case)
+    return {**result, "pool": float("nan") if pool is None else pool}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,19 +106,26 @@ print("RESULT " + json.dumps({"step_peak": peak - before, "after": rss() - befor
 '''
 
 
-def run(case: dict) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": str(case["threads"]),
+def run_worker(source: str, name: str, case: dict, threads: int = 1) -> tuple[dict, int | None]:
+    """Run a plain-MindSpore worker (`source`, printing `RESULT {json}`) on `case` in a fresh process, with MindSpore's
+    pool statistics on -> (its result, the pool's peak in MB as MindSpore prints it, None if it printed none)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": str(threads),
            "MS_DEV_RUNTIME_CONF": "memory_statistics:True"}
     with tempfile.TemporaryDirectory() as tmp:  # mindspore.jit parses the source: the worker must be a file
-        worker = Path(tmp) / "ms_recompute_worker.py"
-        worker.write_text(WORKER, encoding="utf-8")
+        worker = Path(tmp) / f"{name}.py"
+        worker.write_text(source, encoding="utf-8")
         done = subprocess.run([sys.executable, str(worker), json.dumps(case)], capture_output=True, text=True, env=env,
                               timeout=1800)
     lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{case} failed (exit {done.returncode}): {done.stderr[-2000:]}")
     pools = re.findall(r"Common mem pool info:.*?peak used mem:(\d+)M", done.stdout + done.stderr)
-    return {**json.loads(lines[-1][len("RESULT "):]), "pool_peak": int(pools[-1]) if pools else None}
+    return json.loads(lines[-1][len("RESULT "):]), int(pools[-1]) if pools else None
+
+
+def run(case: dict) -> dict:
+    result, pool = run_worker(WORKER, "ms_recompute_worker", case, case["threads"])
+    return {**result, "pool_peak": pool}
 
 
 def main(argv: list[str] | None = None) -> int:

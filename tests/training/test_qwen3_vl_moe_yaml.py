@@ -51,23 +51,9 @@ def write_30b_job(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_real_30b_yaml_trains_transformers_moe_model_on_two_fsdp2_ranks(tmp_path):
-    job = write_30b_job(tmp_path)
-    metrics = tmp_path / "metrics.jsonl"
-    marker = uuid.uuid4().hex
-    try:
-        done = subprocess.run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", "pytorch",
-                               "--nproc-per-node", "2", "--master-port", "0", str(TRANSFORMERS), str(job),
-                               "--metrics-file", str(metrics)], cwd=tmp_path,
-                              env=clean_env(MMRUN_TRAINING_TEST=marker, OMP_NUM_THREADS="1"), capture_output=True,
-                              text=True, timeout=300)
-    finally:
-        for pid in processes_with(f"MMRUN_TRAINING_TEST={marker}"):
-            os.kill(pid, 9)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "2 expert module(s) (moe_modules, expert_parallel_size 1) sharded in their unit" in done.stdout, \
-        done.stdout[-3000:]
-    losses = {r["iteration"]: r["lm_loss"] for r in map(json.loads, metrics.read_text().splitlines())
-              if r["kind"] == "train"}
+    stdout, runs = _run_30b(tmp_path, 2, {})
+    assert "2 expert module(s) (moe_modules, expert_parallel_size 1) sharded in their unit" in stdout, stdout[-3000:]
+    losses = {iteration: loss for iteration, (loss, _) in runs.items()}
     assert sorted(losses) == [1, 2] and all(math.isfinite(v) and v > 0 for v in losses.values()), losses
 
 
