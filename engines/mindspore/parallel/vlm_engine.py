@@ -10,10 +10,10 @@ from typing import Any, Callable, Iterator
 
 from mmrun.backend.mindspore.parallel.engine import ParallelTrainStep
 from mmrun.backend.mindspore.parallel.groups import ParallelState
-from mmrun.backend.errors import UsageError
 from mmrun.engines.mindspore.parallel import omni_vlm, qwen3_moe, qwen3_vlm, vlm
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.engines.mindspore.parallel.optimizer import optimizer_and_step
+from mmrun.models.qwen3_vl.model_json import DISTRIBUTED_OPTIMIZER_WITH_EP, MOE_MODEL_TYPE
 
 # family (models/families.py) -> its stage class on the parallel layers
 STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage,
@@ -38,10 +38,6 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     fixed = vlm.compiles(args, spec)
     moe = {} if getattr(config.text, "moe", None) is None else {"experts": qwen3_moe.ExpertParallel.build(
         getattr(args, "expert_model_parallel_size", None) or 1, state)}  # Qwen3-VL MoE: experts over TP x EP
-    if moe and moe["experts"].ep > 1 and getattr(args, "use_distributed_optimizer", False):
-        raise UsageError("--use-distributed-optimizer with --expert-model-parallel-size > 1 on MindSpore's parallel "
-                         "engine: the experts' AdamW state is not sharded over their own data-parallel group yet; "
-                         "drop one of them")
     model = (vlm.Qwen2VLFixedShapeStage if fixed and family.name == "qwen2_vl" else STAGES[family.name])(
         config, layout, state, **moe)
     own = (lambda whole: qwen3_moe.own_experts(model, whole)) if moe else (lambda whole: whole)
@@ -77,6 +73,17 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
     names per (TP, PP) rank. Everything else (parallel state, refusals, checkpoint shards) is the GPT engine's."""
 
     model_names = "mindspeed-mm"
+
+    def initialize(self, args: Any) -> Any:
+        """The GPT engine's set-up; a MoE split over EP ranks runs without the distributed optimizer (as on
+        megatron-core: memory, not results), said before the engine's line names the optimizer."""
+        from mmrun.models.vlm.model_json import read_model_json
+
+        if (getattr(args, "expert_model_parallel_size", None) or 1) > 1 and args.use_distributed_optimizer \
+                and read_model_json(args.mm_model).hf_config["model_type"] == MOE_MODEL_TYPE:
+            args.use_distributed_optimizer = False
+            self.log(f"notice: {DISTRIBUTED_OPTIMIZER_WITH_EP}")
+        return super().initialize(args)
 
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
         from mmrun.models.vlm.model_json import read_model_json

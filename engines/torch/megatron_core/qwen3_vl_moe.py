@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from mmrun.backend.errors import UsageError
+from mmrun.models.qwen3_vl.model_json import DISTRIBUTED_OPTIMIZER_WITH_EP
 from mmrun.models.vlm.mm_layout import expert_global_name, expert_place
 
 DISPATCHERS = ("alltoall", "allgather")
@@ -58,14 +59,14 @@ def check(args: Any, layout: Any) -> None:
         "--sequence-parallel": (layout.tp > 1 and not args.sequence_parallel, "off", "megatron-core's MoELayer "
                                 "trains with tensor parallelism only on a sequence split over the tensor ranks",
                                 "on (pass --sequence-parallel, as finetune_qwen3vl_30B.sh does)"),
-        "--use-distributed-optimizer": (ep > 1 and args.use_distributed_optimizer, "with EP > 1", "the expert "
-                                        "parameters' optimizer shards live on the expert-data-parallel group, which "
-                                        "the checkpoint writer does not assemble", "off"),
         "--expert-tensor-parallel-size": ((getattr(args, "expert_tensor_parallel_size", None) or layout.tp)
                                           != layout.tp, str(getattr(args, "expert_tensor_parallel_size", None)),
                                           "the experts split over the tensor-parallel ranks as mmrun convert writes "
                                           "them", f"{layout.tp} (= --tensor-model-parallel-size) or leave it out"),
     }
+    if ep > 1 and args.use_distributed_optimizer:  # finetune_qwen3vl_30B.sh's msrun twin passes both
+        args.use_distributed_optimizer = False
+        _notice_once("distopt", DISTRIBUTED_OPTIMIZER_WITH_EP)
     for what, (bad, value, why, fix) in refused.items():
         if bad:
             raise UsageError(f"Qwen3-VL MoE on megatron-core: {what} {value} is not built ({why}). Received: {what} "
@@ -99,6 +100,12 @@ def config_fields(args: Any, layout: Any) -> dict[str, Any]:
 _said: set[str] = set()
 
 
+def _notice_once(key: str, message: str) -> None:
+    if key not in _said and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        print(f"notice: {message}", flush=True)
+    _said.add(key)
+
+
 def dispatcher(args: Any, layout: Any) -> str:
     """--moe-token-dispatcher-type (alltoall when left out, MindSpeed-MM's choice), but allgather where gloo lacks
     what alltoall needs: with the experts split over 2+ tensor-parallel ranks, megatron-core's alltoall dispatcher
@@ -107,11 +114,9 @@ def dispatcher(args: Any, layout: Any) -> str:
     asked = getattr(args, "moe_token_dispatcher_type", None) or "alltoall"
     if asked == "alltoall" and layout.tp > 1 and torch.distributed.is_initialized() \
             and torch.distributed.get_backend() == "gloo":
-        if "gloo" not in _said and torch.distributed.get_rank() == 0:
-            print(f"notice: --moe-token-dispatcher-type alltoall with --tensor-model-parallel-size {layout.tp}: gloo's "
-                  "all_gather takes equal sizes only, which megatron-core's alltoall dispatcher does not send over the "
-                  "experts' tensor-parallel ranks; its allgather dispatcher runs instead (the same numbers)", flush=True)
-        _said.add("gloo")
+        _notice_once("gloo", f"--moe-token-dispatcher-type alltoall with --tensor-model-parallel-size {layout.tp}: "
+                     "gloo's all_gather takes equal sizes only, which megatron-core's alltoall dispatcher does not send "
+                     "over the experts' tensor-parallel ranks; its allgather dispatcher runs instead (the same numbers)")
         return "allgather"
     return asked
 
