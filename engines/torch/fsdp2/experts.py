@@ -18,8 +18,9 @@ the "EP_Replicate" mesh, Shard(1) for [experts, in, out] tensors, gradient divid
 module gets torch's own `fully_shard` on the "ep_replicate" sub-mesh, Shard(1) of its (already EP-split) tensors, so
 a rank stores 1 / world of every expert tensor, and FSDP gathers the local experts before their forward; the
 parameters become 2-D DTensors on (ep_replicate, ep), which DCP saves and loads across layouts. FSDP's
-reduce-scatter sums the gradients over the replicas and divides by the world size (set_gradient_divide_factor),
-what `finish_expert_grads` does for the experts kept whole (reshard_local_experts false, or world == EP).
+reduce-scatter sums the gradients over the replicas and divides by the world size (set_gradient_divide_factor, as a
+plain sum then the divide: gloo has no PREMUL_SUM), what `finish_expert_grads` does for the experts kept whole
+(reshard_local_experts false, or world == EP), so the numbers are the same either way.
 """
 from __future__ import annotations
 
