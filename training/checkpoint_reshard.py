@@ -32,7 +32,9 @@ def saved_layout(meta: Mapping[str, Any]) -> tuple[str, Layout]:
 
 def describe(meta: Mapping[str, Any]) -> str:
     names, layout = saved_layout(meta)
-    return f"{names}, tensor-parallel {layout.tp}, pipeline-parallel {layout.pp}, virtual stages {layout.vpp}"
+    ep = (meta.get("parallel") or {}).get("ep", 1)
+    return (f"{names}, tensor-parallel {layout.tp}, pipeline-parallel {layout.pp}, virtual stages {layout.vpp}"
+            + (f", expert-parallel {ep}" if ep > 1 else ""))
 
 
 def needs_reshard(meta: Mapping[str, Any], model_names: str, layout: ParallelLayout) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from mmrun.backend.errors import UsageError
 from mmrun.engines.base import ParallelLayout, ShardState
+from mmrun.models.vlm import mm_layout
 from mmrun.models.vlm.mm_layout import VLMLayout, stages_given, virtual_chunks
 from mmrun.training import checkpoint_vlm
 from mmrun.training.checkpoint_layout import CheckpointError
@@ -84,10 +85,14 @@ def reshard(probe: LoadedCheckpoint, args: argparse.Namespace, model_names: str,
     if model_names != checkpoint_vlm.MM_NAMES:
         target = None  # the one-process model: Hugging Face names, the whole model
 
+    moe, ep = getattr(source.config.text, "moe", None), getattr(layout, "ep", 1)  # experts split per EP rank
+
     def share(part: checkpoint_vlm.Source) -> dict:
         if target is None:
             return dict(part.hf_tensors())
-        return part.rank_tensors(target, layout.tp_rank, layout.pp_rank)
+        tensors = part.rank_tensors(target, layout.tp_rank, layout.pp_rank)  # every expert, global numbers
+        return tensors if moe is None or ep == 1 else mm_layout.keep_expert_rank(tensors, moe.num_experts, ep,
+                                                                                  layout.ep_rank)
 
     model = share(source)
     optimizer = None

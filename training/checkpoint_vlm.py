@@ -233,10 +233,12 @@ class _ExpertRanks(Mapping[str, np.ndarray]):
 
 
 def _join_expert_ranks(parts: list[_Rank]) -> _Rank:
-    """One (tp, pp) rank's expert-parallel ranks as one _Rank (model weights; their optimizer state is not read)."""
+    """One (tp, pp) rank's expert-parallel ranks as one _Rank: model weights and optimizer state (where every
+    rank saved it), experts in global numbers."""
     if len(parts) == 1:
         return parts[0]
-    return _Rank(parts[0].path, parts[0].meta, _ExpertRanks([p.model for p in parts]), None, tuple(parts))
+    optimizer = None if any(p.optimizer is None for p in parts) else _ExpertRanks([p.optimizer for p in parts])
+    return _Rank(parts[0].path, parts[0].meta, _ExpertRanks([p.model for p in parts]), optimizer, tuple(parts))
 
 
 class _Suffixed(Mapping[str, np.ndarray]):

@@ -539,6 +539,21 @@ def expert_place(name: str, num_experts: int, ep: int) -> tuple[int, str] | None
     return rank, f"{name[:match.start(1)]}{local}{name[match.end(1):]}"
 
 
+def keep_expert_rank(state: Mapping[str, Any], num_experts: int, ep: int, ep_rank: int) -> dict[str, Any]:
+    """A rank's tensors with every expert (global numbers; optimizer state `<name>.<key>` too) -> expert-parallel
+    rank `ep_rank`'s experts, numbered from 0 (the other ranks' dropped); every other tensor kept."""
+    if ep == 1:
+        return dict(state)
+    out = {}
+    for name, value in state.items():
+        place = expert_place(name, num_experts, ep)
+        if place is None:
+            out[name] = value
+        elif place[0] == ep_rank:
+            out[place[1]] = value
+    return out
+
+
 def expert_global_name(name: str, num_experts: int, ep: int, ep_rank: int) -> str:
     """expert_place's inverse: a name in expert-parallel rank `ep_rank`'s numbering -> the global number."""
     match = _EXPERT.search(name)

@@ -83,7 +83,8 @@ def test_the_readers_lists_agree_with_the_table():
     for key in KEYS:
         assert key not in fsdp2 or fsdp2[key].verdict == "honoured", key
     assert {k for k, e in fsdp2.items() if e.verdict == "honoured"} <= set(KEYS) | {"moe_modules",  # read beside KEYS
-                                                                                  "expert_parallel_size"}
+                                                                                  "expert_parallel_size",
+                                                                                  "reshard_local_experts"}
 
 
 def test_the_command_says_what_each_key_does_and_takes_expert_parallelism(tmp_path, capsys):
@@ -91,7 +92,7 @@ def test_the_command_says_what_each_key_does_and_takes_expert_parallelism(tmp_pa
     assert main(["fsdp2", str(real)]) == 0
     out = capsys.readouterr().out
     assert "expert_parallel_size: honoured" in out
-    assert "12 keys: 10 honoured, 2 no effect" in out  # moe_modules names the 30B model's experts
+    assert "12 keys: 11 honoured, 1 no effect" in out  # moe_modules names the 30B model's experts
     changed = tmp_path / "fsdp2_config.yaml"
     changed.write_text(real.read_text().replace("expert_parallel_size: 1", "expert_parallel_size: 2"))
     assert main(["fsdp2", str(changed)]) == 0

@@ -407,3 +407,46 @@ def test_what_megatron_core_does_not_build_for_the_moe_is_one_line(change, messa
     assert "\n" not in str(err.value)
     assert qwen3_vl_moe.config_fields(SimpleNamespace(**{**vars(args), "expert_model_parallel_size": 1}), layout)[
         "moe_router_pre_softmax"] is False  # norm_topk_prob: softmax over the top-k logits = renormalised
+
+
+@pytest.mark.slow
+def test_mindspores_split_checkpoint_resumes_with_another_ep(tk, moe_runs, tmp_path):
+    """MindSpore's parallel engine: the TP2 x EP2 run's checkpoint of iteration 2 (megatron-core's mp_rank_TT_EEE
+    directories, each EP rank's experts numbered from 0) resumed with TP2 x EP1 on 2 processes: the experts joined
+    into global numbers and split again on load (training/checkpoint_reshard.py), the weights and the AdamW state;
+    the third iteration's loss and gradient norm are the one-process run's within 1e-5."""
+    reference = {m["iteration"]: m for m in moe_runs("mindspore-one").metrics if m["kind"] == "train"}[3]
+    source = moe_runs.base / "mindspore-tp2ep2" / "ckpt"
+    moe_runs("mindspore-tp2ep2")
+    run = tk.run_training(tmp_path / "ep1", [*moe_runs.common, "--load", str(source), "--ckpt-step", "2",
+                                             "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                          framework="mindspore", nproc=2, entry=ENTRY, timeout=600)
+    assert run.returncode == 0, run.output[-3000:]
+    assert "expert-parallel 2" in run.output and "joining its shards and splitting them again" in run.output, \
+        run.output[-3000:]
+    found = {m["iteration"]: m for m in run.metrics if m["kind"] == "train"}
+    assert sorted(found) == [3], found
+    assert abs(found[3]["lm_loss"] - reference["lm_loss"]) <= 1e-5, (found, reference)
+    assert abs(found[3]["grad_norm"] - reference["grad_norm"]) <= 1e-5, (found, reference)
+    # the other way, to more EP ranks (in-process: EP 4 needs 8 ranks at TP 2): rank (tp 1, EP rank 3 of 4) takes
+    # global experts 6, 7 = EP rank 1 of 2's local 2, 3, their weights and AdamW moments as saved
+    from types import SimpleNamespace
+
+    from safetensors.numpy import load_file
+
+    from mmrun.engines.base import ParallelLayout
+    from mmrun.engines.mindspore.parallel.qwen3_moe import ExpertLayout
+    from mmrun.training.checkpoint_reshard import reshard
+    from mmrun.training.checkpoint_store import find_checkpoint
+
+    layout = ExpertLayout.of(ParallelLayout(world_size=8, tp=2, dp=4, tp_rank=1, dp_rank=3), 4)
+    shard = reshard(find_checkpoint(source, 2), source, SimpleNamespace(mm_model=str(moe_runs.base / "model_30B.json")),
+                    "mindspeed-mm", layout)
+    saved = {f: load_file(str(source / "iter_0000002" / "mp_rank_01_001" / f"{f}.safetensors"))
+             for f in ("model", "optimizer")}
+    expert = "text_decoder.decoder.layers.1.mlp.experts.local_experts.{}.linear_fc1.weight"
+    assert layout.ep_rank == 3 and expert.format(1) in shard.model and expert.format(2) not in shard.model
+    for mine, theirs in ((0, 2), (1, 3)):
+        np.testing.assert_array_equal(shard.model[expert.format(mine)], saved["model"][expert.format(theirs)])
+        np.testing.assert_array_equal(shard.optimizer["tensors"][expert.format(mine) + ".exp_avg"],
+                                      saved["optimizer"][expert.format(theirs) + ".exp_avg"])

@@ -165,14 +165,7 @@ def own_experts(stage: Any, whole_rank_state: dict[str, np.ndarray]) -> dict[str
     moe_config, experts = stage.config.text.moe, stage.experts
     if moe_config is None or experts.ep == 1:
         return whole_rank_state
-    out = {}
-    for name, value in whole_rank_state.items():
-        place = mm_layout.expert_place(name, moe_config.num_experts, experts.ep)
-        if place is None:
-            out[name] = value
-        elif place[0] == experts.ep_rank:
-            out[place[1]] = value
-    return out
+    return mm_layout.keep_expert_rank(whole_rank_state, moe_config.num_experts, experts.ep, experts.ep_rank)
 
 
 def expert_roles(stage: Any, names: set[str]) -> dict[str, Any]:

@@ -171,16 +171,17 @@ class TorchNativeEngine:
         self.mesh = build_mesh(device.detect().kind, world, shard)
         from mmrun.engines.torch.fsdp2.experts import expert_parallel
 
-        from mmrun.engines.torch.fsdp2.sharding import TORCH_DTYPES
+        from mmrun.engines.torch.fsdp2.sharding import TORCH_DTYPES, unit_kwargs
 
         param_dtype = self.config.param_dtype or precision
         self._experts = expert_parallel(model, self.config, self.plan, device.detect().kind, world,
-                                        TORCH_DTYPES[param_dtype] if param_dtype else None)
+                                        TORCH_DTYPES[param_dtype] if param_dtype else None,
+                                        unit_kwargs(self.config, precision))
         fsdp_plan = self.plan if self._experts is None else dataclasses.replace(  # split experts: not FSDP's
             self.plan, ignore=[*self.plan.ignore, *self.plan.moe])
         units = apply_fsdp2(model, self.config, fsdp_plan, self.mesh, default_param_dtype=precision)
         self._ignored = ignored_parameters(model, self.plan)
-        moe = "" if not self.plan.moe else (f"; {self._experts.summary(self.config.reshard_local_experts)}"
+        moe = "" if not self.plan.moe else (f"; {self._experts.summary()}"
                                             if self._experts is not None else
                                             f"; {len(self.plan.moe)} expert module(s) (moe_modules, "
                                             "expert_parallel_size 1) sharded in their unit")

@@ -53,18 +53,24 @@ def apply_fsdp2(model: torch.nn.Module, config: FSDP2Config, plan: ModulePlan, m
     for name in plan.recompute:
         _recompute(model.get_submodule(name), config.use_reentrant)
     ignored = {p for name in plan.ignore for p in model.get_submodule(name).parameters()}
-    common = dict(mesh=mesh, mp_policy=mixed_precision(config, default_param_dtype),
-                  offload_policy=CPUOffloadPolicy(pin_memory=config.pin_memory) if config.offload_to_cpu else OffloadPolicy())
+    common = dict(mesh=mesh, **unit_kwargs(config, default_param_dtype))
     units = [model.get_submodule(name) for name in plan.wrap]
     # Innermost first: a unit nested in another is sharded before its parent.
     for name in sorted(plan.wrap, key=lambda n: -n.count(".")):
         module = model.get_submodule(name)
         mine = {p for p in module.parameters() if p in ignored}
-        fully_shard(module, reshard_after_forward=config.reshard_after_forward, ignored_params=mine or None, **common)
+        fully_shard(module, ignored_params=mine or None, **common)
     # The root: torch keeps its parameters gathered after forward unless told otherwise (None).
-    fully_shard(model, reshard_after_forward=config.reshard_after_forward, ignored_params=ignored or None, **common)
+    fully_shard(model, ignored_params=ignored or None, **common)
     _prefetch(units, config.num_to_forward_prefetch, config.num_to_backward_prefetch)
     return [*units, model]
+
+
+def unit_kwargs(config: FSDP2Config, default_param_dtype: str | None = None) -> dict[str, Any]:
+    """fully_shard's keyword arguments from the file, but the mesh (every unit takes the same)."""
+    return dict(mp_policy=mixed_precision(config, default_param_dtype),
+                reshard_after_forward=config.reshard_after_forward,
+                offload_policy=CPUOffloadPolicy(pin_memory=config.pin_memory) if config.offload_to_cpu else OffloadPolicy())
 
 
 def _prefetch(units: Sequence[torch.nn.Module], forward: int, backward: int) -> None:

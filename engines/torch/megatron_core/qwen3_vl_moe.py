@@ -34,7 +34,7 @@ import torch
 
 from mmrun.backend.errors import UsageError
 from mmrun.models.qwen3_vl.model_json import DISTRIBUTED_OPTIMIZER_WITH_EP
-from mmrun.models.vlm.mm_layout import expert_global_name, expert_place
+from mmrun.models.vlm.mm_layout import expert_global_name, expert_place, keep_expert_rank
 
 DISPATCHERS = ("alltoall", "allgather")
 
@@ -142,14 +142,7 @@ def local_state(layout: Any, state: Mapping[str, np.ndarray]) -> dict[str, np.nd
     ep, rank, _ = _ep()
     if moe is None or ep == 1:
         return dict(state)
-    out = {}
-    for name, value in state.items():
-        place = expert_place(name, moe.num_experts, ep)
-        if place is None:
-            out[name] = value
-        elif place[0] == rank:
-            out[place[1]] = value
-    return out
+    return keep_expert_rank(state, moe.num_experts, ep, rank)
 
 
 class ExpertNames:
