@@ -38,7 +38,7 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     fixed = vlm.compiles(args, spec)
     moe = {} if getattr(config.text, "moe", None) is None else {"experts": qwen3_moe.ExpertParallel.build(
         getattr(args, "expert_model_parallel_size", None) or 1, state)}  # Qwen3-VL MoE: experts over TP x EP
-    model = (vlm.Qwen2VLFixedShapeStage if fixed and family.name == "qwen2_vl" else STAGES[family.name])(
+    model = (vlm.fixed_stage(config) if fixed and family.name == "qwen2_vl" else STAGES[family.name])(
         config, layout, state, **moe)
     own = (lambda whole: qwen3_moe.own_experts(model, whole)) if moe else (lambda whole: whole)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
