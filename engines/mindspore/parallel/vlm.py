@@ -474,9 +474,9 @@ def refuse_virtual_stages(spec: Any) -> None:
 
 
 def compiles(args: Any, spec: Any) -> bool:
-    """Whether the stage trains compiled (mindspore.jit) on fixed-shape batches: Qwen2-VL and Qwen2.5-VL unless
-    --no-ms-jit, as the entry pads their batches (vision_layout.FIXED_SHAPE_MODELS). Qwen3-VL's split stage is
-    not padded yet: PyNative, its shapes changing with the images."""
+    """Whether the stage trains compiled (mindspore.jit) on fixed-shape batches: Qwen2-VL, Qwen2.5-VL and dense
+    Qwen3-VL unless --no-ms-jit, as the entry pads their batches (vision_layout.FIXED_SHAPE_MODELS). Qwen3-VL MoE's
+    split stage is not padded yet: PyNative, its shapes changing with the images."""
     return not getattr(args, "no_ms_jit", False) and spec.hf_config["model_type"] in vision_layout.FIXED_SHAPE_MODELS
 
 
