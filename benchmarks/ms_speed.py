@@ -19,6 +19,8 @@ Workloads (one process each, fp32, CPU threads as --threads says):
              windows with block 1 full, untied output; tests/training/test_vlm_parallel.py's twin)
   qwen3-vl-demo  the demo's job on Qwen3-VL (scripts/qwen3vl/model_tiny.json: DeepStack, interleaved M-RoPE,
              learned ViT positions) with the demo's Qwen3-VL data (make_demo(model="qwen3_vl"))
+  qwen2.5-vl-demo-pp2, qwen3-vl-demo-pp2  the two jobs above with --pipeline-model-parallel-size 2 (ViT and decoder
+             layer 0 on stage 0, layer 1 on stage 1; scripts/qwen3vl/model_tiny_pp2.json)
 
 Each round runs every workload on PyTorch, then on MindSpore, so a change in the machine's load hits both
 sides of a ratio. Reported per side: the median iteration time after --warmup, the first iteration, the compile
@@ -61,7 +63,7 @@ SORA_ENTRY = ROOT / "models" / "pretrain_sora.py"
 TINY_JSON = ROOT / "scripts" / "qwen2vl" / "model_tiny.json"
 QWEN3_JSON = ROOT / "scripts" / "qwen3vl" / "model_tiny.json"
 MODEL_FILES = {"tiny": TINY_JSON, "tiny-pp2": ROOT / "scripts" / "qwen2vl" / "model_tiny_pp2.json",
-               "qwen3-tiny": QWEN3_JSON}
+               "qwen3-tiny": QWEN3_JSON, "qwen3-tiny-pp2": ROOT / "scripts" / "qwen3vl" / "model_tiny_pp2.json"}
 VLM_COMMON = ["--seq-length", "128", "--lr", "2e-3", "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0"]
 DEMO_BATCH = ["--micro-batch-size", "2", "--global-batch-size", "4", *VLM_COMMON]
 # pretrain_sora.py: examples/wan2.1's optimizer flags, one sample per step, no recomputation (timed as it is)
@@ -82,6 +84,9 @@ WORKLOADS = {
     "wan-small": (SORA_ENTRY, WAN_ARGS, "wan-small", 1),
     "qwen2.5-vl-demo": (VLM_ENTRY, DEMO_BATCH, "qwen2.5-tiny", 1),
     "qwen3-vl-demo": (VLM_ENTRY, DEMO_BATCH, "qwen3-tiny", 1),
+    # the same two models over 2 pipeline stages (ViT and decoder layer 0 on stage 0, layer 1 on stage 1)
+    "qwen2.5-vl-demo-pp2": (VLM_ENTRY, [*DEMO_BATCH, "--pipeline-model-parallel-size", "2"], "qwen2.5-tiny-pp2", 2),
+    "qwen3-vl-demo-pp2": (VLM_ENTRY, [*DEMO_BATCH, "--pipeline-model-parallel-size", "2"], "qwen3-tiny-pp2", 2),
 }
 SINGLE = [name for name, row in WORKLOADS.items() if row[3] == 1]  # the default: one process each
 CACHED_NOTE = ", MindSpore with --ms-compile-cache, its second run (the first run's compile in brackets)"
@@ -160,9 +165,10 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
         files = wan_files(size[len("wan-"):], out)
         cmd += ["--mm-model", str(files["model"]), "--mm-data", str(files["data"])]
     elif size is not None:
-        model = MODEL_FILES[size] if size in MODEL_FILES else qwen2_5_json(out) if size == "qwen2.5-tiny" else \
+        model = MODEL_FILES[size] if size in MODEL_FILES else \
+            qwen2_5_json(out, stages=2 if size.endswith("-pp2") else 1) if size.startswith("qwen2.5-tiny") else \
             model_json(size, out)
-        if size == "qwen3-tiny":  # its own demo data (Qwen3-VL's template, tokenizer and 16-pixel patches)
+        if size.startswith("qwen3-tiny"):  # its own demo data (Qwen3-VL's template, tokenizer and 16-pixel patches)
             data_json = str(Path(data_json).parent.parent / "demo_qwen3" / "data.json")
         cmd += ["--mm-model", str(model), "--mm-data", data_json]
     load_before = os.getloadavg()[0]
@@ -178,17 +184,19 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
             "load": load}
 
 
-def qwen2_5_json(out: Path) -> Path:
-    """The demo's model.json made Qwen2.5-VL (as tests/training/test_vlm_parallel.py's _qwen2_5_json, one stage)."""
-    path = out / "model_qwen2_5_tiny.json"
+def qwen2_5_json(out: Path, stages: int = 1) -> Path:
+    """The demo's model.json made Qwen2.5-VL (as tests/training/test_vlm_parallel.py's _qwen2_5_json), on one stage
+    or two (the ViT and decoder layer 0, then decoder layer 1)."""
+    path = out / f"model_qwen2_5_tiny_pp{stages}.json"
     if not path.is_file():
         raw = json.loads(TINY_JSON.read_text())
         raw["model_id"] = "qwen2_5vl"
         raw["image_encoder"]["vision_encoder"].update(
             normalization="RMSNorm", activation_func="silu", gated_linear_unit=True, window_attn_size=56,
-            fullatt_block_indexes=[1], tokens_per_second=2)
+            fullatt_block_indexes=[1], tokens_per_second=2, pipeline_num_layers=[2] + [0] * (stages - 1))
         raw["image_encoder"]["vision_projector"]["normalization"] = "RMSNorm"
-        raw["text_decoder"].update(model_id="qwen2_5_lm", untie_embeddings_and_output_weights=True)
+        raw["text_decoder"].update(model_id="qwen2_5_lm", untie_embeddings_and_output_weights=True,
+                                   pipeline_num_layers=[1, 1] if stages == 2 else [2])
         path.write_text(json.dumps(raw, indent=1))
     return path
 
@@ -218,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ms_speed_") as tmp:
         out = Path(tmp)
         data_json = make_demo(str(out / "demo"), num_samples=64, seed=3)["data_json"]
-        if "qwen3-vl-demo" in args.only:
+        if any(name.startswith("qwen3-vl-demo") for name in args.only):
             make_demo(str(out / "demo_qwen3"), num_samples=64, seed=3, model="qwen3_vl")
         for round_ in range(args.rounds):
             for workload in args.only:

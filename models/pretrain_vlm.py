@@ -465,7 +465,8 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: tuple[int, in
     collate = partial(collate_batch, pad_token_id=dataset.token_ids["pad"], rope_config=_rope_config(dataset),
                       max_length=args.seq_length, pad_to_multiple_of=args.seq_length if fixed else 8)
     if compiled:
-        collate = partial(fixed_shape_collate, collate=collate, smallest=_first_bucket(dataset, args.micro_batch_size))
+        collate = partial(fixed_shape_collate, collate=collate, smallest=_first_bucket(dataset, args.micro_batch_size),
+                          model_json=_MODEL_JSON)
     train = EpochView(dataset, train_val_test_num_samples[0], seed=args.seed,
                       shuffle=bool(loader.get("shuffle", True)), collate=collate)
     print_rank_0(f" > {len(dataset)} samples, {train.num_samples} to read "
@@ -493,7 +494,7 @@ def _first_bucket(dataset: Any, micro_batch_size: int) -> int:
     return max(unit, min(micro_batch_size * per_image, FIRST_BUCKET_MAX))
 
 
-def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64) -> dict[str, Any]:
+def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64, model_json: Any = None) -> dict[str, Any]:
     """`collate` (padded to --seq-length), then the images' patches padded to vision_layout.patch_bucket with
     their segment ids and rotary positions (vision_layout.fixed_layout) in place of image_grid_thw: every shape
     of the batch is then one of a few, whatever the pictures' sizes. Checks on the host what the model checks
@@ -503,6 +504,9 @@ def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64) -> dict[
     from mmrun.models.vlm import vision_layout
     from mmrun.models.vlm.blocks import TRUNCATION_HINT
 
+    global _MODEL_JSON
+    if _MODEL_JSON is None:  # a --num-workers process (spawned): the model.json the main process read
+        _MODEL_JSON = model_json
     batch = collate(samples)
     config = _MODEL_JSON.hf_config
     if "pixel_values_videos" in batch:

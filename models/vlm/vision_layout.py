@@ -81,8 +81,9 @@ def window_index(grid: np.ndarray, merge: int, window_size: int, patch_size: int
 
 
 # Models whose batches the entry pads to fixed shapes for MindSpore's compiled step (fixed_layout below), on the
-# data-parallel and the tensor/pipeline-parallel engine alike; Qwen2.5-VL's window layout is not padded yet.
-FIXED_SHAPE_MODELS = ("qwen2_vl",)
+# data-parallel and the tensor/pipeline-parallel engine alike (Qwen2.5-VL's windows as segment ids, Qwen3-VL's
+# position taps as inputs); Qwen3-VL MoE's split stage is not padded yet.
+FIXED_SHAPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # ... on the data-parallel engine (an unsplit model): Qwen2.5-VL's windows as segment ids (window_segment_ids),
 # Qwen3-VL's learned-position taps (models/qwen3_vl/modeling.py fixed_position_taps) as inputs of the step too.
 DATA_PARALLEL_FIXED_SHAPE_MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")

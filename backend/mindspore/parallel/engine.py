@@ -27,8 +27,9 @@ longest sample): each pipeline message is sized from its own micro-batch. The st
 Backward on a pipeline stage re-runs that stage's forward under `mindspore.value_and_grad` with the received
 output gradient (full activation recomputation, Megatron's `--recompute-granularity full`): MindSpore's
 functional autodiff keeps no tape between calls, and a `vjp` closure taken before later forwards fails in
-PyNative ("Can not find top cell for backward"). The last stage runs forward and backward as one call, so only
-the other stages compute each forward twice.
+PyNative ("Can not find top cell for backward"; MindSpore 2.10's vjp closures run last-in first-out only, 1F1B
+needs first-in first-out). The last stage runs forward and backward as one call, so only the other stages
+compute each forward twice.
 
 Dropout: before each micro-batch's forward (and its recomputation) the dropout generator is set to the offset
 one process running the whole model would have reached there (the model's `dropout_draws()`), so the

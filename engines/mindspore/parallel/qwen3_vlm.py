@@ -32,7 +32,8 @@ from mmrun.models.vlm import vision_layout
 from mmrun.models.vlm.mm_layout import VLMLayout
 from mmrun.models.vlm.blocks import merge_vision
 from mmrun.models.qwen3_vl.configuration import Qwen3VLConfig, VisionConfig
-from mmrun.models.qwen3_vl.modeling import deepstack_index, deepstack_rows, vision_forward
+from mmrun.models.vlm.blocks import place_fixed_features, rotary_of_positions
+from mmrun.models.qwen3_vl.modeling import deepstack_index, deepstack_rows, vision_blocks, vision_forward
 from mmrun.models.transformer_blocks import interleaved_multimodal_rotary, rotary_inv_freq
 
 
@@ -123,7 +124,11 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
         if self.post_process:
             self.cross_entropy = VocabParallelCrossEntropy(config.text.vocab_size, state)
         self.inv_freq = rotary_inv_freq(config.text.head_dim, config.text.rope_theta)
-        self.carried = carried_levels(config, layout)
+        self.carried = tuple(carried_levels(config, layout))
+        # plain values for mindspore.jit (the fixed-shape stage), as Qwen2VLStage's
+        self.sequence_parallel = bool(state.sequence_parallel)
+        self.mrope_section = tuple(config.text.mrope_section)
+        self.layer_numbers = tuple(self.layers)
 
     def freeze(self, switches: dict[str, bool]) -> list[str]:
         """As Qwen2VLStage.freeze, but the ViT's learned positions and DeepStack mergers always train (the portable
@@ -148,21 +153,26 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
                 hidden_in=None, labels=None):
         """As Qwen2VLStage.forward, the DeepStack features added after decoder layers 0, 1, ... and the carried ones
         sent on (module docstring)."""
+        embedded = (self._embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+                    if self.pre_process else None)
+        return self._decode_levels(embedded, input_ids, position_ids, hidden_in, labels)
+
+    def _decode_levels(self, embedded, input_ids, position_ids, hidden_in, labels):
+        """The text decoder of this stage, from the first stage's (embeddings, DeepStack levels) or hidden_in."""
         batch, seq = input_ids.shape
-        cos, sin = interleaved_multimodal_rotary(position_ids, self.inv_freq, self.config.text.mrope_section,
-                                                 "float32")
+        cos, sin = interleaved_multimodal_rotary(position_ids, self.inv_freq, self.mrope_section, "float32")
         cos, sin = ops.reshape(cos, (batch, 1, seq, -1)), ops.reshape(sin, (batch, 1, seq, -1))
         if self.pre_process:
-            x, levels = self._embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+            x, keys, values = embedded
         else:
             parts = ops.split(hidden_in, self.hidden_size, dim=-1)
-            x, levels = parts[0], dict(zip(self.carried, parts[1:]))
-        for layer, index in zip(self.text_decoder.decoder.layers, self.layers):
+            x, keys, values = parts[0], self.carried, parts[1:]
+        for layer, index in zip(self.text_decoder.decoder.layers, self.layer_numbers):
             x = layer(x, cos, sin)
-            if index in levels:
-                x = x + levels[index]
+            if index in keys:  # DeepStack level `index` (keys: static level numbers, values: their rows)
+                x = x + values[keys.index(index)]
         if not self.post_process:
-            return ops.cat([x] + [levels[k] for k in self.carried], dim=-1) if self.carried else x
+            return ops.cat([x] + [values[keys.index(k)] for k in self.carried], dim=-1) if self.carried else x
         decoder = self.text_decoder
         x = decoder.decoder.final_layernorm(x)
         weight = (decoder.output_layer.weight if decoder.uses_own_output_weight
@@ -197,10 +207,39 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
             # a blank ViT run: its features count zero times, the carried messages hold zeros
             zero = ops.zeros(tuple(x.shape), dtype=x.dtype, like=x)
             levels = {k: self._sequence(zero) for k in self.carried}
-        return self._sequence(x), levels
+        return self._sequence(x), tuple(levels), [levels[k] for k in levels]
 
     def _sequence(self, rows):
         """[b, s, h] -> [s, b, h], this rank's part of the sequence with --sequence-parallel."""
         rows = ops.transpose(rows, 0, 1)
-        return self.scatter(rows) if self.state.sequence_parallel else rows
+        return self.scatter(rows) if self.sequence_parallel else rows
 
+
+
+class Qwen3VLFixedShapeStage(Qwen3VLStage):
+    """Qwen3-VL's stage on batches padded to fixed shapes (models/pretrain_vlm.py fixed_shape_collate: the text to
+    --seq-length, the patches to a bucket with their segment ids, rotary positions and learned-position taps,
+    models/qwen3_vl/modeling.py fixed_vision_inputs), so ParallelTrainStep compiles it with mindspore.jit, as the
+    one-process compiled step (Qwen3VLForConditionalGeneration.embed_fixed): the padding attends only to itself
+    and no token takes its features or DeepStack rows."""
+
+    fields = vlm.VLM_FIXED_FIELDS[:5] + ("pixel_tap_indices", "pixel_tap_weights") + vlm.VLM_FIXED_FIELDS[5:]
+
+    def forward(self, input_ids, position_ids, pixel_values, pixel_segment_ids, pixel_position_ids, pixel_tap_indices,
+                pixel_tap_weights, hidden_in=None, labels=None):
+        embedded = (self._embed_fixed(input_ids, pixel_values, pixel_segment_ids, pixel_position_ids,
+                                      pixel_tap_indices, pixel_tap_weights) if self.pre_process else None)
+        return self._decode_levels(embedded, input_ids, position_ids, hidden_in, labels)
+
+    def _embed_fixed(self, input_ids, pixel_values, segment_ids, positions, tap_indices, tap_weights):
+        config, encoder = self.config, self.image_encoder.encoder
+        layers = encoder.blocks.layers
+        mergers = [layers[n].deepstack_layer for n in config.vision.deepstack_visual_indexes]
+        cos, sin = rotary_of_positions(positions, encoder.inv_freq)
+        merged, deepstack = vision_blocks(config.vision, encoder.patch_embed, encoder.pos_embed.weight, layers,
+                                          self.image_encoder.projector, mergers, pixel_values, tap_indices,
+                                          tap_weights, cos, sin, segment_ids)
+        x = place_fixed_features(config, input_ids, self.text_decoder.embedding.word_embeddings(input_ids), merged)
+        index = deepstack_index(config, input_ids, 0)
+        rows = [self._sequence(deepstack_rows(index, features, x)) for features in deepstack]
+        return self._sequence(x), tuple(range(len(config.vision.deepstack_visual_indexes))), rows

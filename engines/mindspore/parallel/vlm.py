@@ -338,6 +338,7 @@ class Qwen2VLStage(RankState, nn.Module):
         # plain values for mindspore.jit, which reads no attribute of the state or config dataclasses
         self.sequence_parallel = bool(state.sequence_parallel)
         self.mrope_section = tuple(config.text.mrope_section)
+        self.full_blocks = tuple(config.vision.fullatt_block_indexes) if config.is_qwen2_5 else ()
 
     def forward(self, input_ids, position_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
                 hidden_in=None, labels=None):
@@ -410,14 +411,38 @@ class Qwen2VLFixedShapeStage(Qwen2VLStage):
 
     def forward(self, input_ids, position_ids, pixel_values, pixel_segment_ids, pixel_position_ids,
                 hidden_in=None, labels=None):
+        return self._fixed(input_ids, position_ids, pixel_values, pixel_segment_ids, pixel_position_ids, None,
+                           hidden_in, labels)
+
+    def _fixed(self, input_ids, position_ids, pixel_values, pixel_segment_ids, pixel_position_ids, pixel_window_ids,
+               hidden_in, labels):
         x = hidden_in
         if self.pre_process:
             encoder = self.image_encoder.encoder
             x = self.text_decoder.embedding.word_embeddings(input_ids)
+            # the ViT's blocks all sit on stage 0 (VLMLayout), so full-attention block indexes are local ones
             vision = fixed_vision_features(encoder.patch_embed, encoder.blocks.layers, self.image_encoder.projector,
-                                           encoder.inv_freq, pixel_values, pixel_segment_ids, pixel_position_ids)
+                                           encoder.inv_freq, pixel_values, pixel_segment_ids, pixel_position_ids,
+                                           pixel_window_ids, self.full_blocks)
             x = place_fixed_features(self.config, input_ids, x, vision)
         return self._decode(x, input_ids, position_ids, labels)
+
+
+class Qwen2_5VLFixedShapeStage(Qwen2VLFixedShapeStage):
+    """Qwen2.5-VL's stage on fixed-shape batches: as Qwen2VLFixedShapeStage, the window layout one more input
+    (pixel_window_ids, vision_layout.window_segment_ids), as the one-process compiled step."""
+
+    fields = VLM_FIXED_FIELDS[:5] + ("pixel_window_ids",) + VLM_FIXED_FIELDS[5:]
+
+    def forward(self, input_ids, position_ids, pixel_values, pixel_segment_ids, pixel_position_ids, pixel_window_ids,
+                hidden_in=None, labels=None):
+        return self._fixed(input_ids, position_ids, pixel_values, pixel_segment_ids, pixel_position_ids,
+                           pixel_window_ids, hidden_in, labels)
+
+
+def fixed_stage(config: Qwen2VLConfig) -> type:
+    """The fixed-shape (compiled) stage class of this Qwen2-VL family model."""
+    return Qwen2_5VLFixedShapeStage if config.is_qwen2_5 else Qwen2VLFixedShapeStage
 
 
 # ------------------------------------------------------------------------------------------ the step
@@ -449,9 +474,9 @@ def refuse_virtual_stages(spec: Any) -> None:
 
 
 def compiles(args: Any, spec: Any) -> bool:
-    """Whether the stage trains compiled (mindspore.jit) on fixed-shape batches: Qwen2-VL unless --no-ms-jit,
-    as the entry pads its batches (vision_layout.FIXED_SHAPE_MODELS). Qwen2.5-VL's window layout and Qwen3-VL
-    are not padded yet: PyNative, their shapes changing with the images."""
+    """Whether the stage trains compiled (mindspore.jit) on fixed-shape batches: Qwen2-VL, Qwen2.5-VL and dense
+    Qwen3-VL unless --no-ms-jit, as the entry pads their batches (vision_layout.FIXED_SHAPE_MODELS). Qwen3-VL MoE's
+    split stage is not padded yet: PyNative, its shapes changing with the images."""
     return not getattr(args, "no_ms_jit", False) and spec.hf_config["model_type"] in vision_layout.FIXED_SHAPE_MODELS
 
 

@@ -18,6 +18,8 @@ from mmrun.models.qwen3_vl.model_json import DISTRIBUTED_OPTIMIZER_WITH_EP, MOE_
 # family (models/families.py) -> its stage class on the parallel layers
 STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage,
                           "qwen2_5_omni": omni_vlm.OmniStage}
+# ... on batches padded to fixed shapes (compiled; vlm.compiles says when), from the model's config
+FIXED_STAGES: dict[str, Any] = {"qwen2_vl": vlm.fixed_stage, "qwen3_vl": lambda config: qwen3_vlm.Qwen3VLFixedShapeStage}
 
 
 def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], None] = print) -> ParallelTrainStep:
@@ -38,7 +40,7 @@ def build_step(args: Any, state: ParallelState, spec: Any, log: Callable[[str], 
     fixed = vlm.compiles(args, spec)
     moe = {} if getattr(config.text, "moe", None) is None else {"experts": qwen3_moe.ExpertParallel.build(
         getattr(args, "expert_model_parallel_size", None) or 1, state)}  # Qwen3-VL MoE: experts over TP x EP
-    model = (vlm.Qwen2VLFixedShapeStage if fixed and family.name == "qwen2_vl" else STAGES[family.name])(
+    model = (FIXED_STAGES[family.name](config) if fixed else STAGES[family.name])(
         config, layout, state, **moe)
     own = (lambda whole: qwen3_moe.own_experts(model, whole)) if moe else (lambda whole: whole)
     if args.load and hf_checkpoint.is_hf_directory(args.load):
