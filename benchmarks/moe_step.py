@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from mmrun.backend import autograd, tensors
+    from mmrun.backend import autograd, ops, tensors
     from mmrun.models.qwen3_vl import from_pretrained
     from mmrun.models.qwen3_vl.moe import top_k
 
@@ -93,7 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         loss, _ = autograd.value_and_grad(lambda: ours(**inputs)["loss_dict"]["loss"], params)()
         return float(tensors.to_numpy(loss))
 
-    steps = {"transformers": step_theirs, "mmrun": step_ours}
+    # mmrun's training step on a text-only batch also runs the ViT on one blank image counted zero times (models/vlm/
+    # blocks.py merge_vision: MindSpeed-MM's fake image, so every rank runs the same collectives; issue 37);
+    # transformers' does not. Timed alone beside the steps: its forward and backward as the step runs them.
+    vision = ours.config.vision
+    blank = ops.zeros((vision.spatial_merge_size ** 2, vision.patch_dim), like=inputs["position_ids"])
+    blank_grid = np.array([[1, vision.spatial_merge_size, vision.spatial_merge_size]])
+    vision_params = [p for p in ours.model.visual.parameters() if p.requires_grad]
+
+    def blank_vit():
+        def run():
+            merged, stacked = ours.model.visual(blank, blank_grid)
+            return ops.sum(merged) + sum(ops.sum(f) for f in stacked)
+        return float(tensors.to_numpy(autograd.value_and_grad(run, vision_params)()[0]))
+
+    steps = {"transformers": step_theirs, "mmrun": step_ours, "blank ViT": blank_vit}
     wall: dict[str, list[float]] = {name: [] for name in steps}
     cpu: dict[str, list[float]] = {name: [] for name in steps}
     losses: dict[str, float] = {}
@@ -114,13 +128,18 @@ def main(argv: list[str] | None = None) -> int:
           f"hidden {args.hidden}, {args.experts} experts of {args.expert_width}, top {args.top_k}, {tokens} tokens; "
           f"transformers' experts implementation {theirs.config.text_config._experts_implementation!r}; "
           f"load average {load:.2f} on {os.cpu_count()} cores")
-    for name, (seconds, cpu_seconds) in median.items():
+    for name in ("transformers", "mmrun"):
+        seconds, cpu_seconds = median[name]
         print(f"  {name:<13} wall {1e3 * seconds:7.1f} ms/step ({tokens / seconds:6.0f} tokens/s)  "
               f"CPU {1e3 * cpu_seconds:7.1f} ms/step  loss {losses[name]:.6f}")
     by_wall = median["transformers"][0] / median["mmrun"][0]
     by_cpu = median["transformers"][1] / median["mmrun"][1]
     print(f"  mmrun / transformers speed: {by_cpu:.2f}x by CPU time (the target, >= 1.0x), {by_wall:.2f}x by wall "
           f"time; loss difference {abs(losses['mmrun'] - losses['transformers']):.1e}")
+    vit_wall, vit_cpu = median["blank ViT"]
+    print(f"  of mmrun's step, its blank-image ViT run (text-only training batch): wall {1e3 * vit_wall:.1f} ms, "
+          f"CPU {1e3 * vit_cpu:.1f} ms; the rest of mmrun's step / transformers' step: "
+          f"{median['transformers'][1] / (median['mmrun'][1] - vit_cpu):.2f}x by CPU time")
     # the router sanity table: top-k assignments per expert, per sparse layer, on this batch
     router_logits: list = []
     text_model = ours.model.language_model
