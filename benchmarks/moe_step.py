@@ -11,7 +11,8 @@ median CPU time of a step (the process's CPU time, every thread: time.process_ti
 by both. The target (>= 1.0x: mmrun at least as fast) reads the CPU-time ratio: on a shared, loaded machine the
 wall clock counts the time other processes hold the cores, the CPU time counts only this process's work (with
 --threads 1 it is one thread's; with more threads it also counts the pool's spinning, alike on both sides); on a
-quiet machine the two ratios agree. Also: the two losses (equal to 1e-5), transformers' experts implementation,
+quiet machine the two ratios agree. mmrun's step on this text-only batch includes the ViT run on one blank image
+(models/vlm/blocks.py merge_vision, transformers' does not): timed alone too, with the ratio of the rest. Also: the two losses (equal to 1e-5), transformers' experts implementation,
 the load average, and a router sanity table: per sparse layer, the tokens routed to each expert (top-k
 assignments) by mmrun's router on this batch.
 
