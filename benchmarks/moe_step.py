@@ -12,9 +12,9 @@ by both. The target (>= 1.0x: mmrun at least as fast) reads the CPU-time ratio: 
 wall clock counts the time other processes hold the cores, the CPU time counts only this process's work (with
 --threads 1 it is one thread's; with more threads it also counts the pool's spinning, alike on both sides); on a
 quiet machine the two ratios agree. mmrun's step on this text-only batch includes the ViT run on one blank image
-(models/vlm/blocks.py merge_vision, transformers' does not): timed alone too, with the ratio of the rest. Also: the two losses (equal to 1e-5), transformers' experts implementation,
-the load average, and a router sanity table: per sparse layer, the tokens routed to each expert (top-k
-assignments) by mmrun's router on this batch.
+(models/vlm/blocks.py merge_vision, transformers' does not): timed alone too, with the ratio of the rest. Also: the
+two losses (equal to 1e-5), transformers' experts implementation, the load average, and a router sanity table: per
+sparse layer, the tokens routed to each expert (top-k assignments) by mmrun's router on this batch.
 
     python benchmarks/moe_step.py                       # 2 layers, 32 experts of 256, top 4, 2 x 128 tokens
     python benchmarks/moe_step.py --threads 1 --steps 10
