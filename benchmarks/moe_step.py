@@ -5,11 +5,16 @@ Qwen3VLMoeForConditionalGeneration (a benchmark, not a test).
 Both sides hold the same weights (transformers' random model, saved and loaded by mmrun's from_pretrained) and run
 the same text batch (random token ids, no padding): forward with labels, backward, on PyTorch on the CPU (or CUDA
 when there is one). The config is tiny-wide: a small ViT (unused by text) and a text decoder of --layers sparse
-layers, --experts experts of width --expert-width, --top-k per token. Reported: the median step time of each after
---warmup steps (the two sides alternate step by step), mmrun / transformers (target >= 1.0x: mmrun at least as
-fast), the two losses (equal to 1e-5),
-transformers' experts implementation, and a router sanity table: per sparse layer, the tokens routed to each expert
-(top-k assignments) by mmrun's router on this batch.
+layers, --experts experts of width --expert-width, --top-k per token. Reported per side, after --warmup steps (the
+two sides alternate step by step, so a change of machine load hits both): the median wall time of a step and the
+median CPU time of a step (the process's CPU time, every thread: time.process_time), and mmrun / transformers speed
+by both. The target (>= 1.0x: mmrun at least as fast) reads the CPU-time ratio: on a shared, loaded machine the
+wall clock counts the time other processes hold the cores, the CPU time counts only this process's work (with
+--threads 1 it is one thread's; with more threads it also counts the pool's spinning, alike on both sides); on a
+quiet machine the two ratios agree. mmrun's step on this text-only batch includes the ViT run on one blank image
+(models/vlm/blocks.py merge_vision, transformers' does not): timed alone too, with the ratio of the rest. Also: the
+two losses (equal to 1e-5), transformers' experts implementation, the load average, and a router sanity table: per
+sparse layer, the tokens routed to each expert (top-k assignments) by mmrun's router on this batch.
 
     python benchmarks/moe_step.py                       # 2 layers, 32 experts of 256, top 4, 2 x 128 tokens
     python benchmarks/moe_step.py --threads 1 --steps 10
@@ -43,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from mmrun.backend import autograd, tensors
+    from mmrun.backend import autograd, ops, tensors
     from mmrun.models.qwen3_vl import from_pretrained
     from mmrun.models.qwen3_vl.moe import top_k
 
@@ -72,10 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     positions = np.broadcast_to(np.arange(args.seq), (3, args.batch, args.seq)).copy()
     batch = {"input_ids": ids, "labels": ids, "attention_mask": np.ones_like(ids), "position_ids": positions}
 
+    # Each step frees its gradients before it ends (mmrun's value_and_grad returns them, and they are dropped):
+    # transformers' .grad kept until its next step would hold ~50 MB while mmrun's step runs, so mmrun's step
+    # alone would grow the heap and, after glibc trimmed it, fault fresh pages in (measured: some of mmrun's steps
+    # took 2,000-8,000 minor page faults and 10-20 ms of system time, transformers' none).
     def step_theirs():
-        theirs.zero_grad(set_to_none=True)
         out = theirs(**{k: torch.from_numpy(v).to(device) for k, v in batch.items()})
         out.loss.backward()
+        theirs.zero_grad(set_to_none=True)
         return float(out.loss.detach())
 
     params = [p for p in ours.parameters() if p.requires_grad]
@@ -85,26 +94,53 @@ def main(argv: list[str] | None = None) -> int:
         loss, _ = autograd.value_and_grad(lambda: ours(**inputs)["loss_dict"]["loss"], params)()
         return float(tensors.to_numpy(loss))
 
-    steps = {"transformers": step_theirs, "mmrun": step_ours}
-    times: dict[str, list[float]] = {name: [] for name in steps}
+    # mmrun's training step on a text-only batch also runs the ViT on one blank image counted zero times (models/vlm/
+    # blocks.py merge_vision: MindSpeed-MM's fake image, so every rank runs the same collectives; issue 37);
+    # transformers' does not. Timed alone beside the steps: its forward and backward as the step runs them.
+    vision = ours.config.vision
+    blank = ops.zeros((vision.spatial_merge_size ** 2, vision.patch_dim), like=inputs["position_ids"])
+    blank_grid = np.array([[1, vision.spatial_merge_size, vision.spatial_merge_size]])
+    vision_params = [p for p in ours.model.visual.parameters() if p.requires_grad]
+
+    def blank_vit():
+        def run():
+            merged, stacked = ours.model.visual(blank, blank_grid)
+            return ops.sum(merged) + sum(ops.sum(f) for f in stacked)
+        return float(tensors.to_numpy(autograd.value_and_grad(run, vision_params)()[0]))
+
+    steps = {"transformers": step_theirs, "mmrun": step_ours, "blank ViT": blank_vit}
+    wall: dict[str, list[float]] = {name: [] for name in steps}
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
     losses: dict[str, float] = {}
+    load = os.getloadavg()[0]
     for _ in range(args.warmup + args.steps):  # the two alternate, so a change of machine load hits both
         for name, step in steps.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             losses[name] = step()
             if device == "cuda":
                 torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
-    results = {name: (statistics.median(times[name][args.warmup:]), losses[name]) for name in steps}
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    load = max(load, os.getloadavg()[0])
+    median = {name: (statistics.median(wall[name][args.warmup:]), statistics.median(cpu[name][args.warmup:]))
+              for name in steps}
     tokens = args.batch * args.seq
     print(f"Qwen3-VL MoE decoder step on {device} ({torch.get_num_threads()} threads): {args.layers} sparse layers, "
           f"hidden {args.hidden}, {args.experts} experts of {args.expert_width}, top {args.top_k}, {tokens} tokens; "
-          f"transformers' experts implementation {theirs.config.text_config._experts_implementation!r}")
-    for name, (seconds, loss) in results.items():
-        print(f"  {name:<13} {1e3 * seconds:8.1f} ms/step  {tokens / seconds:9.0f} tokens/s  loss {loss:.6f}")
-    ratio = results["transformers"][0] / results["mmrun"][0]
-    print(f"  mmrun / transformers speed: {ratio:.2f}x; loss difference "
-          f"{abs(results['mmrun'][1] - results['transformers'][1]):.1e}")
+          f"transformers' experts implementation {theirs.config.text_config._experts_implementation!r}; "
+          f"load average {load:.2f} on {os.cpu_count()} cores")
+    for name in ("transformers", "mmrun"):
+        seconds, cpu_seconds = median[name]
+        print(f"  {name:<13} wall {1e3 * seconds:7.1f} ms/step ({tokens / seconds:6.0f} tokens/s)  "
+              f"CPU {1e3 * cpu_seconds:7.1f} ms/step  loss {losses[name]:.6f}")
+    by_wall = median["transformers"][0] / median["mmrun"][0]
+    by_cpu = median["transformers"][1] / median["mmrun"][1]
+    print(f"  mmrun / transformers speed: {by_cpu:.2f}x by CPU time (the target, >= 1.0x), {by_wall:.2f}x by wall "
+          f"time; loss difference {abs(losses['mmrun'] - losses['transformers']):.1e}")
+    vit_wall, vit_cpu = median["blank ViT"]
+    print(f"  of mmrun's step, its blank-image ViT run (text-only training batch): wall {1e3 * vit_wall:.1f} ms, "
+          f"CPU {1e3 * vit_cpu:.1f} ms; the rest of mmrun's step / transformers' step: "
+          f"{median['transformers'][1] / (median['mmrun'][1] - vit_cpu):.2f}x by CPU time")
     # the router sanity table: top-k assignments per expert, per sparse layer, on this batch
     router_logits: list = []
     text_model = ours.model.language_model

@@ -27,6 +27,7 @@ vision-token merge (`merge_vision`: one gather), the loss (`causal_lm_loss`), th
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import numpy as np
@@ -158,11 +159,28 @@ def vision_forward(config: VisionConfig, inv_freq: np.ndarray, patch_embed: Any,
     if pixel_values.shape[0] != total or pixel_values.shape[-1] != config.patch_dim:
         raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid.tolist()}: expected "
                          f"({total}, {config.patch_dim}); pass the image processor's pixel_values with its grid")
-    indices, weights = position_taps(grid, config.num_grid_per_side, merge)
-    cos, sin = vision_rotary(vision_layout.rotary_position_ids(grid, merge), inv_freq)
+    indices, weights, positions, segments = host_layout(grid, config.num_grid_per_side, merge)
+    cos, sin = vision_rotary(positions, inv_freq)
     return vision_blocks(config, patch_embed, pos_table, blocks, merger, deepstack_mergers, pixel_values,
-                         tensors.from_numpy(indices), tensors.from_numpy(weights), cos, sin,
-                         vision_layout.frame_cu_seqlens(grid))
+                         tensors.from_numpy(indices), tensors.from_numpy(weights), cos, sin, segments.copy())
+
+
+def host_layout(grid: np.ndarray, side: int, merge: int) -> tuple[np.ndarray, ...]:
+    """vision_forward's host arrays of a grid: position_taps' (indices, weights), the rotary (row, column) ids and
+    the frames' cu_seqlens; kept per grid (read-only), as the same image sizes recur (a text-only training
+    batch's blank image on every step)."""
+    grid = np.ascontiguousarray(grid, dtype=np.int64)
+    return _host_layout(grid.tobytes(), grid.shape[0], side, merge)
+
+
+@functools.lru_cache(maxsize=64)
+def _host_layout(grid_bytes: bytes, rows: int, side: int, merge: int) -> tuple[np.ndarray, ...]:
+    grid = np.frombuffer(grid_bytes, dtype=np.int64).reshape(rows, 3)
+    out = (*position_taps(grid, side, merge), vision_layout.rotary_position_ids(grid, merge),
+           vision_layout.frame_cu_seqlens(grid))
+    for array in out:
+        array.setflags(write=False)
+    return out
 
 
 def vision_blocks(config: VisionConfig, patch_embed: Any, pos_table: Any, blocks: Any, merger: Any,
