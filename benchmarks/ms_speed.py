@@ -21,6 +21,9 @@ Workloads (one process each, fp32, CPU threads as --threads says):
              learned ViT positions) with the demo's Qwen3-VL data (make_demo(model="qwen3_vl"))
   qwen2.5-vl-demo-pp2, qwen3-vl-demo-pp2  the two jobs above with --pipeline-model-parallel-size 2 (ViT and decoder
              layer 0 on stage 0, layer 1 on stage 1; scripts/qwen3vl/model_tiny_pp2.json)
+  vlm-video-demo, qwen2.5-vl-video-demo, qwen3-vl-video-demo  vlm-demo, qwen2.5-vl-demo and qwen3-vl-demo on the demo's data with every
+             other sample a 4-frame clip of its picture instead (attr.videos, MindSpeed-MM's video form: `with_videos`),
+             so batches hold images, videos or both
 
 Each round runs every workload on PyTorch, then on MindSpore, so a change in the machine's load hits both
 sides of a ratio. Reported per side: the median iteration time after --warmup, the first iteration, the compile
@@ -87,7 +90,16 @@ WORKLOADS = {
     # the same two models over 2 pipeline stages (ViT and decoder layer 0 on stage 0, layer 1 on stage 1)
     "qwen2.5-vl-demo-pp2": (VLM_ENTRY, [*DEMO_BATCH, "--pipeline-model-parallel-size", "2"], "qwen2.5-tiny-pp2", 2),
     "qwen3-vl-demo-pp2": (VLM_ENTRY, [*DEMO_BATCH, "--pipeline-model-parallel-size", "2"], "qwen3-tiny-pp2", 2),
+    "vlm-video-demo": (VLM_ENTRY, DEMO_BATCH, "tiny", 1),
+    "qwen2.5-vl-video-demo": (VLM_ENTRY, DEMO_BATCH, "qwen2.5-tiny", 1),
+    "qwen3-vl-video-demo": (VLM_ENTRY, DEMO_BATCH, "qwen3-tiny", 1),
 }
+# workload -> (its demo folder, make_demo's model): data other than the Qwen2-VL demo's pictures
+DEMO_DATA = {"qwen3-vl-demo": ("demo_qwen3", "qwen3_vl"), "qwen3-vl-demo-pp2": ("demo_qwen3", "qwen3_vl"),
+             "vlm-video-demo": ("demo_video", "qwen2_vl"),
+             "qwen2.5-vl-video-demo": ("demo_video", "qwen2_vl"),
+             "qwen3-vl-video-demo": ("demo_qwen3_video", "qwen3_vl")}
+VIDEO_FRAMES = 4
 SINGLE = [name for name, row in WORKLOADS.items() if row[3] == 1]  # the default: one process each
 CACHED_NOTE = ", MindSpore with --ms-compile-cache, its second run (the first run's compile in brackets)"
 COMPILED = re.compile(r"> MindSpore compiled the train step .* in ([0-9.]+) s")
@@ -168,8 +180,8 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
         model = MODEL_FILES[size] if size in MODEL_FILES else \
             qwen2_5_json(out, stages=2 if size.endswith("-pp2") else 1) if size.startswith("qwen2.5-tiny") else \
             model_json(size, out)
-        if size.startswith("qwen3-tiny"):  # its own demo data (Qwen3-VL's template, tokenizer and 16-pixel patches)
-            data_json = str(Path(data_json).parent.parent / "demo_qwen3" / "data.json")
+        if workload in DEMO_DATA:  # its own demo data (Qwen3-VL's template, tokenizer and 16-pixel patches; videos)
+            data_json = str(Path(data_json).parent.parent / DEMO_DATA[workload][0] / "data.json")
         cmd += ["--mm-model", str(model), "--mm-data", data_json]
     load_before = os.getloadavg()[0]
     proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=_env(threads), timeout=3600)
@@ -182,6 +194,19 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
     compile_s = sum(float(m) for m in COMPILED.findall(proc.stdout + proc.stderr))
     return {"steady_ms": statistics.median(steps[warmup:]), "first_ms": steps[0], "compile_s": compile_s,
             "load": load}
+
+
+def with_videos(demo: dict[str, str], frames: int = VIDEO_FRAMES) -> None:
+    """make_demo's files with every other sample a `frames`-frame clip of its picture instead (its <image> a
+    <video>), and data.json's attr.videos set: MindSpeed-MM's video form."""
+    samples = json.loads(Path(demo["dataset"]).read_text())
+    for sample in samples[::2]:
+        sample["messages"][0]["content"] = sample["messages"][0]["content"].replace("<image>", "<video>")
+        sample["videos"], sample["images"] = [[sample["images"][0]] * frames], []
+    Path(demo["dataset"]).write_text(json.dumps(samples))
+    config = json.loads(Path(demo["data_json"]).read_text())
+    config["dataset_param"]["attr"]["videos"] = "videos"
+    Path(demo["data_json"]).write_text(json.dumps(config, indent=1))
 
 
 def qwen2_5_json(out: Path, stages: int = 1) -> Path:
@@ -226,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ms_speed_") as tmp:
         out = Path(tmp)
         data_json = make_demo(str(out / "demo"), num_samples=64, seed=3)["data_json"]
-        if any(name.startswith("qwen3-vl-demo") for name in args.only):
-            make_demo(str(out / "demo_qwen3"), num_samples=64, seed=3, model="qwen3_vl")
+        for folder, model in sorted({DEMO_DATA[w] for w in args.only if w in DEMO_DATA}):
+            demo = make_demo(str(out / folder), num_samples=64, seed=3, model=model)
+            if "video" in folder:
+                with_videos(demo)
         for round_ in range(args.rounds):
             for workload in args.only:
                 pt = run(workload, "pytorch", args.iters, args.warmup, out, data_json, args.threads, [])

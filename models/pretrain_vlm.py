@@ -26,9 +26,10 @@ This is MindSpeed-MM's pretrain_vlm.py: the five callbacks of its contract, run 
 Data parallelism alone trains the portable model with mmrun's data-parallel engine on both frameworks (the
 same weights, batches and losses); on MindSpore the step is compiled (mindspore.jit) on fixed shapes: the text
 padded to --seq-length, the ViT's patches to a few buckets with per-frame segment ids (fixed_shape_collate), one
-graph per bucket (images: Qwen2-VL on the data-parallel and the tensor/pipeline-parallel engine alike, Qwen2.5-VL
-with its windows as segment ids and Qwen3-VL with its position taps on the data-parallel engine; Qwen2.5-VL and
-Qwen3-VL split, videos, Qwen3-VL MoE and --no-ms-jit run in PyNative).
+graph per bucket (images and videos, the videos' patches after the images': Qwen2-VL on the data-parallel and the
+tensor/pipeline-parallel engine alike, Qwen2.5-VL with its windows as segment ids and Qwen3-VL with its position
+taps on the data-parallel engine; Qwen2.5-VL and Qwen3-VL split, Qwen2.5-Omni, Qwen3-VL MoE and --no-ms-jit run in
+PyNative).
 --tensor-/--pipeline-model-parallel-size > 1 (with --sequence-parallel, the distributed optimizer), or
 --use-mcore-models, train the same network from the same weights on megatron-core (PyTorch): ViT and
 projector on the first pipeline stage, the decoder layers per stage as model.json's pipeline_num_layers
@@ -168,33 +169,12 @@ def _model_source(argv: list[str]) -> ModelSource:
 
 
 def _compiles(framework: str, split: bool, known: argparse.Namespace) -> bool:
-    """Whether MindSpore compiles the step on fixed-shape batches (vision_layout.pads_to_fixed_shapes): not for a
-    job that reads videos (one notice line then: it runs PyNative)."""
-    compiled = framework == "mindspore" and vision_layout.pads_to_fixed_shapes(_MODEL_JSON.hf_config["model_type"],
-                                                                               split)
+    """Whether MindSpore compiles the step on fixed-shape batches (vision_layout.pads_to_fixed_shapes), images and
+    videos alike (fixed_shape_collate)."""
     eager = EAGER_ON_MINDSPORE.get(_MODEL_JSON.hf_config["model_type"])
     if framework == "mindspore" and eager and not split and not known.no_ms_jit:
         say_rank0("notice", f"MindSpore's train step runs PyNative for this model: {eager}")
-    videos = _video_attr(known.mm_data) if compiled else None
-    if videos and not known.no_ms_jit:
-        say_rank0("notice", f"--mm-data {known.mm_data} reads videos (attr.videos {videos!r}): MindSpore's compiled "
-                  "step takes fixed-shape image batches only, so this job runs eagerly (PyNative, as --no-ms-jit: "
-                  "the same results, slower)")
-    return compiled and not videos
-
-
-def _video_attr(data_path: str | None) -> str | None:
-    """data.json's dataset_param.attr.videos (the samples' video column; MindSpeed-MM's default null: no videos),
-    None when there is no readable data.json (the dataset provider says what is wrong with it)."""
-    if not data_path:
-        return None
-    try:
-        raw = read_mm_json(data_path, "--mm-data")
-    except UsageError:
-        return None
-    attr = ((raw.get("dataset_param") or {}).get("attr") or {}) if isinstance(raw, dict) else {}
-    videos = attr.get("videos") if isinstance(attr, dict) else None
-    return videos if isinstance(videos, str) and videos else None
+    return framework == "mindspore" and vision_layout.pads_to_fixed_shapes(_MODEL_JSON.hf_config["model_type"], split)
 
 
 def _megatron_core_installed() -> bool:
@@ -495,10 +475,13 @@ def _first_bucket(dataset: Any, micro_batch_size: int) -> int:
 
 
 def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64, model_json: Any = None) -> dict[str, Any]:
-    """`collate` (padded to --seq-length), then the images' patches padded to vision_layout.patch_bucket with
-    their segment ids and rotary positions (vision_layout.fixed_layout) in place of image_grid_thw: every shape
-    of the batch is then one of a few, whatever the pictures' sizes. Checks on the host what the model checks
-    on a variable-shape batch (image tokens against features)."""
+    """`collate` (padded to --seq-length), then the images' and videos' patches (images first, the order
+    place_fixed_features takes them in) padded to vision_layout.patch_bucket with their segment ids and rotary
+    positions (vision_layout.fixed_layout) in place of image_grid_thw / video_grid_thw: every shape of the batch is
+    then one of a few, whatever the pictures' sizes and the clips' lengths. The M-RoPE positions (videos' time
+    steps, Qwen2.5-VL's second_per_grid_ts, Qwen3-VL's frames) are collate's, on the host. Checks on the host what
+    the model checks on a variable-shape batch (vision tokens against features). `model_json`: the main process's,
+    for a --num-workers process (spawned), which has read none."""
     import numpy as np
 
     from mmrun.models.vlm import vision_layout
@@ -509,20 +492,26 @@ def fixed_shape_collate(samples: Any, collate: Any, smallest: int = 64, model_js
         _MODEL_JSON = model_json
     batch = collate(samples)
     config = _MODEL_JSON.hf_config
-    if "pixel_values_videos" in batch:
-        raise ValueError("videos are not padded to fixed shapes for MindSpore's compiled step yet; "
-                         "run with --no-ms-jit (PyNative)")
     vision = config["vision_config"]
     merge, dim = int(vision.get("spatial_merge_size", 2)), _patch_dim(vision)
-    grid = batch.pop("image_grid_thw", None)
-    pixels = batch.pop("pixel_values", np.zeros((0, dim), np.float32))
-    total = 0 if grid is None else int(vision_layout.patch_counts(grid).sum())
-    found = int((batch["input_ids"] == config["image_token_id"]).sum())
-    if pixels.shape[0] != total or found != total // (merge * merge):
-        raise ValueError(f"image tokens and features do not match: input_ids hold {found} image tokens, the "
-                         f"pixel values {pixels.shape[0]} patches (grid: {total}); {TRUNCATION_HINT}")
+    batch.pop("second_per_grid_ts", None)  # read by collate's position_ids only
+    grids, pixels = [], []
+    for name, token, values, grid_key in (("image", config["image_token_id"], "pixel_values", "image_grid_thw"),
+                                          ("video", config["video_token_id"], "pixel_values_videos",
+                                           "video_grid_thw")):
+        grid = batch.pop(grid_key, None)
+        values = batch.pop(values, np.zeros((0, dim), np.float32))
+        total = 0 if grid is None else int(vision_layout.patch_counts(grid).sum())
+        found = int((batch["input_ids"] == token).sum())
+        if values.shape[0] != total or found != total // (merge * merge):
+            raise ValueError(f"{name} tokens and features do not match: input_ids hold {found} {name} tokens, the "
+                             f"pixel values {values.shape[0]} patches (grid: {total}); {TRUNCATION_HINT}")
+        grids += [] if grid is None else [grid]
+        pixels.append(values)
+    grid = np.concatenate(grids) if grids else None
+    total = sum(p.shape[0] for p in pixels)
     patches = vision_layout.patch_bucket(total, smallest)
-    batch["pixel_values"] = np.concatenate([pixels, np.zeros((patches - total, dim), pixels.dtype)])
+    batch["pixel_values"] = np.concatenate([*pixels, np.zeros((patches - total, dim), pixels[0].dtype)])
     batch["pixel_segment_ids"], batch["pixel_position_ids"] = vision_layout.fixed_layout(grid, merge, patches)
     batch.update(_fixed_inputs(grid, patches))
     return batch

@@ -273,7 +273,7 @@ def rope_index(config: Qwen2VLConfig, input_ids, image_grid, video_grid, attenti
 
 def merge_fixed_vision(config: Qwen2VLConfig, visual: Any, input_ids, embeds, pixel_values, segment_ids, positions,
                        window_ids=None):
-    """merge_vision for a batch padded to fixed shapes (images only): the patches padded to a bucket, their
+    """merge_vision for a batch padded to fixed shapes (images then videos): the patches padded to a bucket, their
     per-frame segment ids and rotary positions as device tensors (vision_layout.fixed_layout), and for
     Qwen2.5-VL their window ids (vision_layout.window_segment_ids), so nothing depends on the images' sizes and
     the step compiles once per bucket. The data path checked tokens against features. The padding attends only

@@ -267,13 +267,16 @@ class Qwen3TextModel(nn.Module):
         return self.norm(x)
 
 
-def deepstack_index(config: Qwen3VLConfig, input_ids, image_features: int):
+def deepstack_index(config: Qwen3VLConfig, input_ids, image_features: int | None):
     """(B*S,) int64 on the device: 0 for a text row, 1 + k for the k-th vision feature (images first, then
-    videos after the `image_features` image rows): the rows of [zero row; features] each position adds."""
+    videos after the `image_features` image rows; None: as many as image tokens, counted on the device, for a
+    fixed-shape batch): the rows of [zero row; features] each position adds."""
     batch, seq = input_ids.shape
     ids = ops.reshape(input_ids, (batch * seq,))
     is_image = tensors.cast(ids == config.image_token_id, "int64")
     is_video = tensors.cast(ids == config.video_token_id, "int64")
+    if image_features is None:
+        image_features = ops.sum(is_image)
     return is_image * ops.cumsum(is_image, 0) + is_video * (image_features + ops.cumsum(is_video, 0))
 
 
@@ -371,9 +374,9 @@ class Qwen3VLForConditionalGeneration(nn.Module):
         return embeds, injection
 
     def embed_fixed(self, input_ids, pixel_values, segment_ids, positions, tap_indices, tap_weights):
-        """embed for a batch padded to fixed shapes (images only; MindSpore's compiled step): the patches padded to a
-        bucket with their segment ids, rotary positions and position taps as device tensors, so nothing depends on
-        the images' sizes. The data path checked tokens against features; the padding attends only to itself and
+        """embed for a batch padded to fixed shapes (images then videos; MindSpore's compiled step): the patches
+        padded to a bucket with their segment ids, rotary positions and position taps as device tensors, so nothing
+        depends on the images' sizes. The data path checked tokens against features; the padding attends only to itself and
         no token takes its features (DeepStack's too): no loss, no gradient."""
         visual = self.model.visual
         cos, sin = rotary_of_positions(positions, visual.inv_freq)
@@ -382,7 +385,7 @@ class Qwen3VLForConditionalGeneration(nn.Module):
                                           tap_indices, tap_weights, cos, sin, segment_ids)
         embeds = place_fixed_features(self.config, input_ids, self.model.language_model.embed_tokens(input_ids),
                                       merged)
-        return embeds, (deepstack_index(self.config, input_ids, 0), deepstack) if deepstack else None
+        return embeds, (deepstack_index(self.config, input_ids, None), deepstack) if deepstack else None
 
     def freeze(self, vision_encoder: bool = True, vision_projector: bool = False, text_decoder: bool = False) -> dict:
         """MindSpeed-MM's model.freeze (defaults: ViT frozen, merger and LLM trained); returns {part: number of

@@ -146,13 +146,17 @@ def place_features(ids, embeds, vision, counts):
 
 
 def place_fixed_features(config: Any, input_ids, embeds, vision):
-    """embeds with the image tokens' rows replaced by `vision`, in order: a fixed-shape batch's ViT features
-    (models/qwen2_vl/modeling.py merge_fixed_vision, Qwen3-VL's embed_fixed), padding rows unused."""
+    """embeds with the image and video tokens' rows replaced by `vision`, in order: a fixed-shape batch's ViT
+    features (models/qwen2_vl/modeling.py merge_fixed_vision, Qwen3-VL's embed_fixed), the images' rows first, then
+    the videos' (models/pretrain_vlm.py fixed_shape_collate's order), padding rows unused. The images' row count
+    is the image tokens' count, summed on the device (the data path checked tokens against features)."""
     batch, seq, _ = embeds.shape
     ids = ops.reshape(input_ids, (batch * seq,))
     if vision.dtype != embeds.dtype:
         vision = tensors.cast(vision, embeds.dtype)
-    return place_features(ids, embeds, vision, [(tensors.cast(ids == config.image_token_id, "int64"), 0)])
+    is_image = tensors.cast(ids == config.image_token_id, "int64")
+    return place_features(ids, embeds, vision, [(is_image, ops.sum(is_image)),
+                                                (tensors.cast(ids == config.video_token_id, "int64"), 0)])
 
 
 def parameter_part(name: str, encoder_prefix: str = VISION_ENCODER_PREFIX,

@@ -1,5 +1,6 @@
 """The fixed-shape batch of MindSpore's compiled step (models/pretrain_vlm.py fixed_shape_collate) gives the grid
-batch's logits, loss and gradients: Qwen2.5-VL's windows as per-patch segment ids (vision_layout.window_segment_ids),
+batch's logits, loss and gradients, for images, videos (Qwen2.5-VL's second_per_grid_ts in the host positions) and
+both in one batch (Qwen3-VL's per-frame video blocks): Qwen2.5-VL's windows as per-patch segment ids (vision_layout.window_segment_ids),
 Qwen3-VL's learned-position taps and DeepStack (qwen3_vl.modeling.fixed_vision_inputs, embed_fixed), the patches
 padded to a bucket. PyTorch in this process; MindSpore, compiled (mindspore.jit), in one subprocess
 (workers/vlm_fixed_run.py) on the same weights and batch."""
@@ -23,17 +24,20 @@ def cases(tiny, tiny3, hf_dirs, tmp_path_factory) -> dict[str, np.ndarray]:
     tiny3.hf_model().save_pretrained(qwen3)
     out: dict[str, np.ndarray] = {}
     for case, path, batch in (("qwen2_5_vl-image", hf_dirs["qwen2_5_vl"], tiny.image_batch()),
+                              ("qwen2_5_vl-video", hf_dirs["qwen2_5_vl"], tiny.video_batch()),
                               ("qwen3_vl-image", qwen3, tiny3.image_batch()),
+                              ("qwen3_vl-mixed", qwen3, tiny3.image_video_batch()),
                               ("qwen3_vl-text", qwen3, tiny3.text_batch())):
         out[f"{case}/dir"] = np.array(str(path))
         out.update({f"{case}/{k}": v for k, v in batch.items()})
     return out
 
 
-# One compiled MindSpore step (its compile is the cost: ~30 s of CPU): Qwen3-VL, whose step adds the most to
-# Qwen2-VL's compiled one (position taps, DeepStack); Qwen2.5-VL's adds one segment-id tensor to it, and its demo job
-# is compared with PyTorch's in docs/multimodal.md (Where it stands).
-TRAINED = ("qwen3_vl-image",)
+# One compiled MindSpore step (its compile is the cost: ~30 s of CPU): Qwen3-VL on an image + video batch, whose
+# step adds the most to Qwen2-VL's compiled one (position taps, DeepStack, the videos' rows after the images');
+# Qwen2.5-VL's adds one segment-id tensor to it, and its demo job is compared with PyTorch's in docs/multimodal.md
+# (Where it stands).
+TRAINED = ("qwen3_vl-mixed",)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,8 @@ def torch_results(worker, cases):
     return module.run_cases(cases, train=TRAINED)
 
 
-@pytest.mark.parametrize("case", ["qwen2_5_vl-image", "qwen3_vl-image", "qwen3_vl-text"])
+@pytest.mark.parametrize("case", ["qwen2_5_vl-image", "qwen2_5_vl-video", "qwen3_vl-image", "qwen3_vl-mixed",
+                                  "qwen3_vl-text"])
 def test_the_fixed_shape_batch_trains_like_the_grid_batch_on_pytorch(torch_results, case):
     grid, fixed = torch_results[f"{case}/grid"], torch_results[f"{case}/fixed"]
     np.testing.assert_allclose(fixed["loss"], grid["loss"], rtol=0, atol=1e-6)

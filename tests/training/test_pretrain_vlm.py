@@ -233,10 +233,10 @@ def test_bad_inputs_stop_with_one_line_and_exit_2(vlm, tk, tmp_path):
 
 
 @pytest.mark.slow
-def test_mindspore_trains_video_batches_eagerly_with_one_notice_from_mindspeed_mm_flags_alone(tk, tmp_path):
+def test_mindspore_compiles_video_batches_from_mindspeed_mm_flags_alone_and_trains_pytorchs_losses(tk, tmp_path):
     """A data.json whose samples have videos (attr.videos set, MindSpeed-MM's video form) on MindSpore without
-    --no-ms-jit (issue 37: the fixed-shape collate stopped on the first video batch): one notice, PyNative, it
-    trains on the video batches."""
+    --no-ms-jit (issue 37 stopped on the first video batch, issue 40 ran it in PyNative): the step compiles
+    (fixed-shape video and image batches, one bucket) and trains PyTorch's losses."""
     from mmrun.data.multimodal.demo import make_demo
 
     demo = make_demo(str(tmp_path / "demo"), num_samples=4, seed=7)
@@ -248,13 +248,15 @@ def test_mindspore_trains_video_batches_eagerly_with_one_notice_from_mindspeed_m
     config = json.loads(Path(demo["data_json"]).read_text())
     config["dataset_param"]["attr"]["videos"] = "videos"
     Path(demo["data_json"]).write_text(json.dumps(config))
-    run = tk.run_training(tmp_path / "run", ["--micro-batch-size", "1", "--global-batch-size", "2", "--seq-length",
-                                             "256", "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0",
-                                             "--train-iters", "2", "--mm-data", demo["data_json"], "--mm-model",
-                                             str(MODEL_JSON)], framework="mindspore", nproc=None, entry=VLM_ENTRY)
-    assert run.returncode == 0, run.output[-3000:]
-    assert run.output.count("reads videos (attr.videos 'videos'): MindSpore's compiled step takes fixed-shape "
-                            "image batches only, so this job runs eagerly") == 1, run.output[-3000:]
-    assert "MindSpore train step: PyNative" in run.output
-    losses = run.losses()
-    assert sorted(losses) == [1, 2] and all(np.isfinite(v) for v in losses.values())
+    args = ["--micro-batch-size", "1", "--global-batch-size", "2", "--seq-length", "256", "--lr", "1e-3",
+            "--log-interval", "1", "--eval-iters", "0", "--train-iters", "2", "--mm-data", demo["data_json"],
+            "--mm-model", str(MODEL_JSON)]
+    runs = {framework: tk.run_training(tmp_path / framework, args, framework=framework, nproc=None, entry=VLM_ENTRY)
+            for framework in ("mindspore", "pytorch")}
+    for run in runs.values():
+        assert run.returncode == 0, run.output[-3000:]
+    assert "MindSpore train step: mindspore.jit (graph)" in runs["mindspore"].output
+    assert "PyNative" not in runs["mindspore"].output and "reads videos" not in runs["mindspore"].output
+    ms, pt = runs["mindspore"].losses(), runs["pytorch"].losses()
+    assert sorted(ms) == sorted(pt) == [1, 2] and all(np.isfinite(v) for v in ms.values())
+    assert _close(ms, pt, [1, 2]) <= TOLERANCE, (ms, pt)

@@ -16,7 +16,8 @@ import numpy as np
 from mmrun.backend import autograd, tensors
 from mmrun.models.vlm import vision_layout
 
-GRID_KEYS = ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw")
+GRID_KEYS = ("input_ids", "labels", "position_ids", "pixel_values", "image_grid_thw", "pixel_values_videos",
+             "video_grid_thw")
 # The fixed-shape batch's inputs, in the order TrainStep passes them to fixed_loss.
 FIXED_KEYS = ("input_ids", "labels", "position_ids", "pixel_values", "pixel_segment_ids", "pixel_position_ids",
               "extra_a", "extra_b")
@@ -42,20 +43,24 @@ def with_positions(model, model_type: str, batch: dict[str, np.ndarray]) -> dict
         from mmrun.models.qwen3_vl.modeling import rope_index
     else:
         from mmrun.models.qwen2_vl.modeling import rope_index
-    grid = batch.get("image_grid_thw")
-    positions = rope_index(model.config, batch["input_ids"], grid, None, batch["attention_mask"])[0]
+    seconds = {} if "second_per_grid_ts" not in batch else {"second_per_grid_ts": batch["second_per_grid_ts"]}
+    positions = rope_index(model.config, batch["input_ids"], batch.get("image_grid_thw"), batch.get("video_grid_thw"),
+                           batch["attention_mask"], **seconds)[0]
     return {**batch, "position_ids": np.asarray(positions, np.int64)}
 
 
 def fixed_batch(model, model_type: str, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The grid batch as fixed_shape_collate lays it out: the patches padded to their bucket (smallest 48), the
-    segment ids, rotary positions and the model's own inputs (window ids / position taps)."""
+    """The grid batch as fixed_shape_collate lays it out: the images' then the videos' patches padded to their
+    bucket (smallest 48), the segment ids, rotary positions and the model's own inputs (window ids / position
+    taps)."""
     from mmrun.models import families
 
     own_inputs = families.part(model.config, "fixed_vision_inputs")
     vision = model.config.vision
-    grid = batch.get("image_grid_thw")
-    pixels = batch.get("pixel_values", np.zeros((0, vision.patch_dim), np.float32))
+    grids = [batch[k] for k in ("image_grid_thw", "video_grid_thw") if k in batch]
+    grid = np.concatenate(grids) if grids else None
+    pixels = np.concatenate([np.zeros((0, vision.patch_dim), np.float32)]
+                            + [batch[k] for k in ("pixel_values", "pixel_values_videos") if k in batch])
     patches = vision_layout.patch_bucket(pixels.shape[0], 48)
     out = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}
     out["pixel_values"] = np.concatenate([pixels, np.zeros((patches - pixels.shape[0], pixels.shape[1]), np.float32)])
