@@ -39,6 +39,7 @@ b = ms.Parameter(ms.Tensor(np.full((C,), 0.01, np.float32)), name="b")
 MASK = ms.Tensor(np.arange(C) % 3 == 0)
 MULT = ms.Tensor(2654435761, ms.uint32)
 SQRT2 = ms.Tensor(1.41421356, ms.float32)
+INV_SQRT2 = ms.Tensor(0.70710678, ms.float32)
 
 class SoftmaxSameShapeGrad(nn.Cell):
     """mint.softmax with MindSpore's own backward, the row sum broadcast before the subtraction."""
@@ -64,6 +65,14 @@ def op_softmax_same(y):
     return SOFTMAX(y)
 def op_div_scalar(y):
     return y / SQRT2
+def op_div_same(y):
+    return y / ops.broadcast_to(SQRT2, y.shape)
+def op_mul_reciprocal(y):
+    return y * INV_SQRT2
+def op_log_softmax(y):
+    return y - ops.logsumexp(y, -1, True)
+def op_log_softmax_primitive(y):
+    return ops.LogSoftmax(-1)(y)
 def op_mul_scalar_uint32(y):
     h = ops.cast(ops.abs(y) * 1000.0, ms.uint32) * MULT
     return ops.cast(ops.cast(h, ms.int64) % 7, ms.float32) * y
@@ -93,7 +102,7 @@ print("RESULT " + json.dumps({"step_peak": peak - before, "loss": loss, "norm": 
 '''
 
 OPS = ["tanh", "add_bias", "add_bias_same", "masked_fill", "masked_fill_same", "softmax", "softmax_same", "div_scalar",
-       "mul_scalar_uint32"]
+       "div_same", "mul_reciprocal", "log_softmax", "log_softmax_primitive", "mul_scalar_uint32"]
 
 
 def run(case: dict) -> dict:
