@@ -53,6 +53,8 @@ def op_tanh(y):
     return mint.tanh(y)
 def op_add_bias(y):
     return y + b
+def op_bias_add(y):
+    return ops.bias_add(y, b)
 def op_add_bias_same(y):
     return y + ops.broadcast_to(b, y.shape)
 def op_masked_fill(y):
@@ -101,7 +103,7 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT " + json.dumps({"step_peak": peak - before, "loss": loss, "norm": norm}), flush=True)
 '''
 
-OPS = ["tanh", "add_bias", "add_bias_same", "masked_fill", "masked_fill_same", "softmax", "softmax_same", "div_scalar",
+OPS = ["tanh", "add_bias", "bias_add", "add_bias_same", "masked_fill", "masked_fill_same", "softmax", "softmax_same", "div_scalar",
        "div_same", "mul_reciprocal", "log_softmax", "log_softmax_primitive", "mul_scalar_uint32"]
 
 
