@@ -55,6 +55,8 @@ def op_add_bias(y):
     return y + b
 def op_bias_add(y):
     return ops.bias_add(y, b)
+def op_transpose(y):
+    return ops.transpose(y.reshape(-1, 4, C // 4, C), (0, 1, 3, 2)).reshape(y.shape)
 def op_add_bias_same(y):
     return y + ops.broadcast_to(b, y.shape)
 def op_masked_fill(y):
@@ -103,7 +105,7 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT " + json.dumps({"step_peak": peak - before, "loss": loss, "norm": norm}), flush=True)
 '''
 
-OPS = ["tanh", "add_bias", "bias_add", "add_bias_same", "masked_fill", "masked_fill_same", "softmax", "softmax_same", "div_scalar",
+OPS = ["tanh", "add_bias", "bias_add", "transpose", "add_bias_same", "masked_fill", "masked_fill_same", "softmax", "softmax_same", "div_scalar",
        "div_same", "mul_reciprocal", "log_softmax", "log_softmax_primitive", "mul_scalar_uint32"]
 
 

@@ -255,11 +255,18 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
 def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, scale: float,
                         dropout_impl: str) -> Tensor:
     """The composite path (and the reference the fused kernels are tested against)."""
-    att = matmul(q, transpose(k, -2, -1)) * scale
+    # On a CPU (fp32), BatchMatMul with its transpose flags: its backward multiplies with the flags too, where
+    # mint.matmul's transposes the probabilities and q, k, v, and MindSpore 2.10's CPU Transpose kernel keeps a
+    # size_t per element (8 bytes x batch x heads x seq^2 a layer) for the whole compiled run.
+    flags = _SAME_SHAPE_OPERANDS and q.dtype == ms.float32 and q.ndim == 4
+    att = (_BMM_NT(q, k) if flags else matmul(q, transpose(k, -2, -1))) * scale
     if causal:
         att = masked_fill(att, causal_mask(q.shape[-2], like=q), float("-inf"))
     att = dropout(softmax(att, dim=-1), dropout_p, True, dropout_impl)
-    return matmul(att, v)
+    return _BMM(att, v) if flags else matmul(att, v)
+
+
+_BMM, _BMM_NT = _ops.BatchMatMul(), _ops.BatchMatMul(transpose_b=True)
 
 
 def check_gqa_heads(q: Tensor, k: Tensor, v: Tensor) -> None:

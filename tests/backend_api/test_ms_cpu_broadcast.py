@@ -116,3 +116,25 @@ def test_div_and_log_softmax_free_ops_match_mindspores_own_within_an_ulp(bm, mon
     np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6)
     np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-7)
     assert np.abs(ours[1]).max() > 0.01
+
+
+def test_attention_with_batchmatmul_flags_matches_matmul_and_transpose(bm, monkeypatch):
+    """The CPU attention's BatchMatMul(transpose_b) and BatchMatMul, whose backward transposes nothing, against
+    mint.matmul with explicit transposes (MMRUN_MS_CPU_BROADCAST=1's path), compiled: values and gradients."""
+    import mindspore as ms
+    from mindspore import mint
+
+    q, k, v = (ms.Tensor(RNG.standard_normal((2, 3, 6, 4)).astype(np.float32)) for _ in range(3))
+
+    def loss(a, b, c):
+        y = bm.ops.scaled_dot_product_attention(a, b, c, causal=True)
+        return mint.sum(y * y)
+
+    def measure():
+        value, grads = ms.jit(ms.value_and_grad(loss, (0, 1, 2)))(q, k, v)
+        return [value.asnumpy()] + [g.asnumpy() for g in grads]
+
+    ours = measure()
+    monkeypatch.setattr(bm.ops, "_SAME_SHAPE_OPERANDS", False)
+    for got, want in zip(ours, measure()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
