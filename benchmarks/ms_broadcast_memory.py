@@ -9,6 +9,8 @@ always indexes; other dtypes index even for one shape), and keeps them in the ke
 one kernel object per node for the whole run, so every such node holds 16 bytes per output element, outside
 MindSpore's memory pool, until the process ends (heaptrack: std::vector<unsigned long>::_M_default_append called from
 libmindspore_ops_cpu.so; docs/memory-and-speed.md). PyNative caches a kernel per op and shape, so repeats share one.
+Transpose (4-D) keeps one size_t per element the same way (`--ops transpose`); BiasAdd and the LogSoftmax primitive
+keep nothing (`bias_add`, `log_softmax_primitive`).
 
 Each case is one fresh process: `--reps` times x = x + 0.5 * op(x) on a (rows, cols) fp32 tensor, value_and_grad of
 mean(x^2), compiled (mindspore.jit) or PyNative, 2 steps; `step peak` = resident high-water mark minus the resident
@@ -105,8 +107,9 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT " + json.dumps({"step_peak": peak - before, "loss": loss, "norm": norm}), flush=True)
 '''
 
-OPS = ["tanh", "add_bias", "bias_add", "transpose", "add_bias_same", "masked_fill", "masked_fill_same", "softmax", "softmax_same", "div_scalar",
-       "div_same", "mul_reciprocal", "log_softmax", "log_softmax_primitive", "mul_scalar_uint32"]
+OPS = ["tanh", "add_bias", "bias_add", "transpose", "add_bias_same", "masked_fill", "masked_fill_same", "softmax",
+       "softmax_same", "div_scalar", "div_same", "mul_reciprocal", "log_softmax", "log_softmax_primitive",
+       "mul_scalar_uint32"]
 
 
 def run(case: dict) -> dict:
