@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     parser.add_argument("--gpt-layers", type=int, default=8, help="the GPT's layers (8, issue 40's job)")
     parser.add_argument("--leave-out", nargs="*", default=[], metavar="TEXT",
-                        help="skip the variants whose label contains TEXT (e.g. BROADCAST: the 8-layer GPT's 4.4 GB run)")
+                        help="skip the variants whose label contains TEXT (BROADCAST: the 8-layer GPT's 4.4 GB run)")
     parser.add_argument("--wan-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ms-pynative", action="store_true", help=argparse.SUPPRESS)  # the wan worker's PyNative row
     args = parser.parse_args(argv)
