@@ -140,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="every variant this many times (2)")
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     parser.add_argument("--gpt-layers", type=int, default=8, help="the GPT's layers (8, issue 40's job)")
+    parser.add_argument("--leave-out", nargs="*", default=[], metavar="TEXT",
+                        help="skip the variants whose label contains TEXT (BROADCAST: the 8-layer GPT's 4.4 GB run)")
     parser.add_argument("--wan-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ms-pynative", action="store_true", help=argparse.SUPPRESS)  # the wan worker's PyNative row
     args = parser.parse_args(argv)
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             for workload in args.only:
                 for label, framework, extra, env in VARIANTS[workload]:
+                    if any(text in label for text in args.leave_out):
+                        continue
                     start = time.perf_counter()
                     peak = peak_mib(command(workload, framework, extra, data_json, args.gpt_layers),
                                     {**_env(framework), **env}, tmp)
@@ -178,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     for workload in args.only:
         base = statistics.median(peaks[(workload, "pytorch")])
         for label, *_ in VARIANTS[workload]:
+            if (workload, label) not in peaks:
+                continue
             values = peaks[(workload, label)]
             med = statistics.median(values)
             lines.append(f"| {workload} | {label} | {', '.join(f'{v:.0f}' for v in values)} | {med:.0f} "

@@ -9,6 +9,8 @@ always indexes; other dtypes index even for one shape), and keeps them in the ke
 one kernel object per node for the whole run, so every such node holds 16 bytes per output element, outside
 MindSpore's memory pool, until the process ends (heaptrack: std::vector<unsigned long>::_M_default_append called from
 libmindspore_ops_cpu.so; docs/memory-and-speed.md). PyNative caches a kernel per op and shape, so repeats share one.
+Transpose (4-D) keeps one size_t per element the same way (`--ops transpose`); BiasAdd and the LogSoftmax primitive
+keep nothing (`bias_add`, `log_softmax_primitive`).
 
 Each case is one fresh process: `--reps` times x = x + 0.5 * op(x) on a (rows, cols) fp32 tensor, value_and_grad of
 mean(x^2), compiled (mindspore.jit) or PyNative, 2 steps; `step peak` = resident high-water mark minus the resident
@@ -39,6 +41,7 @@ b = ms.Parameter(ms.Tensor(np.full((C,), 0.01, np.float32)), name="b")
 MASK = ms.Tensor(np.arange(C) % 3 == 0)
 MULT = ms.Tensor(2654435761, ms.uint32)
 SQRT2 = ms.Tensor(1.41421356, ms.float32)
+INV_SQRT2 = ms.Tensor(0.70710678, ms.float32)
 
 class SoftmaxSameShapeGrad(nn.Cell):
     """mint.softmax with MindSpore's own backward, the row sum broadcast before the subtraction."""
@@ -52,6 +55,10 @@ def op_tanh(y):
     return mint.tanh(y)
 def op_add_bias(y):
     return y + b
+def op_bias_add(y):
+    return ops.bias_add(y, b)
+def op_transpose(y):
+    return ops.transpose(y.reshape(-1, 4, C // 4, C), (0, 1, 3, 2)).reshape(y.shape)
 def op_add_bias_same(y):
     return y + ops.broadcast_to(b, y.shape)
 def op_masked_fill(y):
@@ -64,6 +71,14 @@ def op_softmax_same(y):
     return SOFTMAX(y)
 def op_div_scalar(y):
     return y / SQRT2
+def op_div_same(y):
+    return y / ops.broadcast_to(SQRT2, y.shape)
+def op_mul_reciprocal(y):
+    return y * INV_SQRT2
+def op_log_softmax(y):
+    return y - ops.logsumexp(y, -1, True)
+def op_log_softmax_primitive(y):
+    return ops.LogSoftmax(-1)(y)
 def op_mul_scalar_uint32(y):
     h = ops.cast(ops.abs(y) * 1000.0, ms.uint32) * MULT
     return ops.cast(ops.cast(h, ms.int64) % 7, ms.float32) * y
@@ -92,7 +107,8 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT " + json.dumps({"step_peak": peak - before, "loss": loss, "norm": norm}), flush=True)
 '''
 
-OPS = ["tanh", "add_bias", "add_bias_same", "masked_fill", "masked_fill_same", "softmax", "softmax_same", "div_scalar",
+OPS = ["tanh", "add_bias", "bias_add", "transpose", "add_bias_same", "masked_fill", "masked_fill_same", "softmax",
+       "softmax_same", "div_scalar", "div_same", "mul_reciprocal", "log_softmax", "log_softmax_primitive",
        "mul_scalar_uint32"]
 
 

@@ -37,6 +37,9 @@ BROADCAST_VAR = "MMRUN_MS_CPU_BROADCAST"
 _SAME_SHAPE_OPERANDS = _device.detect().kind == "cpu" and os.environ.get(BROADCAST_VAR) != "1"
 
 
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
 def _fp32(x: Tensor | None) -> Tensor | None:
     # dtype is known when a graph is compiled, so under jit this branch costs nothing.
     return x if x is None or x.dtype not in HALF_DTYPES else _ops.cast(x, ms.float32)
@@ -100,12 +103,24 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """Exact (erf) GELU by default, as torch; approximate="tanh" for the GPT-2 tanh form."""
     # mint.nn.functional.gelu has no CPU kernel; ops.gelu does, with torch's `approximate` names.
+    if _SAME_SHAPE_OPERANDS and approximate == "none":
+        # ops.gelu's own formula, x * (erf(x / sqrt 2) + 1) * 0.5, with the division a multiplication by
+        # 1/sqrt 2: MindSpore 2.10's CPU Div kernel keeps a 16-byte-an-element index table even for one shape
+        # (forward and backward: 2 x 16 bytes x tokens x ffn a layer, for the whole compiled run); Mul by a
+        # one-element operand does not. Rounds x / sqrt 2 differently by at most one ulp (docs/memory-and-speed.md).
+        return x * (_ops.erf(x * _INV_SQRT2) + 1.0) * 0.5
     return _ops.gelu(x, approximate=approximate)
 
 
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """logits (N, C), integer target (N,); reduction "mean" | "sum" | "none" (per-item, 0 where ignored)."""
     # mint.nn.functional.cross_entropy has no CPU kernel; ops.cross_entropy has torch's semantics.
+    if _SAME_SHAPE_OPERANDS and logits.ndim == 2 and target.dtype in (ms.int32, ms.int64):
+        # ops.cross_entropy is nll_loss(x - logsumexp(x)): two Subs of an (N, 1) column and the max's
+        # broadcasting backward, each a 16-byte-an-element index table over (N, C) in MindSpore 2.10's CPU
+        # kernels, kept for the compiled run. The LogSoftmax primitive (with its own backward) has none.
+        return _ops.nll_loss(_ops.log_softmax(_fp32(logits), 1), target, ignore_index=ignore_index,
+                             reduction=reduction)
     return _ops.cross_entropy(_fp32(logits), target, ignore_index=ignore_index, reduction=reduction)
 
 
@@ -240,11 +255,18 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
 def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float, scale: float,
                         dropout_impl: str) -> Tensor:
     """The composite path (and the reference the fused kernels are tested against)."""
-    att = matmul(q, transpose(k, -2, -1)) * scale
+    # On a CPU (fp32), BatchMatMul with its transpose flags: its backward multiplies with the flags too, where
+    # mint.matmul's transposes the probabilities and q, k, v, and MindSpore 2.10's CPU Transpose kernel keeps a
+    # size_t per element (8 bytes x batch x heads x seq^2 a layer) for the whole compiled run.
+    flags = _SAME_SHAPE_OPERANDS and q.dtype == ms.float32 and q.ndim == 4
+    att = (_BMM_NT(q, k) if flags else matmul(q, transpose(k, -2, -1))) * scale
     if causal:
         att = masked_fill(att, causal_mask(q.shape[-2], like=q), float("-inf"))
     att = dropout(softmax(att, dim=-1), dropout_p, True, dropout_impl)
-    return matmul(att, v)
+    return _BMM(att, v) if flags else matmul(att, v)
+
+
+_BMM, _BMM_NT = _ops.BatchMatMul(), _ops.BatchMatMul(transpose_b=True)
 
 
 def check_gqa_heads(q: Tensor, k: Tensor, v: Tensor) -> None:

@@ -79,3 +79,62 @@ def test_same_shape_operands_change_no_bit_of_values_or_gradients(bm, monkeypatc
     monkeypatch.setattr(bm.ops, "_SAME_SHAPE_OPERANDS", False)
     for got, want in zip(ours, measure()):
         np.testing.assert_array_equal(got, want)
+
+
+def _gelu(bm, t):
+    return bm.ops.gelu(t)
+
+
+TARGET = np.array([3, -100, 0, 7, 7, 1], np.int64)
+
+
+def _cross_entropy(bm, t):
+    return bm.ops.cross_entropy(bm.ops.reshape(t, (6, 8)), bm.tensors.from_numpy(TARGET), ignore_index=-100)
+
+
+@pytest.mark.parametrize("op", [_gelu, _cross_entropy])
+def test_div_and_log_softmax_free_ops_match_mindspores_own_within_an_ulp(bm, monkeypatch, op):
+    """gelu multiplies by 1/sqrt 2 instead of dividing, cross_entropy takes the LogSoftmax primitive (its own
+    backward, not logsumexp's through the max): values within 1e-6 and gradients within 1e-5 of ops.gelu and
+    ops.cross_entropy (MMRUN_MS_CPU_BROADCAST=1's path), compiled."""
+    import mindspore as ms
+    from mindspore import mint
+
+    x = ms.Tensor(RNG.standard_normal((2, 3, 8)).astype(np.float32) * 3)
+
+    def loss(t):
+        y = op(bm, t)
+        return mint.sum(y * y)
+
+    def measure():
+        value, grad = ms.jit(ms.value_and_grad(loss))(x)
+        return value.asnumpy(), grad.asnumpy()
+
+    ours = measure()
+    monkeypatch.setattr(bm.ops, "_SAME_SHAPE_OPERANDS", False)
+    theirs = measure()
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6)
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-7)
+    assert np.abs(ours[1]).max() > 0.01
+
+
+def test_attention_with_batchmatmul_flags_matches_matmul_and_transpose(bm, monkeypatch):
+    """The CPU attention's BatchMatMul(transpose_b) and BatchMatMul, whose backward transposes nothing, against
+    mint.matmul with explicit transposes (MMRUN_MS_CPU_BROADCAST=1's path), compiled: values and gradients."""
+    import mindspore as ms
+    from mindspore import mint
+
+    q, k, v = (ms.Tensor(RNG.standard_normal((2, 3, 6, 4)).astype(np.float32)) for _ in range(3))
+
+    def loss(a, b, c):
+        y = bm.ops.scaled_dot_product_attention(a, b, c, causal=True)
+        return mint.sum(y * y)
+
+    def measure():
+        value, grads = ms.jit(ms.value_and_grad(loss, (0, 1, 2)))(q, k, v)
+        return [value.asnumpy()] + [g.asnumpy() for g in grads]
+
+    ours = measure()
+    monkeypatch.setattr(bm.ops, "_SAME_SHAPE_OPERANDS", False)
+    for got, want in zip(ours, measure()):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
