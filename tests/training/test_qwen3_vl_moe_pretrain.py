@@ -358,26 +358,6 @@ def _names(path: Path) -> set:
         return set(f.keys())
 
 
-def test_the_distributed_optimizer_with_ep_runs_unsharded_with_one_notice(capsys):
-    """finetune_qwen3vl_30B.sh's msrun twin passes --use-distributed-optimizer with EP 2: megatron-core's engine runs
-    the job with whole AdamW state per rank (memory, not results), said once."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    from mmrun.engines.torch.megatron_core import qwen3_vl_moe
-    from mmrun.models.vlm.mm_layout import VLMLayout
-
-    config = Qwen3VLConfig.from_hf_config(model_json.parse_model_json(MODEL_30B, "model_30B.json").hf_config)
-    args = SimpleNamespace(expert_model_parallel_size=2, sequence_parallel=True, use_distributed_optimizer=True,
-                           moe_token_dispatcher_type="alltoall")
-    layout = dataclasses.replace(VLMLayout.build(config, tp=1, pp=4, vit_pp_layers=[27, 0, 0, 0],
-                                                 llm_pp_layers=[6, 14, 14, 14]), vit_pp_layers=(27,), llm_pp_layers=(48,))
-    with pytest.raises(UsageError, match="does not divide the world size 1"):  # a world of 1 here; the flag went first
-        qwen3_vl_moe.check(args, layout)
-    assert args.use_distributed_optimizer is False
-    assert capsys.readouterr().out.count(f"notice: {model_json.DISTRIBUTED_OPTIMIZER_WITH_EP}") == 1
-
-
 @pytest.mark.parametrize("change, message", [
     ({"output_router_logits": True}, r"output_router_logits true is not built \(transformers' load-balancing loss"),
     ({"tp": 2, "sequence_parallel": False}, r"--sequence-parallel off is not built \(megatron-core's MoELayer"),
