@@ -341,6 +341,15 @@ class ShardedParallelTrainStep(_ShardedUpdate, ParallelTrainStep):
         return F.depend(norm, self._shard_apply(self._own_shard(self._flat(grads)), norm, scalars))
 
 
+def world_group() -> Any:
+    """The world as a parallel.groups.Group (name None: ShardedAdamW's collectives over the world)."""
+    from mmrun.backend.mindspore import distributed
+    from mmrun.backend.mindspore.parallel.groups import Group
+
+    size = distributed.get_world_size()
+    return Group(tuple(range(size)), distributed.get_rank(), None)
+
+
 class ExpertShardedAdamW(ms.nn.Cell):
     """ShardedAdamW's contract for a stage with expert parallelism, as megatron-core's ChainedOptimizer of two
     DistributedOptimizers: the dense parameters' state sharded over the data-parallel group, the experts' over
@@ -416,6 +425,32 @@ class _ShardPart(_ShardedUpdate, ms.nn.Cell):
         return self._shard_apply(self._own_shard(self._flat(grads)), norm, scalars)
 
 
+def _apply_parts(step: Any, grads, norm, scalars):
+    """The dense parameters' shard updated and all-gathered over their group, then the experts' over theirs."""
+    done = step._dense_part(tuple([grads[i] for i in step._dense_pick]), norm, scalars)
+    done = F.depend(done, step._expert_part(tuple([grads[i] for i in step._expert_pick]), norm, scalars))
+    return F.depend(norm, done)
+
+
+def _setup_parts(step: Any, optimizer: ExpertShardedAdamW) -> None:
+    step._dense_part = _ShardPart(optimizer.dense, step.clip_grad)
+    step._expert_part = _ShardPart(optimizer.experts, step.clip_grad)
+    step._dense_pick, step._expert_pick = optimizer.dense_index, optimizer.expert_index
+
+
+class ExpertShardedTrainStep(TrainStep):
+    """The data-parallel engine's step with ExpertShardedAdamW (expert parallelism's experts are local gradients,
+    train_step_shared.LocalGradients): TrainStep reduces the gradients (the experts' over their expert-data-parallel
+    group) and takes the norm, then each part's shard is updated and all-gathered over its group."""
+
+    def __init__(self, model: ms.nn.Cell, optimizer: ExpertShardedAdamW, **kwargs: Any) -> None:
+        TrainStep.__init__(self, model, optimizer, **kwargs)
+        _setup_parts(self, optimizer)
+
+    def _apply(self, grads, norm, scalars):
+        return _apply_parts(self, grads, norm, scalars)
+
+
 class ExpertShardedParallelTrainStep(ParallelTrainStep):
     """ShardedParallelTrainStep for ExpertShardedAdamW: the gradients finalized as without it (the experts' over
     their expert-data-parallel group), then the dense parameters' shard updated and all-gathered over the
@@ -423,11 +458,7 @@ class ExpertShardedParallelTrainStep(ParallelTrainStep):
 
     def __init__(self, model: ms.nn.Cell, optimizer: ExpertShardedAdamW, state: Any, **kwargs: Any) -> None:
         ParallelTrainStep.__init__(self, model, optimizer, state, **kwargs)
-        self._dense_part = _ShardPart(optimizer.dense, self.clip_grad)
-        self._expert_part = _ShardPart(optimizer.experts, self.clip_grad)
-        self._dense_pick, self._expert_pick = optimizer.dense_index, optimizer.expert_index
+        _setup_parts(self, optimizer)
 
     def _apply(self, grads, norm, scalars):
-        done = self._dense_part(tuple([grads[i] for i in self._dense_pick]), norm, scalars)
-        done = F.depend(done, self._expert_part(tuple([grads[i] for i in self._expert_pick]), norm, scalars))
-        return F.depend(norm, done)
+        return _apply_parts(self, grads, norm, scalars)
