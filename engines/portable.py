@@ -165,7 +165,8 @@ class PortableEngine:
             if self._sharded():
                 from mmrun.backend.mindspore.parallel import zero
 
-                step_class = zero.ExpertShardedTrainStep if hasattr(self.optimizer, "experts") else zero.ShardedTrainStep
+                step_class = zero.ExpertShardedTrainStep if hasattr(self.optimizer, "experts") \
+                    else zero.ShardedTrainStep
             self._step = step_class(
                 self.model, self.optimizer, loss_fn=self._plan.loss, lr_scheduler=self.scheduler,
                 clip_grad=args.clip_grad, increment=args.global_batch_size,
