@@ -404,8 +404,10 @@ class ExpertShardedAdamW(ms.nn.Cell):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_optimizer_state(state, self.names, list(self.shapes))
-        for part in (self.dense, self.experts):
-            part.load_state_dict(state)
+        for part in (self.dense, self.experts):  # each part takes its own parameters' tensors
+            names = set(part.names)
+            mine = {key: value for key, value in state["tensors"].items() if key.rsplit(".", 1)[0] in names}
+            part.load_state_dict({**state, "tensors": mine})
         self.step_count = int(state["step"])
         if "lr" in state:
             self._lr = float(state["lr"])
