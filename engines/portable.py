@@ -114,11 +114,16 @@ class PortableEngine:
             from mmrun.backend.mindspore.parallel import zero  # the distributed optimizer (ZeRO-1) on MindSpore
 
             dist = backend.distributed
+            local = getattr(self.model, "local_gradients", None)  # expert parallelism: experts over their EDP group
             self.optimizer = zero.ShardedAdamW(self.model.named_parameters(), dp=dist.get_world_size(),
-                                               rank=dist.get_rank(), **hyper)
+                                               rank=dist.get_rank(), **hyper) if local is None else \
+                zero.ExpertShardedAdamW(self.model.named_parameters(), local.names, zero.world_group(), local.group,
+                                        **hyper)
             self.log(f"> distributed optimizer: AdamW state sharded over {dist.get_world_size()} data-parallel "
                      f"ranks, {zero.state_bytes(self.optimizer)} bytes of optimizer state on this rank "
-                     "(gradients reduce-scattered, parameters all-gathered, in the step)")
+                     + ("(gradients reduce-scattered, parameters all-gathered, in the step)" if local is None else
+                        f"(the experts' over their {local.group.size} expert-data-parallel rank(s): "
+                        f"{zero.state_bytes(self.optimizer.experts)} bytes of it)"))
         else:
             self.optimizer = optim.AdamW(self.model.named_parameters(), **hyper)
 
@@ -160,7 +165,8 @@ class PortableEngine:
             if self._sharded():
                 from mmrun.backend.mindspore.parallel import zero
 
-                step_class = zero.ShardedTrainStep
+                step_class = zero.ExpertShardedTrainStep if hasattr(self.optimizer, "experts") \
+                    else zero.ShardedTrainStep
             self._step = step_class(
                 self.model, self.optimizer, loss_fn=self._plan.loss, lr_scheduler=self.scheduler,
                 clip_grad=args.clip_grad, increment=args.global_batch_size,

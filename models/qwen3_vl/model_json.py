@@ -187,11 +187,6 @@ def check_split(spec: ModelJson, framework: str, split: bool) -> None:
                              "layer")
 
 
-# Both split engines run without the distributed optimizer when the experts are split over EP ranks (it changes
-# memory, not results; finetune_qwen3vl_30B.sh's msrun twin passes both).
-DISTRIBUTED_OPTIMIZER_WITH_EP = ("--use-distributed-optimizer with --expert-model-parallel-size > 1: the experts' "
-                                 "optimizer state is not sharded over their own data-parallel group yet, so every "
-                                 "rank keeps its whole AdamW state (more memory, the same numbers)")
 # Megatron's MoE flags that only change speed (finetune_qwen3vl_30B.sh passes them): run without, said once.
 MOE_SPEED_FLAGS = ("--moe-grouped-gemm", "--moe-permutation-async-comm")
 # --moe-token-dispatcher-type values mmrun takes for Qwen3-VL MoE (Megatron's): both give the same numbers; with

@@ -161,3 +161,30 @@ def test_a_flat_buffer_of_many_tensors_splits_inside_a_graph():
     pieces = ms.jit(split)(ms.Tensor(flat))
     expected = np.split(flat, np.cumsum(sizes)[:-1])
     assert len(pieces) == 70 and all(np.array_equal(p.asnumpy(), e) for p, e in zip(pieces, expected))
+
+
+def test_with_expert_parallelism_the_experts_state_is_sharded_over_their_own_group(bm):
+    """ExpertShardedAdamW (--use-distributed-optimizer with EP > 1): the experts' state over their expert-data-parallel
+    group (here 2 ranks), the rest over the data-parallel group (4), in the model's order; each rank reads its pieces
+    of a whole-tensor checkpoint. (Both split engines' multi-process runs: tests/training/test_qwen3_vl_moe_pretrain.py
+    and docs/qwen3-vl.md.)"""
+    import mindspore as ms
+
+    from mmrun.backend.mindspore.parallel import zero
+    from mmrun.backend.mindspore.parallel.groups import Group
+
+    state = _train(ms, True)[2].state_dict()  # whole tensors after 3 steps
+    ranks = [zero.ExpertShardedAdamW(_model(ms).parameters_and_names(), frozenset({"weight"}),
+                                     Group(tuple(range(4)), r, None), Group((r % 2, r % 2 + 2), r // 2, None))
+             for r in range(4)]
+    assert ranks[0].names == ["weight", "bias", "norm"] and ranks[0].expert_index == (0,)
+    # the experts' 21 elements over 2 ranks (11 and 10), the other 8 over 4 (2 each): 2 fp32 moments each
+    assert [zero.state_bytes(r.experts) for r in ranks] == [2 * 11 * 4, 2 * 11 * 4, 2 * 10 * 4, 2 * 10 * 4]
+    assert [zero.state_bytes(r.dense) for r in ranks] == [2 * 2 * 4] * 4
+    for rank in ranks:
+        rank.load_state_dict(state)
+        assert rank.step_count == 3
+        for part in (rank.dense, rank.experts):
+            for seg, m in zip(part.segments, part.exp_avg):
+                whole = np.asarray(state["tensors"][f"{part.names[seg.param]}.exp_avg"]).reshape(-1)
+                assert np.array_equal(m.asnumpy(), whole[seg.start:seg.stop])

@@ -22,8 +22,9 @@ tiny tokenizer's id is added (the only keys added); Qwen3-VL's rope_theta is the
 
 Status (issue 37 item 6, issue 39): all 25 run: the two Qwen2.5-VL LoRA msrun twins with LoRA split on MindSpore's
 parallel engine, Omni's script and its msrun twin with their PP=2. The Qwen3-VL 30B MoE msrun twin runs here on
-MindSpore's parallel engine (TP2 x PP4 x EP2 scaled to TP2 x PP1 x EP1: its experts split over TP, tokens dispatched
-over the TP ranks); its FSDP2 form is tests/training/test_qwen3_vl_moe_yaml.py's.
+2 processes with its EP2 as written (TP2 x PP4 x EP2 scaled to TP1 x PP1 x EP2: the data-parallel engine, each rank
+2 of the tiny model's 4 experts, --use-distributed-optimizer on); its FSDP2 form is tests/training/
+test_qwen3_vl_moe_yaml.py's.
 """
 from __future__ import annotations
 
@@ -450,10 +451,12 @@ JOBS = [
     Job("qwen3vl/finetune_qwen3vl_8B.sh"),
     Job("mindspore/qwen3vl/finetune_qwen3vl_8B.sh", processes=2, split={"--pipeline-model-parallel-size": 2},
         note="PP4 scaled to PP2"),
-    # EP shares the experts out over data-parallel ranks (megatron-core): EP2 with TP2 needs 4 processes
-    # (tests/training/test_qwen3_vl_moe_pretrain.py runs TP2 x EP2 on 4)
-    Job("mindspore/qwen3vl/finetune_qwen3vl_30B.sh", processes=2, split={**TP2, "--expert-model-parallel-size": 1},
-        note="TP2 x PP4 x EP2 scaled to TP2 x PP1 x EP1"),
+    # EP shares the experts out over data-parallel ranks (megatron-core): EP2 as written on 2 processes is TP1 x PP1
+    # (the data-parallel engine, one sample per rank), with its --use-distributed-optimizer on; TP2 x EP2 on MindSpore's
+    # parallel engine, with it too, is tests/training/test_qwen3_vl_moe_pretrain.py's (4 processes)
+    Job("mindspore/qwen3vl/finetune_qwen3vl_30B.sh", processes=2,
+        split={"--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1,
+               "--expert-model-parallel-size": 2, "--global-batch-size": 2}, note="TP2 x PP4 x EP2 scaled to EP2"),
     Job("mindspore/wan2.1/1.3b/t2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/i2v/pretrain.sh"),
     Job("mindspore/wan2.1/1.3b/t2v/finetune_lora.sh"),
@@ -507,6 +510,8 @@ def test_the_real_script_runs_through_mmrun(job: Job, request, tk, tmp_path):
     assert run.returncode == 0, "\n".join([l for l in run.output.splitlines() if l.startswith(("error", "warning"))] + [run.output[-3000:]])
     if loaded_line(job):  # --load's tiny weights were read, not a fresh init
         assert loaded_line(job) in run.output, run.output[-3000:]
+    if job.split.get("--expert-model-parallel-size", 1) > 1:  # the 30B twin's distributed optimizer, really on
+        assert "(the experts' over their 1 expert-data-parallel rank(s)" in run.output, run.output[-3000:]
     if job.kind == "train":
         losses = losses_of(run.output)
         assert sorted(losses) == list(range(1, ITERS + 1)), run.output[-3000:]

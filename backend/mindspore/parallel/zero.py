@@ -90,7 +90,7 @@ class ShardedAdamW(optim.AdamW):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, no_decay: NoDecay | None = None,
-                 dp: int = 1, rank: int = 0, group: str | None = None) -> None:
+                 dp: int = 1, rank: int = 0, group: str | None = None, prefix: str = "") -> None:
         ms.nn.Cell.__init__(self, auto_prefix=False)  # not AdamW's: it would allocate the whole state
         pairs = named_params(params)
         self.names = [name for name, _ in pairs]
@@ -103,13 +103,13 @@ class ShardedAdamW(optim.AdamW):
         self.half = tuple(self.params[s.param].dtype != ms.float32 for s in self.segments)
         # plain ints for the graph: (parameter index, first element, elements) per segment
         self.pieces = tuple((s.param, s.start, s.size) for s in self.segments)
-        mains = [ms.Parameter(Tensor(self._param_piece(s)), name=f"{MAIN_PARAM_KEY}.shard.{k}", requires_grad=False)
+        mains = [ms.Parameter(Tensor(self._param_piece(s)), name=f"{prefix}{MAIN_PARAM_KEY}.shard.{k}", requires_grad=False)
                  for k, s in enumerate(self.segments) if self.half[k]]
         self.main_params = ms.ParameterTuple(mains)
-        self.exp_avg = ms.ParameterTuple([ms.Parameter(Tensor(np.zeros(s.size, np.float32)), name=f"exp_avg.shard.{k}",
+        self.exp_avg = ms.ParameterTuple([ms.Parameter(Tensor(np.zeros(s.size, np.float32)), name=f"{prefix}exp_avg.shard.{k}",
                                                        requires_grad=False) for k, s in enumerate(self.segments)])
         self.exp_avg_sq = ms.ParameterTuple([ms.Parameter(Tensor(np.zeros(s.size, np.float32)),
-                                                          name=f"exp_avg_sq.shard.{k}", requires_grad=False)
+                                                          name=f"{prefix}exp_avg_sq.shard.{k}", requires_grad=False)
                                              for k, s in enumerate(self.segments)])
         flags = [weight_decay > 0 and not (no_decay is not None and no_decay(n, p)) for n, p in pairs]
         self.decay_flags = tuple(flags[s.param] for s in self.segments)
@@ -339,3 +339,128 @@ class ShardedParallelTrainStep(_ShardedUpdate, ParallelTrainStep):
 
     def _apply(self, grads, norm, scalars):
         return F.depend(norm, self._shard_apply(self._own_shard(self._flat(grads)), norm, scalars))
+
+
+def world_group() -> Any:
+    """The world as a parallel.groups.Group (name None: ShardedAdamW's collectives over the world)."""
+    from mmrun.backend.mindspore import distributed
+    from mmrun.backend.mindspore.parallel.groups import Group
+
+    size = distributed.get_world_size()
+    return Group(tuple(range(size)), distributed.get_rank(), None)
+
+
+class ExpertShardedAdamW(ms.nn.Cell):
+    """ShardedAdamW's contract for a stage with expert parallelism, as megatron-core's ChainedOptimizer of two
+    DistributedOptimizers: the dense parameters' state sharded over the data-parallel group, the experts' over
+    their expert-data-parallel group (the ranks holding the same experts: DP / EP of them). `names` / `params` keep
+    the model's order; the per-step scalars are this optimizer's (one step count and learning rate for both)."""
+
+    sharded = True
+
+    def __init__(self, params: Iterable[Any], experts: frozenset[str], dense_group: Any, expert_group: Any,
+                 lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, no_decay: NoDecay | None = None) -> None:
+        ms.nn.Cell.__init__(self, auto_prefix=False)
+        pairs = named_params(params)
+        self.names = [name for name, _ in pairs]
+        self.params = ms.ParameterTuple([param for _, param in pairs])
+        self.shapes = tuple(tuple(int(d) for d in p.shape) for p in self.params)
+        self.dense_index = tuple(i for i, name in enumerate(self.names) if name not in experts)
+        self.expert_index = tuple(i for i, name in enumerate(self.names) if name in experts)
+        hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, no_decay=no_decay)
+        self.dense = ShardedAdamW([pairs[i] for i in self.dense_index], dp=dense_group.size, rank=dense_group.rank,
+                                  group=dense_group.name, **hyper)
+        self.experts = ShardedAdamW([pairs[i] for i in self.expert_index], dp=expert_group.size,
+                                    rank=expert_group.rank, group=expert_group.name, prefix="experts.", **hyper)
+        self.betas, self.eps, self.weight_decay, self.fused = tuple(betas), eps, weight_decay, False
+        self._lr = float(lr)
+        self.step_count = 0
+
+    lr = optim.AdamW.lr
+    set_lr = optim.AdamW.set_lr
+    _next_scalars = optim.AdamW._next_scalars
+
+    @property
+    def exp_avg(self) -> tuple:  # state_bytes reads the held state through these
+        return (*self.dense.exp_avg, *self.experts.exp_avg)
+
+    @property
+    def exp_avg_sq(self) -> tuple:
+        return (*self.dense.exp_avg_sq, *self.experts.exp_avg_sq)
+
+    @property
+    def main_params(self) -> tuple:
+        return (*self.dense.main_params, *self.experts.main_params)
+
+    def reload_model_params(self) -> None:
+        self.dense.reload_model_params()
+        self.experts.reload_model_params()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Whole tensors per parameter (a collective over both groups: every rank calls it)."""
+        tensors = {**self.dense.state_dict()["tensors"], **self.experts.state_dict()["tensors"]}
+        return {"step": self.step_count, "lr": self._lr, "tensors": tensors}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_optimizer_state(state, self.names, list(self.shapes))
+        for part in (self.dense, self.experts):  # each part takes its own parameters' tensors
+            names = set(part.names)
+            mine = {key: value for key, value in state["tensors"].items() if key.rsplit(".", 1)[0] in names}
+            part.load_state_dict({**state, "tensors": mine})
+        self.step_count = int(state["step"])
+        if "lr" in state:
+            self._lr = float(state["lr"])
+
+
+class _ShardPart(_ShardedUpdate, ms.nn.Cell):
+    """One ShardedAdamW's update inside a step: its shard of the (already reduced) gradients, AdamW, the
+    all-gather over its group."""
+
+    def __init__(self, optimizer: ShardedAdamW, clip_grad: float) -> None:
+        ms.nn.Cell.__init__(self, auto_prefix=False)
+        self.optimizer, self.clip_grad = optimizer, clip_grad
+        self._setup_shards(optimizer)
+        self._collectives(optimizer.group)
+
+    def construct(self, grads, norm, scalars):
+        return self._shard_apply(self._own_shard(self._flat(grads)), norm, scalars)
+
+
+def _apply_parts(step: Any, grads, norm, scalars):
+    """The dense parameters' shard updated and all-gathered over their group, then the experts' over theirs."""
+    done = step._dense_part(tuple([grads[i] for i in step._dense_pick]), norm, scalars)
+    done = F.depend(done, step._expert_part(tuple([grads[i] for i in step._expert_pick]), norm, scalars))
+    return F.depend(norm, done)
+
+
+def _setup_parts(step: Any, optimizer: ExpertShardedAdamW) -> None:
+    step._dense_part = _ShardPart(optimizer.dense, step.clip_grad)
+    step._expert_part = _ShardPart(optimizer.experts, step.clip_grad)
+    step._dense_pick, step._expert_pick = optimizer.dense_index, optimizer.expert_index
+
+
+class ExpertShardedTrainStep(TrainStep):
+    """The data-parallel engine's step with ExpertShardedAdamW (expert parallelism's experts are local gradients,
+    train_step_shared.LocalGradients): TrainStep reduces the gradients (the experts' over their expert-data-parallel
+    group) and takes the norm, then each part's shard is updated and all-gathered over its group."""
+
+    def __init__(self, model: ms.nn.Cell, optimizer: ExpertShardedAdamW, **kwargs: Any) -> None:
+        TrainStep.__init__(self, model, optimizer, **kwargs)
+        _setup_parts(self, optimizer)
+
+    def _apply(self, grads, norm, scalars):
+        return _apply_parts(self, grads, norm, scalars)
+
+
+class ExpertShardedParallelTrainStep(ParallelTrainStep):
+    """ShardedParallelTrainStep for ExpertShardedAdamW: the gradients finalized as without it (the experts' over
+    their expert-data-parallel group), then the dense parameters' shard updated and all-gathered over the
+    data-parallel group, the experts' over the expert-data-parallel group."""
+
+    def __init__(self, model: ms.nn.Cell, optimizer: ExpertShardedAdamW, state: Any, **kwargs: Any) -> None:
+        ParallelTrainStep.__init__(self, model, optimizer, state, **kwargs)
+        _setup_parts(self, optimizer)
+
+    def _apply(self, grads, norm, scalars):
+        return _apply_parts(self, grads, norm, scalars)

@@ -13,7 +13,6 @@ from mmrun.backend.mindspore.parallel.groups import ParallelState
 from mmrun.engines.mindspore.parallel import omni_vlm, qwen3_moe, qwen3_vlm, vlm
 from mmrun.engines.mindspore.parallel.engine import MindSporeParallelEngine
 from mmrun.engines.mindspore.parallel.optimizer import optimizer_and_step
-from mmrun.models.qwen3_vl.model_json import DISTRIBUTED_OPTIMIZER_WITH_EP, MOE_MODEL_TYPE
 
 # family (models/families.py) -> its stage class on the parallel layers
 STAGES: dict[str, Any] = {"qwen2_vl": vlm.Qwen2VLStage, "qwen3_vl": qwen3_vlm.Qwen3VLStage,
@@ -76,17 +75,6 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
 
     model_names = "mindspeed-mm"
 
-    def initialize(self, args: Any) -> Any:
-        """The GPT engine's set-up; a MoE split over EP ranks runs without the distributed optimizer (as on
-        megatron-core: memory, not results), said before the engine's line names the optimizer."""
-        from mmrun.models.vlm.model_json import read_model_json
-
-        if (getattr(args, "expert_model_parallel_size", None) or 1) > 1 and args.use_distributed_optimizer \
-                and read_model_json(args.mm_model).hf_config["model_type"] == MOE_MODEL_TYPE:
-            args.use_distributed_optimizer = False
-            self.log(f"notice: {DISTRIBUTED_OPTIMIZER_WITH_EP}")
-        return super().initialize(args)
-
     def build(self, model_provider: Callable[..., Any], scheduler: Any) -> None:
         from mmrun.models.vlm.model_json import read_model_json
 
@@ -106,6 +94,14 @@ class MindSporeVLMEngine(MindSporeParallelEngine):
                      "allgather dispatcher")
             if experts.ep > 1:
                 self.layout = qwen3_moe.ExpertLayout.of(self.layout, experts.ep)
+            sharded = getattr(self.step.optimizer, "experts", None)  # zero.ExpertShardedAdamW
+            if sharded is not None:
+                from mmrun.backend.mindspore.parallel.zero import state_bytes
+
+                self.log(f" > distributed optimizer: the experts' AdamW state sharded over {sharded.layout.dp} "
+                         f"expert-data-parallel rank(s), the rest over {self.step.optimizer.dense.layout.dp} data-"
+                         f"parallel rank(s): {state_bytes(sharded)} bytes of expert state and "
+                         f"{state_bytes(self.step.optimizer.dense)} of the rest on this rank")
         self.scheduler = scheduler
         self.step.lr_scheduler, self.step.increment = scheduler, args.global_batch_size
         self.step.announce = self.log

@@ -206,8 +206,12 @@ class MegatronCoreEngine:
             self.log(f"> {'fp16' if args.fp16 else 'bf16'} model (Float16Module) with fp32 main params in "
                      f"megatron-core's optimizer, {how}")
         if args.use_distributed_optimizer:
+            experts = self._experts is not None and self._experts.active  # megatron-core's second DistOpt
             self.log(f"> distributed optimizer: AdamW state and fp32 gradients sharded over {self.layout.dp} "
-                     "data-parallel rank(s)")
+                     "data-parallel rank(s)" + (f", the experts' over {ps.get_expert_data_parallel_world_size()} "
+                                               "expert-data-parallel rank(s); rank 0 holds "
+                                               f"{optimizer_state.held(self.optimizer, self._param_names)}"
+                                               if experts else ""))
 
     def _named_chunks(self) -> list[tuple[str, torch.nn.Module]]:
         return [(f"model{i}." if len(self.chunks) > 1 else "", c) for i, c in enumerate(self.chunks)]
@@ -352,7 +356,8 @@ class MegatronCoreEngine:
 
         step, tensors = optimizer_state.gather(self.optimizer, self._param_names,
                                                ps.get_data_parallel_group(with_context_parallel=True),
-                                               self.args.use_distributed_optimizer)
+                                               self.args.use_distributed_optimizer,
+                                               ps.get_expert_data_parallel_group() if self._experts else None)
         if self._experts is not None:  # every rank of the expert-parallel group takes part
             tensors = self._experts.gather(tensors)
         model = self._model_arrays()

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from mmrun.backend.errors import UsageError
-from mmrun.models.qwen3_vl.model_json import DISTRIBUTED_OPTIMIZER_WITH_EP
 from mmrun.models.vlm.mm_layout import expert_global_name, expert_place, keep_expert_rank
 
 DISPATCHERS = ("alltoall", "allgather")
@@ -64,9 +63,6 @@ def check(args: Any, layout: Any) -> None:
                                           "the experts split over the tensor-parallel ranks as mmrun convert writes "
                                           "them", f"{layout.tp} (= --tensor-model-parallel-size) or leave it out"),
     }
-    if ep > 1 and args.use_distributed_optimizer:  # finetune_qwen3vl_30B.sh's msrun twin passes both
-        args.use_distributed_optimizer = False
-        _notice_once("distopt", DISTRIBUTED_OPTIMIZER_WITH_EP)
     for what, (bad, value, why, fix) in refused.items():
         if bad:
             raise UsageError(f"Qwen3-VL MoE on megatron-core: {what} {value} is not built ({why}). Received: {what} "
