@@ -33,7 +33,7 @@ import torch
 from mmrun.backend import object_codec
 from mmrun.backend.train_step_shared import StepResult
 from mmrun.backend.torch.megatron_core import runtime
-from mmrun.engines.torch.megatron_core import optimizer_state
+from mmrun.engines.torch.megatron_core import gloo_uneven, optimizer_state
 from mmrun.engines.base import ParallelLayout, ShardState, TrainingError
 
 
@@ -110,6 +110,8 @@ class MegatronCoreEngine:
             # Qwen3-VL MoE's experts (engines/torch/megatron_core/qwen3_vl_moe.py; the feature gate refuses EP elsewhere)
             expert_model_parallel_size=getattr(args, "expert_model_parallel_size", None) or 1,
         )
+        if torch.distributed.get_backend() == "gloo":  # its uneven first-dim collectives, padded (gloo_uneven.py)
+            gloo_uneven.install()
         # Megatron's _set_random_seed: a different stream per pipeline stage, the TP stream from the tracker.
         seed = args.seed + 100 * ps.get_pipeline_model_parallel_rank()
         random.seed(seed)

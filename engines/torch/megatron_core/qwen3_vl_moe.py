@@ -14,9 +14,11 @@ top-k logits and softmaxes them, which is the renormalised top-k of the full sof
 MindSpeed-MM's Qwen3-VL json leaves it; transformers' (output_router_logits) is refused on this engine (check).
 
 Token dispatch: `--moe-token-dispatcher-type alltoall|allgather` as megatron-core implements them. On gloo (CPU)
-alltoall runs with tensor parallelism 1 (all_to_all_single; its host copies through backend/torch/megatron_core/
-cpu_shims.py); with TP > 1 it needs an all_gather of uneven sizes gloo does not have, so allgather runs there, said in
-one notice line (`dispatcher`).
+alltoall's all_to_all_single runs as it is (its host copies through backend/torch/megatron_core/cpu_shims.py); with
+TP > 1 its all-gather and reduce-scatter of uneven token counts over the tensor-parallel ranks run padded to the
+longest part (engines/torch/megatron_core/gloo_uneven.py), said in one notice line (`dispatcher`). The allgather
+dispatcher gathers equal counts only (on any backend): with EP > 1 and ranks of unequal sequence lengths
+(--variable-seq-lengths) it needs alltoall.
 
 Checkpoints hold every expert in global numbers, as the data-parallel engine's do (models/qwen3_vl/moe.py
 ExpertShards): `global_name` renames this rank's local experts, `gather` collects the expert-parallel group's
@@ -103,17 +105,17 @@ def _notice_once(key: str, message: str) -> None:
 
 
 def dispatcher(args: Any, layout: Any) -> str:
-    """--moe-token-dispatcher-type (alltoall when left out, MindSpeed-MM's choice), but allgather where gloo lacks
-    what alltoall needs: with the experts split over 2+ tensor-parallel ranks, megatron-core's alltoall dispatcher
-    all-gathers uneven token counts over them, and gloo's all_gather takes equal sizes only (measured: "invalid
-    tensor size"); its allgather dispatcher gives the same numbers (measured equal to one process). Said once."""
+    """--moe-token-dispatcher-type (alltoall when left out, MindSpeed-MM's choice). With the experts split over 2+
+    tensor-parallel ranks, megatron-core's alltoall dispatcher all-gathers and reduce-scatters uneven token counts
+    over them; on gloo, which takes equal sizes only, those run padded to the longest part
+    (engines/torch/megatron_core/gloo_uneven.py, installed by the engine on gloo), said once."""
     asked = getattr(args, "moe_token_dispatcher_type", None) or "alltoall"
     if asked == "alltoall" and layout.tp > 1 and torch.distributed.is_initialized() \
             and torch.distributed.get_backend() == "gloo":
-        _notice_once("gloo", f"--moe-token-dispatcher-type alltoall with --tensor-model-parallel-size {layout.tp}: "
-                     "gloo's all_gather takes equal sizes only, which megatron-core's alltoall dispatcher does not send "
-                     "over the experts' tensor-parallel ranks; its allgather dispatcher runs instead (the same numbers)")
-        return "allgather"
+        _notice_once("gloo", f"--moe-token-dispatcher-type alltoall with --tensor-model-parallel-size {layout.tp} on "
+                     "gloo: megatron-core's all-gather / reduce-scatter of uneven token counts over the experts' "
+                     "tensor-parallel ranks run padded to the longest part (engines/torch/megatron_core/"
+                     "gloo_uneven.py; the same numbers)")
     return asked
 
 
