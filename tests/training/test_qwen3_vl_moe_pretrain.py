@@ -120,6 +120,7 @@ def moe_runs(tk, tmp_path_factory):
     experts, top 2) in one process on each framework, and with --expert-model-parallel-size 2 on 2 processes."""
     base = tmp_path_factory.mktemp("qwen3_vl_moe")
     demo = make_demo(str(base / "demo"), num_samples=8, seed=7, model="qwen3_vl")
+    _text_only_sample_in_iteration_2(demo["dataset"])
     common = [*ARGS, "--mm-data", demo["data_json"], "--mm-model", str(tiny_model_json(base / "model_30B.json"))]
     done = {}
 
@@ -141,9 +142,23 @@ def moe_runs(tk, tmp_path_factory):
     return run
 
 
+def _text_only_sample_in_iteration_2(dataset: str) -> None:
+    """The demo's text-only sample (its 8th) swapped with its 4th: in iteration 2 (samples 3 and 4, global batch 2)
+    the two data-parallel ranks of a split run hold 40 and 32 tokens, so the expert-parallel ranks of a TP x EP group
+    dispatch unequal token counts (megatron-core's alltoall dispatcher over gloo: engines/torch/megatron_core/
+    gloo_uneven.py)."""
+    samples = json.loads(Path(dataset).read_text())
+    assert [len(s["images"]) for s in samples] == [1] * 7 + [0]
+    samples[3], samples[7] = samples[7], samples[3]
+    Path(dataset).write_text(json.dumps(samples, indent=1) + "\n")
+
+
 def _converted_initial_weights(base: Path) -> Path:
     """The one-process run's initial weights (--seed 42, std 0.02: mm_layout.initial_value) as a transformers
-    directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to TP=2 x EP=2 (mp_rank_TT_EEE)."""
+    directory, converted by `mmrun convert Qwen3VLMegatronConverter hf_to_mm` to TP=2 x EP=2 (mp_rank_TT_EEE);
+    converted once per file (both frameworks' TP2 x EP2 runs load it)."""
+    if (base / "mm-init" / "latest_checkpointed_iteration.txt").exists():
+        return base / "mm-init"
     from mmrun.checkpoint.convert_cli import main
     from mmrun.models.qwen2_vl import hf_checkpoint
     from mmrun.models.vlm import mm_layout
@@ -308,27 +323,23 @@ def test_tensor_2_x_expert_parallel_2_on_megatron_core_equals_one_process(tk, mo
     """megatron-core (engines/torch/megatron_core/qwen3_vl_moe.py: its MoELayer, TopKRouter, SequentialMLP and token
     dispatcher) on 4 processes, TP=2 (sequence parallel) x EP=2 as finetune_qwen3vl_30B.sh splits it, from the one-
     process run's initial weights converted by `mmrun convert Qwen3VLMegatronConverter` to that split
-    (mp_rank_TT_EEE: local expert numbers, each expert's fc1 / fc2 split over the TP ranks): iterations 1 and 2 give
-    the one-process run's losses and gradient norms within 1e-5; its checkpoint (every expert in global numbers, the
+    (mp_rank_TT_EEE: local expert numbers, each expert's fc1 / fc2 split over the TP ranks), the script's alltoall
+    dispatcher as asked (on gloo its uneven gathers over the TP ranks padded: engines/torch/megatron_core/
+    gloo_uneven.py): iterations 1 and 2 (in 2, the data-parallel ranks hold 40 and 32 tokens: the fixture's text-only
+    sample) give the one-process run's losses and gradient norms within 1e-5; its checkpoint (every expert in global numbers, the
     layout's names and TP shards) holds the one-process run's weights and AdamW moments after 2 steps within 1e-5,
     read through the reader that loads it into the data-parallel engine (checkpoint_vlm.open_iteration). (PP=2 x EP=2
     on 4 processes was measured equal the same way; left out for time.)"""
-    from mmrun.checkpoint.convert_cli import main
-    from mmrun.models.qwen2_vl import hf_checkpoint
-    from mmrun.models.vlm import mm_layout
     from mmrun.training import checkpoint_vlm
 
     one = moe_runs("pytorch-one")
     model_file = Path(moe_runs.common[moe_runs.common.index("--mm-model") + 1])
-    spec = model_json.parse_model_json(json.loads(model_file.read_text()), str(model_file))
-    config = Qwen3VLConfig.from_hf_config(spec.hf_config)
-    arrays = {name: mm_layout.initial_value(name, shape, 42, 0.02) for name, shape in mm_layout.hf_shapes(config).items()}
-    hf_dir = hf_checkpoint.save_hf_directory(tmp_path / "hf-init", config, arrays, dtype="float32")
-    assert main(["Qwen3VLMegatronConverter", "hf_to_mm", "--cfg.mm_dir", str(tmp_path / "mm"), "--cfg.hf_config.hf_dir",
-                 str(hf_dir), "--cfg.parallel_config.tp_size", "2", "--cfg.parallel_config.ep_size", "2"]) == 0
+    config = Qwen3VLConfig.from_hf_config(model_json.parse_model_json(json.loads(model_file.read_text()),
+                                                                      str(model_file)).hf_config)
+    mm = _converted_initial_weights(moe_runs.base)  # shared with MindSpore's TP2 x EP2 run
     split = tk.run_training(tmp_path / "split", [
         *moe_runs.common, "--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size",
-        "2", "--use-distributed-optimizer", "--load", str(tmp_path / "mm"), "--finetune", "--train-iters", "2",
+        "2", "--use-distributed-optimizer", "--load", str(mm), "--finetune", "--train-iters", "2",
         "--save", str(tmp_path / "ckpt")], nproc=4, timeout=600, entry=ENTRY)
     assert split.returncode == 0, split.output[-3000:]
     assert "tensor-parallel 2, expert-parallel 2" in split.output
@@ -336,9 +347,11 @@ def test_tensor_2_x_expert_parallel_2_on_megatron_core_equals_one_process(tk, mo
     # expert-data-parallel group (DP / EP = 1 rank here; 2 measured on 8 processes: docs/qwen3-vl.md)
     assert "> distributed optimizer: AdamW state and fp32 gradients sharded over 2 data-parallel rank(s), the " \
            "experts' over 1 expert-data-parallel rank(s)" in split.output, split.output[-3000:]
-    assert "notice: --moe-token-dispatcher-type alltoall with --tensor-model-parallel-size 2: gloo's all_gather " \
-           "takes equal sizes only" in split.output  # the script's alltoall: megatron-core's allgather on gloo
-    assert f"successfully loaded weights from {tmp_path / 'mm'}" in split.output, split.output[-3000:]
+    # the script's alltoall as asked: its uneven gathers over the tensor-parallel ranks padded on gloo
+    assert "notice: --moe-token-dispatcher-type alltoall with --tensor-model-parallel-size 2 on gloo: megatron-core's " \
+           "all-gather / reduce-scatter of uneven token counts over the experts' tensor-parallel ranks run padded " \
+           "to the longest part" in split.output
+    assert f"successfully loaded weights from {mm}" in split.output, split.output[-3000:]
     ones = {m["iteration"]: m for m in one.metrics if m["kind"] == "train"}
     splits = {m["iteration"]: m for m in split.metrics if m["kind"] == "train"}
     assert sorted(splits) == [1, 2]
