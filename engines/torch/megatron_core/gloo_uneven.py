@@ -35,6 +35,8 @@ def _split_on_gloo(group: Any, sizes: Sequence[int] | None) -> bool:
 def gather_first_dim(input_: torch.Tensor, group: Any, sizes: Sequence[int]) -> torch.Tensor:
     """Every rank's `input_` (rank r holds sizes[r] rows) joined along dim 0, through equal-size parts."""
     longest = max(int(s) for s in sizes)
+    if longest == 0:  # no rank holds a row (no collective needed: every rank knows the sizes)
+        return input_.new_empty((0, *input_.shape[1:]))
     padded = input_.new_zeros((longest, *input_.shape[1:]))
     padded[: input_.shape[0]] = input_
     out = input_.new_empty((longest * len(sizes), *input_.shape[1:]))
@@ -45,6 +47,8 @@ def gather_first_dim(input_: torch.Tensor, group: Any, sizes: Sequence[int]) -> 
 def reduce_scatter_first_dim(input_: torch.Tensor, group: Any, sizes: Sequence[int]) -> torch.Tensor:
     """The sum over ranks of `input_`'s rows sizes[r]-part, rank r keeping part r, through equal-size parts."""
     longest = max(int(s) for s in sizes)
+    if longest == 0:
+        return input_.new_empty((0, *input_.shape[1:]))
     padded = input_.new_zeros((longest * len(sizes), *input_.shape[1:]))
     for r, part in enumerate(torch.split(input_, [int(s) for s in sizes], dim=0)):
         padded[r * longest: r * longest + part.shape[0]] = part
