@@ -81,7 +81,8 @@ def test_mmrun_qwen3_vl_text_only_step_blank_pass_and_one_process_skip_agree(tin
         optimizer = optim.AdamW(model.named_parameters(), lr=lr, weight_decay=decay)
         step = backend.train_step.TrainStep(
             model, optimizer, clip_grad=1.0,
-            loss_fn=lambda m, ids, mask, labels: m(input_ids=ids, attention_mask=mask, labels=labels)["loss_dict"]["loss"])
+            loss_fn=lambda m, ids, mask, labels: m(input_ids=ids, attention_mask=mask,
+                                                   labels=labels)["loss_dict"]["loss"])
         with monkeypatch.context() as patch:
             if force_blank:  # the pass as several ranks run it
                 patch.setattr(blocks, "_world_size", lambda: 2)
