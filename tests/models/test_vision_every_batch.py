@@ -57,8 +57,9 @@ def test_transformers_vlm_runs_its_vision_tower_on_text_only_batches(tiny, tiny3
 def test_mmrun_qwen3_vl_text_only_step_blank_pass_and_one_process_skip_agree(tiny3, worker, tmp_path, monkeypatch):
     """mmrun's own Qwen3-VL on a text-only training batch, one TrainStep (AdamW with weight decay) twice: on one process
     the blank ViT pass is skipped (merge_vision), and with it forced (as on several ranks, its DeepStack mergers too).
-    The same loss (= transformers') and bit-equal weights after: the skipped ViT got exact-zero gradients (Adam's
-    moments zero, the weights only decayed), as the blank pass gives them."""
+    The same loss and bit-equal weights after: the skipped ViT got exact-zero gradients (Adam's moments zero, the
+    weights only decayed), as the blank pass gives them. (The text-only loss against transformers':
+    test_qwen3_vl_vs_transformers.py.)"""
     import torch
 
     from mmrun import backend
@@ -66,8 +67,7 @@ def test_mmrun_qwen3_vl_text_only_step_blank_pass_and_one_process_skip_agree(tin
     from mmrun.models.qwen3_vl import from_pretrained
     from mmrun.models.vlm import blocks
 
-    theirs = tiny3.hf_model()
-    theirs.save_pretrained(tmp_path)
+    tiny3.hf_model().save_pretrained(tmp_path)
     batch = tiny3.text_batch()
     inputs = tuple(tensors.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "labels"))
     lr, decay = 1e-2, 0.1
@@ -102,5 +102,3 @@ def test_mmrun_qwen3_vl_text_only_step_blank_pass_and_one_process_skip_agree(tin
         assert not moments[f"{name}.exp_avg"].any() and not forced_moments[f"{name}.exp_avg"].any(), name
         np.testing.assert_allclose(tensors.to_numpy(params[name]), before[name] * (1 - lr * decay), rtol=1e-6,
                                    atol=0)  # updated (decayed), not left out
-    reference = tiny3.hf_forward_backward(theirs.train(), batch)
-    np.testing.assert_allclose(skipped.loss, reference["loss"], rtol=0, atol=1e-5)
