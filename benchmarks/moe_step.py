@@ -11,8 +11,9 @@ median CPU time of a step (the process's CPU time, every thread: time.process_ti
 by both. The target (>= 1.0x: mmrun at least as fast) reads the CPU-time ratio: on a shared, loaded machine the
 wall clock counts the time other processes hold the cores, the CPU time counts only this process's work (with
 --threads 1 it is one thread's; with more threads it also counts the pool's spinning, alike on both sides); on a
-quiet machine the two ratios agree. mmrun's step on this text-only batch includes the ViT run on one blank image
-(models/vlm/blocks.py merge_vision, transformers' does not): timed alone too, with the ratio of the rest. Also: the
+quiet machine the two ratios agree. On this text-only batch neither step runs the ViT (one process: models/vlm/
+blocks.py merge_vision skips the blank image that several ranks run to keep their collectives in step; the training
+step gives the ViT zero gradients): that blank ViT run is timed alone, as several ranks would add it. Also: the
 two losses (equal to 1e-5), transformers' experts implementation, the load average, and a router sanity table: per
 sparse layer, the tokens routed to each expert (top-k assignments) by mmrun's router on this batch.
 
@@ -94,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         loss, _ = autograd.value_and_grad(lambda: ours(**inputs)["loss_dict"]["loss"], params)()
         return float(tensors.to_numpy(loss))
 
-    # mmrun's training step on a text-only batch also runs the ViT on one blank image counted zero times (models/vlm/
-    # blocks.py merge_vision: MindSpeed-MM's fake image, so every rank runs the same collectives; issue 37);
-    # transformers' does not. Timed alone beside the steps: its forward and backward as the step runs them.
+    # With several ranks mmrun's training step on a text-only batch also runs the ViT on one blank image counted zero
+    # times (models/vlm/blocks.py merge_vision: MindSpeed-MM's fake image, so every rank runs the same collectives;
+    # issue 37); one process skips it, as transformers' step. Timed alone beside the steps: its forward and backward
+    # as such a step runs them.
     vision = ours.config.vision
     blank = ops.zeros((vision.spatial_merge_size ** 2, vision.patch_dim), like=inputs["position_ids"])
     blank_grid = np.array([[1, vision.spatial_merge_size, vision.spatial_merge_size]])
@@ -138,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  mmrun / transformers speed: {by_cpu:.2f}x by CPU time (the target, >= 1.0x), {by_wall:.2f}x by wall "
           f"time; loss difference {abs(losses['mmrun'] - losses['transformers']):.1e}")
     vit_wall, vit_cpu = median["blank ViT"]
-    print(f"  of mmrun's step, its blank-image ViT run (text-only training batch): wall {1e3 * vit_wall:.1f} ms, "
-          f"CPU {1e3 * vit_cpu:.1f} ms; the rest of mmrun's step / transformers' step: "
-          f"{median['transformers'][1] / (median['mmrun'][1] - vit_cpu):.2f}x by CPU time")
+    print(f"  the blank-image ViT run that several ranks add to a text-only step (one process skips it): wall "
+          f"{1e3 * vit_wall:.1f} ms, CPU {1e3 * vit_cpu:.1f} ms; with it, mmrun / transformers: "
+          f"{median['transformers'][1] / (median['mmrun'][1] + vit_cpu):.2f}x by CPU time")
     # the router sanity table: top-k assignments per expert, per sparse layer, on this batch
     router_logits: list = []
     text_model = ours.model.language_model

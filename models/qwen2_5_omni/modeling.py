@@ -218,6 +218,10 @@ class Qwen2_5OmniThinkerForConditionalGeneration(nn.Module):
     Positions are TMRoPE's, computed on the host when not given. Attention is causal only (padding on the right).
     """
 
+    # merge_vision's blank_on_one_process: an engine whose optimizer skips a parameter without a gradient sets it
+    # (engines/torch/fsdp2: torch's AdamW), so that one process keeps the blank ViT pass of a text-only batch
+    blank_vision_on_one_process = False
+
     def __init__(self, config: OmniConfig) -> None:
         super().__init__()
         self.config = config
@@ -238,7 +242,7 @@ class Qwen2_5OmniThinkerForConditionalGeneration(nn.Module):
         image_grid, video_grid = vision_layout.grid_array(image_grid_thw), vision_layout.grid_array(video_grid_thw)
         embeds = self.model.embed_tokens(input_ids)
         embeds = merge_vision(self.vision_config, self.visual, self.training, input_ids, embeds, pixel_values,
-                              image_grid, pixel_values_videos, video_grid)
+                              image_grid, pixel_values_videos, video_grid, self.blank_vision_on_one_process)
         lengths = None if feature_attention_mask is None else host_array(feature_attention_mask).sum(axis=1)
         embeds = self.merge_audio(input_ids, embeds, input_features, feature_attention_mask)
         if position_ids is None:

@@ -199,6 +199,10 @@ class Qwen2VLForConditionalGeneration(nn.Module):
     # MindSpeed-MM's module paths in an FSDP2 file -> ours (engines/fsdp2_config.plan_modules reads it)
     mindspeed_mm_modules = MINDSPEED_MM_MODULES
 
+    # merge_vision's blank_on_one_process: an engine whose optimizer skips a parameter without a gradient sets it
+    # (engines/torch/fsdp2: torch's AdamW), so that one process keeps the blank ViT pass of a text-only batch
+    blank_vision_on_one_process = False
+
     def __init__(self, config: Qwen2VLConfig) -> None:
         super().__init__()
         self.config = config
@@ -241,7 +245,7 @@ class Qwen2VLForConditionalGeneration(nn.Module):
 
     def _merge_vision(self, input_ids, embeds, pixel_values, image_grid, pixel_values_videos, video_grid):
         return merge_vision(self.config, self.visual, self.training, input_ids, embeds, pixel_values, image_grid,
-                            pixel_values_videos, video_grid)
+                            pixel_values_videos, video_grid, self.blank_vision_on_one_process)
 
     def _rope_positions(self, input_ids, attention_mask, image_grid, video_grid, second_per_grid_ts):
         """position_ids (3, B, S) on the device from the data pipeline's get_rope_index (host numpy)."""

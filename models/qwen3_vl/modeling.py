@@ -319,6 +319,10 @@ class Qwen3VLForConditionalGeneration(nn.Module):
     # the layer loops models/recompute.py marks
     recompute_layers = {"vision_encoder": "model.visual.blocks", "text_decoder": "model.language_model.layers"}
 
+    # merge_vision's blank_on_one_process: an engine whose optimizer skips a parameter without a gradient sets it
+    # (engines/torch/fsdp2: torch's AdamW), so that one process keeps the blank ViT pass of a text-only batch
+    blank_vision_on_one_process = False
+
     def __init__(self, config: Qwen3VLConfig) -> None:
         super().__init__()
         self.config = config
@@ -361,8 +365,8 @@ class Qwen3VLForConditionalGeneration(nn.Module):
             deepstack.extend(stacked)
             return merged
 
-        embeds = merge_vision(self.config, visual, self.training, input_ids, text.embed_tokens(input_ids),
-                              pixel_values, image_grid, pixel_values_videos, video_grid)
+        embeds = merge_vision(self.config, visual, self.training, input_ids, text.embed_tokens(input_ids), pixel_values,
+                              image_grid, pixel_values_videos, video_grid, self.blank_vision_on_one_process)
         injection = None
         if deepstack and (pixel_values is not None or pixel_values_videos is not None):
             unit = self.config.vision.spatial_merge_size ** 2

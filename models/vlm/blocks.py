@@ -86,9 +86,11 @@ def _world_size() -> int:
 
 
 def merge_vision(config: Any, visual: Any, training: bool, input_ids, embeds, pixel_values, image_grid,
-                 pixel_values_videos, video_grid):
+                 pixel_values_videos, video_grid, blank_on_one_process: bool = False):
     """Put the ViT's features where the image / video pad tokens are (sequence length unchanged). `visual`:
-    (pixels, grid) -> features, this model's ViT or a tensor-parallel one; grids as numpy (grid_array)."""
+    (pixels, grid) -> features, this model's ViT or a tensor-parallel one; grids as numpy (grid_array).
+    blank_on_one_process: a training batch without images runs the blank ViT pass on one process too (the parallel
+    engines: megatron-core's DDP with --overlap-grad-reduce waits for every parameter's gradient hook)."""
     unit = config.vision.spatial_merge_size ** 2
     batch, seq, hidden = embeds.shape
     ids = ops.reshape(input_ids, (batch * seq,))
@@ -113,10 +115,13 @@ def merge_vision(config: Any, visual: Any, training: bool, input_ids, embeds, pi
         grids.append(grid)
         counts.append((is_token, features))
     if not parts:
-        if not training and _world_size() == 1:
+        if _world_size() == 1 and not (training and blank_on_one_process):
+            # One process: no collectives to keep in step. The ViT's parameters get no gradient here; the training
+            # steps give them zeros (PyTorch's TrainStep and value_and_grad zero-fill, MindSpore's value_and_grad
+            # returns zeros), so AdamW updates them as with the blank pass below and as on several ranks.
             return embeds
-        # Training without images still runs the ViT, on one blank 2x2 image whose result counts zero times:
-        # every data-parallel / FSDP rank then runs the same collectives and reduces the same gradients
+        # Training without images on several ranks still runs the ViT, on one blank 2x2 image whose result counts
+        # zero times: every data-parallel / FSDP rank then runs the same collectives and reduces the same gradients
         # (MindSpeed-MM's fake image, megatron-core's dummy ViT input); the loss and the weights are unchanged.
         # Evaluation too when there are several ranks: FSDP2 all-gathers the ViT's shards in every forward.
         merge = config.vision.spatial_merge_size

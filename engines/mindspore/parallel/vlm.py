@@ -19,7 +19,8 @@ pipeline_num_layers: ViT [V, 0, ...]); the text layers' activations [s, b, h] go
 parallelism splits the text decoder's sequence (as megatron-core's GPT); the ViT runs replicated over the TP
 group with its weights split (its token count is the images', unrelated to the text sequence). A micro-batch
 without images runs the ViT on a blank 2x2 image whose features count zero times, so every rank runs the same
-collectives and the ViT's gradients reduce as with images (as MindSpeed-MM's fake image).
+collectives and the ViT's gradients reduce as with images (as MindSpeed-MM's fake image); one process skips it
+(value_and_grad gives the ViT zeros, the same update).
 
 Training is backend/mindspore/parallel/engine.py's ParallelTrainStep (1F1B, gradient finalization, norm,
 AdamW). Qwen2-VL trains it compiled (mindspore.jit) on batches the entry pads to fixed shapes
@@ -349,7 +350,7 @@ class Qwen2VLStage(RankState, nn.Module):
         if self.pre_process:
             x = self.text_decoder.embedding.word_embeddings(input_ids)  # [b, s, h], summed over TP
             # The ViT's features on the image / video pad tokens (the portable model's merge: one gather; a
-            # micro-batch without images runs the ViT on a blank image that counts zero times).
+            # micro-batch without images on several ranks runs the ViT on a blank image that counts zero times).
             x = merge_vision(self.config, self.image_encoder, self.training, input_ids, x, pixel_values,
                              vision_layout.grid_array(image_grid_thw), pixel_values_videos,
                              vision_layout.grid_array(video_grid_thw))

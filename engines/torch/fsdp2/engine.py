@@ -132,6 +132,9 @@ class TorchNativeEngine:
                                 f"{type(model).__name__}")
         self.model_names = "mmrun-gpt" if type(model).__module__ == "mmrun.models.gpt" else "transformers"
         model = model.to(self._device())
+        for module in model.modules():  # mmrun's VLMs: torch's AdamW skips a parameter without a gradient, so one
+            if hasattr(module, "blank_vision_on_one_process"):  # process too runs the ViT of a text-only batch
+                module.blank_vision_on_one_process = True
         self.module = model
         precision = "bf16" if args.bf16 else "fp16" if args.fp16 else None
         if self.fsdp2:

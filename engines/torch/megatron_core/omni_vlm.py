@@ -117,7 +117,8 @@ class OmniStage(vlm.Qwen2VLStage):
         from mmrun.models.vlm.blocks import merge_vision
 
         config = self.layout.config
-        embeds = merge_vision(config.as_qwen2_5_vl(), self.image_encoder, self.training, input_ids, embeds, *vision)
+        embeds = merge_vision(config.as_qwen2_5_vl(), self.image_encoder, self.training, input_ids, embeds, *vision,
+                              blank_on_one_process=True)
         merger = SimpleNamespace(config=config, audio_tower=self.audio_encoder.encoder,
                                  training=self.training)
         return Qwen2_5OmniThinkerForConditionalGeneration.merge_audio(merger, input_ids, embeds, *self._audio_inputs)

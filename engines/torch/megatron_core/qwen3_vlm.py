@@ -219,7 +219,7 @@ class Qwen3VLStage(vlm.Qwen2VLStage):
             return merged
 
         merged = merge_vision(model, visual, self.training, input_ids, embeds, pixel_values, image_grid,
-                              pixel_values_videos, video_grid)
+                              pixel_values_videos, video_grid, blank_on_one_process=True)
 
         def sequence(rows: torch.Tensor) -> torch.Tensor:  # [B, S, H] -> [S(/tp), B, H]
             rows = rows.transpose(0, 1).contiguous()

@@ -38,7 +38,9 @@ projector see the whole (replicated) patch sequence on every tensor-parallel ran
 are then equal on every rank and need no sum).
 
 A micro-batch without images still runs the ViT, on a blank 2x2 image whose features count zero times,
-as the portable model does: every data-parallel rank reduces the same ViT gradients.
+as the portable model does with several ranks: every data-parallel rank reduces the same ViT gradients. Here on one
+process too (merge_vision's blank_on_one_process): megatron-core's DDP with --overlap-grad-reduce waits for every
+parameter's gradient hook.
 """
 from __future__ import annotations
 
@@ -389,7 +391,7 @@ class Qwen2VLStage(torch.nn.Module):
         from mmrun.models.vlm.blocks import merge_vision
 
         return merge_vision(self.layout.config, self.image_encoder, self.training, input_ids, embeds, pixel_values,
-                            image_grid, pixel_values_videos, video_grid)
+                            image_grid, pixel_values_videos, video_grid, blank_on_one_process=True)
 
 
 def _shift_labels(labels: torch.Tensor) -> torch.Tensor:
