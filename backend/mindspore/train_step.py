@@ -49,11 +49,6 @@ BUCKET_ELEMENTS = 40_000_000
 # tensor, and MindSpore's compiler stops at a call depth of 1000 ("Exceed function call depth limit"): a bucket of
 # 400 small tensors (a 24-layer GPT of hidden 128) failed to compile, 200 compiled.
 BUCKET_TENSORS = 128
-# Several micro-batches of one set of shapes run as one graph (forward-backward of each, the sums, the update):
-# crossing a graph's boundary costs host time per tensor (a tuple of 57 gradients in and out about 5 ms of CPU per
-# call), which the summing graph paid once per micro-batch. It compiles the forward-backward once per micro-batch
-# (a longer first compile); micro-batches of different shapes take the summing graph and the update graph.
-MULTI_MICRO_FUSED = True
 
 
 def _announce_first_call(seen: set, key: Any, run: Callable[[], Any], announce: Callable[[str], None] | None,
@@ -119,12 +114,6 @@ def _fp32(grads: Sequence[Tensor]) -> tuple[Tensor, ...]:
     return tuple([g if g.dtype == ms.float32 else F.cast(g, ms.float32) for g in grads])
 
 
-def _same_shapes(micro_batches: Sequence[Sequence[Any]]) -> bool:
-    """Whether every micro-batch has the first's shapes (one fused_micro graph serves them)."""
-    shapes = [tuple(getattr(t, "shape", None) for t in batch) for batch in micro_batches]
-    return all(s == shapes[0] for s in shapes[1:])
-
-
 def _batch(micro_batch: Sequence[Any]) -> Any:
     # mutable: tensors inside a tuple argument are otherwise jit constants, recompiled on every new value.
     return ms.mutable(tuple(micro_batch))
@@ -159,7 +148,7 @@ class TrainStep(ms.nn.Cell):
         self._all_reduce = None  # ops.AllReduce, made on the first step with 2+ ranks (it needs communication)
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
                           "accumulate": wrap(self._accumulate), "sum_into": wrap(self._sum_into),
-                          "update": ms.jit(self._update), "fused_micro": wrap(self._fused_micro_step),
+                          "update": ms.jit(self._update),
                           "unscale": ms.jit(self._unscale), "apply": ms.jit(self._apply)}
 
     def _loss(self, *batch):
@@ -219,19 +208,6 @@ class TrainStep(ms.nn.Cell):
         loss, grads = self._grad_fn(*batch)
         return self._update(_fp32(grads), loss, scalars)
 
-    def _fused_micro_step(self, batches, scale, scalars):
-        """Every micro-batch's forward-backward, their sums and the update in one graph: one launch per step, and
-        no gradient tuple crossing into and out of a graph per micro-batch (MULTI_MICRO_FUSED). Sums as the split
-        path does (the first micro-batch's gradients as they are, the next added in order): the same values."""
-        (_, loss), grads = self._scaled_grad_fn(scale, *batches[0])
-        grads = _fp32(grads)
-        for i in range(1, len(batches)):
-            # after the previous micro-batch's backward: one micro-batch's activations alive at a time
-            batch = tuple([F.depend(t, grads) for t in batches[i]])
-            (_, micro_loss), more = self._scaled_grad_fn(scale, *batch)
-            loss, grads = loss + micro_loss, tuple([a + g for a, g in zip(grads, _fp32(more))])
-        return self._update(grads, loss / len(batches), scalars)
-
     def __call__(self, micro_batches: Sequence[Sequence[Any]]) -> StepResult:
         check_micro_batches(micro_batches)
         if self.world_size is None:
@@ -250,11 +226,6 @@ class TrainStep(ms.nn.Cell):
         scale = self.grad_scaler.scale if self.grad_scaler is not None else 1.0
         # Each micro-batch loss is divided by their number, then scaled (Megatron's order, and torch's here).
         scale_t = Tensor(scale / num_micro, ms.float32)
-        if not split and self.jit and MULTI_MICRO_FUSED and _same_shapes(micro_batches):
-            with timers.phase("forward-backward"):
-                loss_norm = self._announce_compile(
-                    "fused_micro", micro_batches, (scale_t, self.optimizer._next_scalars()))
-            return self._finish_pair(loss_norm, lr)
         with timers.phase("forward-backward"):
             if self.jit:
                 # One graph for every micro-batch, the first adding its gradients to zeros (exact): a second
@@ -327,8 +298,6 @@ class TrainStep(ms.nn.Cell):
         return self._zeros
 
     def _run(self, name, micro_batch, extra):
-        if name == "fused_micro":  # micro_batch: every micro-batch of the step
-            return self._compiled[name](ms.mutable(tuple(_batch(b) for b in micro_batch)), *extra)
         if name == "sum_into":
             acc, loss, scale = extra
             return self._compiled[name](acc, loss, _batch(micro_batch), scale)
@@ -337,16 +306,12 @@ class TrainStep(ms.nn.Cell):
     def _announce_compile(self, name, micro_batch, extra):
         """Run the compiled graph `name` on a micro-batch; the first call of each set of batch shapes compiles
         it, and that call's time is printed once, as compilation, so a reader does not take it for a step."""
-        # fused_micro: micro_batch is every micro-batch of the step, all of one set of shapes (_same_shapes)
-        first = micro_batch[0] if name == "fused_micro" else micro_batch
-        key = (name,) + tuple(tuple(t.shape) if hasattr(t, "shape") else None for t in first)
+        key = (name,) + tuple(tuple(t.shape) if hasattr(t, "shape") else None for t in micro_batch)
         shapes = ", ".join("x".join(map(str, k)) for k in key[1:] if k is not None)
-        what = f": {len(micro_batch)} micro-batches and the update" if name == "fused_micro" else ""
-        key = key + (len(micro_batch),) if name == "fused_micro" else key
         return _announce_first_call(
             self._compiled_shapes, key, lambda: self._run(name, micro_batch, extra), self.announce,
-            lambda s: f"> MindSpore compiled the train step ({name} graph{what}) for batch shapes [{shapes}] in "
-                      f"{s:.1f} s (once per shape; this iteration's time includes it)")
+            lambda s: f"> MindSpore compiled the train step ({name} graph) for batch shapes [{shapes}] in {s:.1f} s "
+                      "(once per shape; this iteration's time includes it)")
 
     def _announce_once(self, name, what, run):
         """`run()` of a graph whose shapes never change (the update: clipping and AdamW); its first call

@@ -1,8 +1,7 @@
 """Data-parallel TrainStep in two real processes (mmrun -> torchrun / msrun): gradients are averaged
 over ranks before clipping, so both ranks end identical and equal to one process with the whole batch.
 MindSpore runs with jit on, where the all-reduce is inside the compiled step: with one micro-batch per rank in
-the one graph of the whole step, with two (of one shape) in the one graph of both micro-batches and the update,
-there over several gradient buckets."""
+the one graph of the whole step, with two in the update graph, there over several gradient buckets."""
 from __future__ import annotations
 
 import json
