@@ -26,7 +26,9 @@ Workloads (one process each, fp32, CPU threads as --threads says):
              so batches hold images, videos or both
 
 Each round runs every workload on PyTorch, then on MindSpore, so a change in the machine's load hits both
-sides of a ratio. Reported per side: the median iteration time after --warmup, the first iteration, the compile
+sides of a ratio. Reported per side: the median iteration time after --warmup, and its CPU time (the metrics'
+`cpu_ms`: rank 0's process, all its threads; a shared machine's load moves it less than the wall time), the
+first iteration, the compile
 time MindSpore printed (`> MindSpore compiled the train step ...`, once per batch shape), the load average while
 it ran; per workload the MindSpore / PyTorch ratio of each round and their median.
 
@@ -191,9 +193,10 @@ def run(workload: str, framework: str, iters: int, warmup: int, out: Path, data_
         raise SystemExit(f"{workload} on {framework} failed ({proc.returncode}):\n{tail}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r["elapsed_ms"] for r in records if r["kind"] == "train"]
+    cpu = [r["cpu_ms"] for r in records if r["kind"] == "train"][warmup:]  # rank 0's process, all its threads
     compile_s = sum(float(m) for m in COMPILED.findall(proc.stdout + proc.stderr))
     return {"steady_ms": statistics.median(steps[warmup:]), "first_ms": steps[0], "compile_s": compile_s,
-            "load": load}
+            "load": load, "cpu_ms": statistics.median(cpu)}
 
 
 def with_videos(demo: dict[str, str], frames: int = VIDEO_FRAMES) -> None:
@@ -265,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[workload].append(pair)
                 cold = f" (cold compile {ms['cold_compile_s']:.1f} s)" if "cold_compile_s" in ms else ""
                 print(f"round {round_ + 1} {workload}: pytorch {pt['steady_ms']:.1f} ms, mindspore "
-                      f"{ms['steady_ms']:.1f} ms ({ms['steady_ms'] / pt['steady_ms']:.2f}x), mindspore first "
+                      f"{ms['steady_ms']:.1f} ms ({ms['steady_ms'] / pt['steady_ms']:.2f}x), CPU {pt['cpu_ms']:.1f} / "
+                      f"{ms['cpu_ms']:.1f} ms ({ms['cpu_ms'] / pt['cpu_ms']:.2f}x), mindspore first "
                       f"{ms['first_ms']:.0f} ms, compile {ms['compile_s']:.1f} s{cold}, "
                       f"load {pt['load']:.1f}/{ms['load']:.1f}",
                       flush=True)
@@ -275,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{CACHED_NOTE if args.ms_compile_cache else ''}",
              "",
              "| workload | PyTorch (ms/it) | MindSpore (ms/it) | MindSpore / PyTorch | MindSpore first iteration (ms) "
-             "| compile (s) | first / steady | load average |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| compile (s) | first / steady | load average | CPU ms/it, PyTorch / MindSpore (rank 0) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for workload, pairs in results.items():
         ratios = [ms["steady_ms"] / pt["steady_ms"] for pt, ms in pairs]
         pt_ms = statistics.median(pt["steady_ms"] for pt, _ in pairs)
@@ -286,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
         colds = [ms["cold_compile_s"] for _, ms in pairs if "cold_compile_s" in ms]
         cold = f" ({statistics.median(colds):.1f} cold)" if colds else ""
         loads = [x["load"] for pair in pairs for x in pair]
+        cpu_pt, cpu_ms = (statistics.median(pair[i]["cpu_ms"] for pair in pairs) for i in (0, 1))
         lines.append(f"| {workload} | {pt_ms:.1f} | {ms_ms:.1f} | **{statistics.median(ratios):.2f}x** "
                      f"({', '.join(f'{r:.2f}' for r in ratios)}) | {first:.0f} | {compile_s:.1f}{cold} | "
-                     f"{first / ms_ms:.0f}x | {min(loads):.1f} to {max(loads):.1f} |")
+                     f"{first / ms_ms:.0f}x | {min(loads):.1f} to {max(loads):.1f} | {cpu_pt:.1f} / {cpu_ms:.1f} "
+                     f"(**{statistics.median(ms['cpu_ms'] / pt['cpu_ms'] for pt, ms in pairs):.2f}x**) |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

@@ -388,13 +388,13 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
         if job.probe is not None:
             job.probe.before_step(progress.iteration + 1)
         job.monitor.before_step(progress.iteration + 1)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         try:
             out = job.engine.train_step(forward_step_func, train_iters)
         except StopIteration:
             raise TrainingError(f"the training data ran out at iteration {progress.iteration + 1}; use more data "
                                 "or fewer --train-iters") from None
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         _heartbeat()  # tells `mmrun --watchdog-seconds N` that this rank lives, also between log lines
         progress.iteration += 1
         progress.consumed_train_samples += args.global_batch_size
@@ -409,6 +409,7 @@ def train(job: _Job, forward_step_func: Callable, train_iters: Sequence[Iterator
                            "learning_rate": out.lr, "loss_scale": out.loss_scale, "skipped": out.skipped,
                            "consumed_samples": progress.consumed_train_samples,
                            "elapsed_ms": elapsed * 1000.0,
+                           "cpu_ms": cpu * 1000.0,  # this process's CPU time, all its threads (load moves it less)
                            "tokens_per_second": args.global_batch_size * args.seq_length / elapsed})
         if it % args.log_interval == 0:
             throughput = job.monitor.log_interval(it, stats)  # the timer block follows the line

@@ -123,6 +123,8 @@ def test_tiny_gpt_trains_20_iterations_with_decreasing_loss(runs, name):
                                                  "iteration 20 on test set"]
     assert "tokens per second:" in run.output and "consumed samples:          160 |" in run.output
     assert abs(log["train"][-1][1] - sum(last) / 5) < 1e-5  # the log line averages its interval
+    # each step's wall and CPU time (the process's threads together; benchmarks/ms_speed.py reports both)
+    assert all(m["elapsed_ms"] > 0 and m["cpu_ms"] > 0 for m in run.metrics if m["kind"] == "train")
 
 
 @pytest.mark.parametrize("framework", ["pt", "ms"])
