@@ -18,7 +18,8 @@ compiled graphs, its memory pool and the host tensors included). Workloads:
              of optimizer state rank 0 holds, as its log line reports them (summed from the tensors it keeps),
              and rank 0's peak RSS (a table of its own)
 
-Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), the same with MindSpore's own
+Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), the same without the C heap
+trimmed while the graph compiles (MMRUN_MS_HEAP_TRIM=0, backend/mindspore/heap_trim.py), the same with MindSpore's own
 broadcasting masked_fill and softmax backward (MMRUN_MS_CPU_BROADCAST=1: what mmrun ran before it gave those kernels
 operands of one shape, docs/memory-and-speed.md), and MindSpore's PyNative step (--no-ms-jit; Wan's MindSpore step is
 PyNative already), each --rounds times, and the ratio MindSpore / PyTorch. `--gpt-layers 4` halves the GPT (the
