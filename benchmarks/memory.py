@@ -18,7 +18,8 @@ compiled graphs, its memory pool and the host tensors included). Workloads:
              of optimizer state rank 0 holds, as its log line reports them (summed from the tensors it keeps),
              and rank 0's peak RSS (a table of its own)
 
-Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), the same with MindSpore's own
+Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), the same without the C heap
+trimmed while the graph compiles (MMRUN_MS_HEAP_TRIM=0, backend/mindspore/heap_trim.py), the same with MindSpore's own
 broadcasting masked_fill and softmax backward (MMRUN_MS_CPU_BROADCAST=1: what mmrun ran before it gave those kernels
 operands of one shape, docs/memory-and-speed.md), and MindSpore's PyNative step (--no-ms-jit; Wan's MindSpore step is
 PyNative already), each --rounds times, and the ratio MindSpore / PyTorch. `--gpt-layers 4` halves the GPT (the
@@ -50,23 +51,27 @@ VLM_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length
             "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0",
             "--mm-model", str(ROOT / "scripts" / "qwen2vl" / "model_tiny.json")]
 BROADCAST = {"MMRUN_MS_CPU_BROADCAST": "1"}
+NO_TRIM = {"MMRUN_MS_HEAP_TRIM": "0"}  # backend/mindspore/heap_trim.py off: the compile's freed heap kept
 # workload -> the variants measured: (label, framework, extra arguments, extra environment)
 VARIANTS = {
     "gpt": [("pytorch", "pytorch", [], {}), ("mindspore", "mindspore", [], {}),
+            ("mindspore, MMRUN_MS_HEAP_TRIM=0 (before the heap trim)", "mindspore", [], NO_TRIM),
             ("mindspore, MMRUN_MS_CPU_BROADCAST=1 (before)", "mindspore", [], BROADCAST),
             ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"], {})],
     "vlm-demo": [("pytorch", "pytorch", [], {}), ("mindspore", "mindspore", [], {}),
+                 ("mindspore, MMRUN_MS_HEAP_TRIM=0 (before the heap trim)", "mindspore", [], NO_TRIM),
                  ("mindspore, MMRUN_MS_CPU_BROADCAST=1 (before)", "mindspore", [], BROADCAST),
                  ("mindspore --no-ms-jit", "mindspore", ["--no-ms-jit"], {})],
     "wan-tiny": [("pytorch", "pytorch", [], {}),
                  ("mindspore (compiled, as pretrain_sora.py runs it)", "mindspore", [], {}),
+                 ("mindspore, MMRUN_MS_HEAP_TRIM=0 (before the heap trim)", "mindspore", [], NO_TRIM),
                  ("mindspore (PyNative)", "mindspore", ["--ms-pynative"], {})],
 }
 
 
 def _env(framework: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "PET_")) and k not in (
-        "RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK", *BROADCAST)}
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK_ID", "RANK_SIZE", "MMRUN_AI_FRAMEWORK", *BROADCAST, *NO_TRIM)}
     env.update(GLOG_v="3", OMP_NUM_THREADS="1", MMRUN_AI_FRAMEWORK=framework)
     return env
 

@@ -35,6 +35,7 @@ from mindspore.ops import functional as F
 from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.precision.timers import NO_TIMERS
 from mmrun.backend.mindspore import optim
+from mmrun.backend.mindspore.heap_trim import trimmed_heap
 from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
     LocalGradients, StepResult, advance_schedule, call_model, check_micro_batches, local_indices, set_step_lr,
     world_size)
@@ -56,16 +57,18 @@ def _announce_first_call(seen: set, key: Any, run: Callable[[], Any], announce: 
     """run(); the first call for `key` (not yet in `seen`) compiles a mindspore.jit graph: it is waited for and
     `line(seconds)` goes to `announce`, once, so the first iteration's time is read as compilation. Shared by
     TrainStep and the parallel engine's ParallelTrainStep."""
-    if key in seen or announce is None:
+    if key in seen:
         return run()
     start = time.perf_counter()
-    out = run()
-    # wait for the run (mindspore.runtime.synchronize has no CPU device): read the first tensor it returned
-    first = next((v for v in (out if isinstance(out, tuple) else (out,)) if isinstance(v, Tensor)), None)
-    if first is not None:
-        first.asnumpy()
+    with trimmed_heap():  # the compile's freed heap back to the system before the pool fills (heap_trim.py)
+        out = run()
+        # wait for the run (mindspore.runtime.synchronize has no CPU device): read the first tensor it returned
+        first = next((v for v in (out if isinstance(out, tuple) else (out,)) if isinstance(v, Tensor)), None)
+        if first is not None:
+            first.asnumpy()
     seen.add(key)
-    announce(line(time.perf_counter() - start))
+    if announce is not None:
+        announce(line(time.perf_counter() - start))
     return out
 
 
