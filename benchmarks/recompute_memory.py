@@ -7,12 +7,16 @@ shape whose activations dominate (many tokens, a small model): --steps steps, wi
 recomputed in backward). Memory is the process's resident set (glibc's mmap threshold fixed at 128 KiB, so
 freed tensors leave it): `peak` is the high-water mark (ru_maxrss) at the
 end, `step peak` that minus the resident set just before the first step (model, optimizer state and the
-framework's own footprint excluded). Step time is the median over the steps after the first (PyTorch) or after
-compilation (MindSpore's compiled step). Ratios are recompute / none.
+framework's own footprint excluded). MindSpore's pool peak is its memory pool's "peak used mem"
+(`MS_DEV_RUNTIME_CONF=memory_statistics:True`: activations, gradients, workspaces); the rest of its step peak is
+memory outside the pool (compiled graphs and kernels, about 155 MiB a GPT layer whatever the tokens). Step time
+is the median over the steps after the first (PyTorch) or after compilation (MindSpore's compiled step). Ratios
+are recompute / none.
 
     python benchmarks/recompute_memory.py                                  # both frameworks, MindSpore jit and PyNative
     python benchmarks/recompute_memory.py --frameworks pytorch --markdown out.md
     python benchmarks/recompute_memory.py --layers 16 --batch 16 --no-ms-jit   # activations dominate more
+    python benchmarks/recompute_memory.py --no-pynative --batch 96 --steps 2    # enough for MindSpore's compiled step
 """
 from __future__ import annotations
 
@@ -20,12 +24,14 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 REPO_PARENT = Path(__file__).resolve().parents[2]
+POOL_PEAK = r"Common mem pool info:.*?peak used mem:(\d+)M"
 RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": "1"}
 
 
@@ -86,7 +92,8 @@ def measure(framework: str, mode: str, jit: bool, shape: dict) -> dict:
 def _run(framework: str, mode: str, jit: bool, shape: dict) -> dict:
     # A fixed mmap threshold: glibc otherwise raises it to the largest freed block, so later tensors of that size come
     # from the heap and stay resident after they are freed, and the high-water mark measures fragmentation, not tensors.
-    env = {**os.environ, "OMP_NUM_THREADS": str(shape["threads"]), "MALLOC_MMAP_THRESHOLD_": "131072"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(shape["threads"]), "MALLOC_MMAP_THRESHOLD_": "131072",
+           **({"MS_DEV_RUNTIME_CONF": "memory_statistics:True"} if framework == "mindspore" else {})}
     code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
             f"import recompute_memory as r; print('RESULT ' + json.dumps(r.measure({framework!r}, {mode!r}, {jit!r}, "
             f"{shape!r})))")
@@ -94,7 +101,8 @@ def _run(framework: str, mode: str, jit: bool, shape: dict) -> dict:
     lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{framework} {mode} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    pools = re.findall(POOL_PEAK, done.stdout + done.stderr)  # MindSpore's pool peak (MB), as it prints it
+    return {**json.loads(lines[-1][len("RESULT "):]), "pool_peak": int(pools[-1]) if pools else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,14 +133,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{shape['steps']} steps, {shape['threads']} threads; {platform.processor() or platform.machine()}, "
             f"Python {platform.python_version()}", "",
             "| framework | step | peak none -> recompute (MiB) | ratio | step peak none -> recompute (MiB) | ratio "
-            "| step time none -> recompute (s) | ratio | losses equal |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| MindSpore pool peak none -> recompute (MB) | step time none -> recompute (s) | ratio "
+            "| losses equal |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for fw, jit in cases:
         none, full = _run(fw, "none", jit, shape), _run(fw, "recompute", jit, shape)
         step = ("compiled (mindspore.jit)" if jit else "PyNative") if fw == "mindspore" else "eager"
         rows.append(f"| {fw} | {step} | {none['peak_mib']:.0f} -> {full['peak_mib']:.0f} | "
                     f"{full['peak_mib'] / none['peak_mib']:.2f} | {none['step_peak_mib']:.0f} -> "
                     f"{full['step_peak_mib']:.0f} | {full['step_peak_mib'] / none['step_peak_mib']:.2f} | "
+                    f"{none['pool_peak'] or '-'} -> {full['pool_peak'] or '-'} | "
                     f"{none['step_s']:.2f} -> {full['step_s']:.2f} | {full['step_s'] / none['step_s']:.2f} | "
                     f"{'yes' if none['losses'] == full['losses'] else 'no: ' + str((none['losses'], full['losses']))} |")
         print(rows[-1], flush=True)

@@ -18,9 +18,9 @@ from mmrun.engines.forward_plan import ForwardPlan, scalar_loss
 from mmrun.models import recompute
 
 
-# MindSpore's compiled step on a CPU keeps activation-sized buffers per kernel outside its memory pool, so a
-# recomputed layer's extra kernels add memory instead of saving it; its PyNative step does save it (measured:
-# docs/memory-and-speed.md, benchmarks/ms_recompute_probe.py). Recomputation there runs PyNative unless --ms-jit.
+# MindSpore's compiled step on a CPU keeps ~155 MiB a GPT layer outside its memory pool (its graph's kernels), and
+# a recomputed layer adds to it; its PyNative step (eager update on a CPU) saves more (measured:
+# docs/memory-and-speed.md, benchmarks/recompute_memory.py). Recomputation there runs PyNative unless --ms-jit.
 RECOMPUTE_PYNATIVE_NOTICE = ("notice: MindSpore on a CPU: the train step runs PyNative (as --no-ms-jit) because "
                              "activation recomputation saves memory only there (the compiled CPU step keeps every "
                              "kernel's buffers: docs/memory-and-speed.md); --ms-jit compiles it anyway")
