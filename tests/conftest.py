@@ -26,6 +26,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None:  # a test's own group wins (the docs' slow examples)
             item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
-    # The groups around a shared fixture are the longest (minutes each): handed out first, so that the last
-    # minutes of a run are many small groups that even out the two workers, not one long group on one of them.
-    items.sort(key=lambda item: not str(item.get_closest_marker("xdist_group").args[0]).startswith("fixture:"))
+    # The groups around a shared fixture are the longest (minutes each), then the files with a slow test (real
+    # launches): handed out first, so that the last minutes of a run are many small groups that even out the two
+    # workers, not one long group on one of them (measured: with the slow files last, one worker ran them alone).
+    group = {item: str(item.get_closest_marker("xdist_group").args[0]) for item in items}
+    slow = {group[item] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (not group[item].startswith("fixture:"), group[item] not in slow))
