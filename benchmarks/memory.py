@@ -19,7 +19,7 @@ compiled graphs, its memory pool and the host tensors included). Workloads:
              and rank 0's peak RSS (a table of its own)
 
 Per workload: PyTorch, MindSpore as mmrun runs it by default (the compiled step), the same without the C heap
-trimmed while the graph compiles (MMRUN_MS_HEAP_TRIM=0, backend/mindspore/heap_trim.py), the same with MindSpore's own
+trimmed while the graph compiles (MMRUN_MS_HEAP_TRIM=0, common/heap_trim.py), the same with MindSpore's own
 broadcasting masked_fill and softmax backward (MMRUN_MS_CPU_BROADCAST=1: what mmrun ran before it gave those kernels
 operands of one shape, docs/memory-and-speed.md), and MindSpore's PyNative step (--no-ms-jit; Wan's MindSpore step is
 PyNative already), each --rounds times, and the ratio MindSpore / PyTorch. `--gpt-layers 4` halves the GPT (the
@@ -51,7 +51,7 @@ VLM_ARGS = ["--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length
             "--weight-decay", "0", "--clip-grad", "1.0", "--eval-iters", "0",
             "--mm-model", str(ROOT / "scripts" / "qwen2vl" / "model_tiny.json")]
 BROADCAST = {"MMRUN_MS_CPU_BROADCAST": "1"}
-NO_TRIM = {"MMRUN_MS_HEAP_TRIM": "0"}  # backend/mindspore/heap_trim.py off: the compile's freed heap kept
+NO_TRIM = {"MMRUN_MS_HEAP_TRIM": "0"}  # common/heap_trim.py off: the compile's freed heap kept
 # workload -> the variants measured: (label, framework, extra arguments, extra environment)
 VARIANTS = {
     "gpt": [("pytorch", "pytorch", [], {}), ("mindspore", "mindspore", [], {}),

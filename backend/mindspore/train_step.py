@@ -34,8 +34,8 @@ from mindspore.ops import functional as F
 
 from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.precision.timers import NO_TIMERS
-from mmrun.backend.mindspore import device, optim
-from mmrun.backend.mindspore.heap_trim import trimmed_heap
+from mmrun.backend.mindspore import optim
+from mmrun.common.heap_trim import trimmed_heap
 from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
     LocalGradients, StepResult, advance_schedule, call_model, check_micro_batches, local_indices, set_step_lr,
     world_size)
@@ -149,13 +149,12 @@ class TrainStep(ms.nn.Cell):
         self._shapes = tuple(tuple(p.shape) for p in optimizer.params)
         self._buckets = _bucket_ranges([math.prod(shape) for shape in self._shapes])
         self._all_reduce = None  # ops.AllReduce, made on the first step with 2+ ranks (it needs communication)
-        # ... except PyNative on a CPU: there the update graph's kernels keep ~80 MiB a GPT layer outside the pool
-        # for the whole run (half of PyNative's memory outside it; benchmarks/ms_step_memory.py), and eager it
-        # computes the same losses (docs/memory-and-speed.md: with recomputation the peak falls to 0.55, not 0.70).
-        eager_update = not self.jit and device.detect().kind == "cpu"
+        # An eager update in PyNative on a CPU would save ~80 MiB a GPT layer (benchmarks/ms_step_memory.py,
+        # docs/memory-and-speed.md) but prints the gradient tensors when a step's gradients are not finite (the
+        # anomaly example of docs/precision-and-performance.md): kept compiled until that is understood.
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
                           "accumulate": wrap(self._accumulate), "sum_into": wrap(self._sum_into),
-                          "update": self._update if eager_update else ms.jit(self._update),
+                          "update": ms.jit(self._update),
                           "unscale": ms.jit(self._unscale), "apply": ms.jit(self._apply)}
 
     def _loss(self, *batch):

@@ -1,7 +1,7 @@
 """MindSpore on CPU: the backend makes the host block on a graph instead of spinning (backend/mindspore/device.py;
 measured in benchmarks/ms_runtime_knobs.py), a value the user set wins, and every graph the train step compiles
 prints its compile time once (the first iteration's time is accounted for), with the C heap trimmed while it
-compiles (backend/mindspore/heap_trim.py)."""
+compiles (common/heap_trim.py)."""
 from __future__ import annotations
 
 import os
@@ -37,7 +37,7 @@ step = train_step.TrainStep(model, optim.AdamW(model.named_parameters()), loss_f
 said = []
 step.announce = said.append
 # The C heap is trimmed while each graph compiles and first runs (heap_trim.py), not in the steps after.
-from mmrun.backend.mindspore import heap_trim
+from mmrun.common import heap_trim
 trims, real_trim = [], heap_trim._TRIM
 heap_trim._TRIM = lambda pad: trims.append(real_trim(pad))
 batch = (mindspore.Tensor(np.ones((2, 3), np.float32)), mindspore.Tensor(np.zeros((2, 1), np.float32)))
