@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-ARGS = ["--dropout", "0.1", "--iters", "4", "--micro-batches", "3", "--jit", "on"]
+# PyNative (--jit off): the masks are the same math either way, the compiled split engine with dropout trains and
+# resumes bit-exact in tests/training/test_mindspore_parallel_e2e.py (tp2-dropout), and here it saved ~25 s of compile.
+ARGS = ["--dropout", "0.1", "--iters", "4", "--micro-batches", "3", "--jit", "off"]
 
 
 @pytest.fixture(scope="module")

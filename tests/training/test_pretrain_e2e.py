@@ -7,11 +7,12 @@ demo corpus tokenized by `mmrun preprocess-data`. Runs are made once per session
     ms1 / ms2     the same on MindSpore (compiled with mindspore.jit: the default)
     ms1_pynative  ms1 with --no-ms-jit
     pt_resume     PyTorch, resumed from pt1's iteration-10 checkpoint
-    ms_resume     MindSpore, resumed from the same (PyTorch-written) checkpoint
     pt_killed     PyTorch, SIGKILLed in the middle of saving iteration 10 (the test hook), then resumed
     pt_drop / ms_drop                  dropout 0.1 with --dropout-impl hash (the same masks on both
                                        frameworks), checkpoint at iteration 10
     pt_drop_resume / ms_drop_resume    the same, resumed from that checkpoint on the same framework
+    ms_drop_from_pt                    MindSpore resumed from pt_drop's checkpoint (the one cross-framework resume
+                                       here: dropout off would prove nothing more)
     ms2_zero      ms2 with --use-distributed-optimizer (backend/mindspore/parallel/zero.py), checkpoint at iteration 10
     ms1_from_zero resumed from it on 1 MindSpore process (sharded over 1)
 
@@ -67,9 +68,6 @@ def runs(tmp_path_factory, demo_data, tk):
         "ms1_pynative": lambda: run_training(base / "ms1_pynative", args + ["--no-ms-jit"], "mindspore"),
         "pt_resume": lambda: (get("pt1"), run_training(base / "pt_resume", args + ["--load", str(ckpt),
                                                                                    "--ckpt-step", "10"]))[1],
-        "ms_resume": lambda: (get("pt1"), run_training(base / "ms_resume", args + ["--load", str(ckpt),
-                                                                                   "--ckpt-step", "10"],
-                                                       "mindspore"))[1],
         "pt_killed": lambda: run_training(base / "pt_killed", args + ["--save", str(killed), "--save-interval", "5"],
                                           env_extra={KILL_DURING_SAVE_VAR: "10"}),
         "pt_after_kill": lambda: (get("pt_killed"), run_training(base / "pt_after_kill",
@@ -198,16 +196,6 @@ def test_same_framework_resume_with_dropout_is_bit_exact(runs, framework):
     assert parse_log(resumed.output)["train"] == parse_log(full.output)["train"][2:]
 
 
-def test_mindspore_resumes_a_pytorch_checkpoint(runs):
-    full, resumed = runs("pt1"), runs("ms_resume")
-    after = resumed.losses()
-    assert sorted(after) == list(range(11, ITERS + 1))
-    diff = _max_diff(after, full.losses(), after)
-    print(f"max |mindspore resumed - pytorch uninterrupted|: {diff:.2e}")
-    assert diff <= 1e-4
-    assert "the checkpoint was saved by pytorch; resuming on mindspore" in resumed.output
-
-
 BYTES_LINE = r"> distributed optimizer: AdamW state sharded over (\d) data-parallel ranks, (\d+) bytes of optimizer state"
 
 
@@ -244,6 +232,7 @@ def test_mindspore_resumes_a_pytorch_checkpoint_with_dropout_on_the_same_masks(r
     full, resumed = runs("pt_drop"), runs("ms_drop_from_pt")
     after = resumed.losses()
     assert sorted(after) == list(range(11, ITERS + 1))
+    assert "the checkpoint was saved by pytorch; resuming on mindspore" in resumed.output
     # the dropout stream (one format, one hash on both) carries over; the framework's other generators do not
     assert "masks after resume differ" not in resumed.output
     diff = _max_diff(after, full.losses(), after)
