@@ -34,7 +34,7 @@ from mindspore.ops import functional as F
 
 from mmrun.backend.grad_scaler import ConstantGradScaler
 from mmrun.precision.timers import NO_TIMERS
-from mmrun.backend.mindspore import optim
+from mmrun.backend.mindspore import device, optim
 from mmrun.common.heap_trim import trimmed_heap
 from mmrun.backend.train_step_shared import (  # noqa: F401 - StepResult is part of this module's API
     LocalGradients, StepResult, advance_schedule, call_model, check_micro_batches, local_indices, set_step_lr,
@@ -149,12 +149,13 @@ class TrainStep(ms.nn.Cell):
         self._shapes = tuple(tuple(p.shape) for p in optimizer.params)
         self._buckets = _bucket_ranges([math.prod(shape) for shape in self._shapes])
         self._all_reduce = None  # ops.AllReduce, made on the first step with 2+ ranks (it needs communication)
-        # An eager update in PyNative on a CPU would save ~80 MiB a GPT layer (benchmarks/ms_step_memory.py,
-        # docs/memory-and-speed.md) but prints the gradient tensors when a step's gradients are not finite (the
-        # anomaly example of docs/precision-and-performance.md): kept compiled until that is understood.
+        # ... except PyNative on a CPU: there the update graph's kernels keep ~80 MiB a GPT layer outside the pool
+        # for the whole run (half of PyNative's memory outside it; benchmarks/ms_step_memory.py), and eager it
+        # computes the same losses (docs/memory-and-speed.md: recomputation's peak ratio there).
+        eager_update = not self.jit and device.detect().kind == "cpu"
         self._compiled = {"fused": wrap(self._fused_step), "grads": wrap(self._grads),
                           "accumulate": wrap(self._accumulate), "sum_into": wrap(self._sum_into),
-                          "update": ms.jit(self._update),
+                          "update": self._update if eager_update else ms.jit(self._update),
                           "unscale": ms.jit(self._unscale), "apply": ms.jit(self._apply)}
 
     def _loss(self, *batch):
@@ -206,7 +207,9 @@ class TrainStep(ms.nn.Cell):
         for (a, b), bucket in zip(self._buckets, buckets):
             pieces = mint.split(bucket, [math.prod(self._shapes[i]) for i in range(a, b)])
             clipped += [_ops.reshape(piece, self._shapes[i]) for piece, i in zip(pieces, range(a, b))]
-        done = self.optimizer(tuple(clipped), scalars)
+        # mutable: when this runs eagerly (PyNative on a CPU) AdamW's own jit would otherwise take the gradients as
+        # constants, compile again every step and log a warning printing every gradient tensor.
+        done = self.optimizer(ms.mutable(tuple(clipped)), scalars)
         # One tensor back to the host: a step reads its loss and norm together.
         return F.depend(mint.cat([_ops.reshape(loss, (1,)), _ops.reshape(norm, (1,))]), done)
 
