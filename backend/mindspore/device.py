@@ -133,6 +133,23 @@ def _bind_cores() -> list[int] | None:
     return share
 
 
+# ... but not before the msrun cluster forms: a rank bound to one core while it registers with msrun's scheduler
+# stalled 20 to 75 s in one run in three (its registration refused until a timeout: 2 ranks of a script that only
+# calls init_distributed, 5 of 12 runs bound against 0 of 8 unbound, 13 to 16 s each; mindspore 2.10). An msrun
+# worker that has not joined the cluster yet is bound by bind_cores_after_init, once init() returned.
+def _before_cluster() -> bool:
+    from mindspore.communication import GlobalComm
+
+    info = rank_env.read_rank_info()
+    return info.scheme == "msrun" and not info.is_scheduler and not GlobalComm.INITED
+
+
+def bind_cores_after_init() -> None:
+    """distributed.init_distributed, once the cluster formed: the binding detect() left for later (CPU only)."""
+    if _detected is not None and _detected.kind == "cpu":
+        _bind_cores()
+
+
 # MindSpore's compile cache (graphs saved after their first compile, loaded by the next run) reuses the saved graphs
 # by the order they compiled in, without comparing what was baked into them (measured, mindspore 2.10, the demo VLM):
 # a run with another --clip-grad loaded the old clip's graph and printed the old run's losses, and one with another
@@ -172,7 +189,8 @@ def detect() -> DeviceInfo:
                 target = mindspore.get_current_device().device_target
             if target == "CPU":
                 _host_blocking_run()
-                _bind_cores()
+                if not _before_cluster():
+                    _bind_cores()
             index = 0 if target == "CPU" else rank_env.read_rank_info().local_rank
             kind = KIND_OF_TARGET[target]
             _detected = DeviceInfo(kind, index, checks.dist_backend("mindspore", kind))

@@ -45,19 +45,32 @@ def _load(folder: Path) -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))}
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """framework, jit -> rank0.json of one process with the whole batch: made once, the two MindSpore cases share it."""
+    done: dict = {}
+
+    def get(framework: str, jit: str) -> dict:
+        if (framework, jit) not in done:
+            out = tmp_path_factory.mktemp(f"one-{framework}")
+            single = _run([sys.executable, str(WORKER), "--out-dir", str(out), "--jit", jit], _env(framework))
+            assert single.returncode == 0, single.stdout[-3000:]
+            done[framework, jit] = _load(out)["rank0.json"]
+        return done[framework, jit]
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framework, jit, split", [("pytorch", "off", []), ("mindspore", "on", []),
                                                   ("mindspore", "on", ["--micro-batches", "2",
                                                                        "--bucket-elements", "3000"])])
-def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, framework, jit, split):
+def test_two_ranks_equal_one_process_with_the_global_batch(tmp_path, one_process, framework, jit, split):
     env = _env(framework)
-    single = _run([sys.executable, str(WORKER), "--out-dir", str(tmp_path / "one"), "--jit", jit], env)
-    assert single.returncode == 0, single.stdout[-3000:]
+    reference = one_process(framework, jit)
     two = _run([sys.executable, "-m", "mmrun.launchers.cli", "--ai-framework", framework, "--nproc-per-node", "2",
                 "--master-port", "0", "--log-dir", str(tmp_path / "logs"), str(WORKER),
                 "--out-dir", str(tmp_path / "two"), "--jit", jit, *split], env)
     assert two.returncode == 0, two.stdout[-4000:]
-    reference = _load(tmp_path / "one")["rank0.json"]
     ranks = _load(tmp_path / "two")
     assert sorted(ranks) == ["rank0.json", "rank1.json"] and reference["world_size"] == 1
     assert min(reference["grad_norms"]) > 0.02  # clipping was active on every step
