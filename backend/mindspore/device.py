@@ -136,7 +136,7 @@ def _bind_cores() -> list[int] | None:
 # ... but not before the msrun cluster forms: a rank bound to one core while it registers with msrun's scheduler
 # stalled 20 to 75 s in one run in three (its registration refused until a timeout: 2 ranks of a script that only
 # calls init_distributed, 5 of 12 runs bound against 0 of 8 unbound, 13 to 16 s each; mindspore 2.10). An msrun
-# worker that has not joined the cluster yet is bound by bind_cores_after_init, once init() returned.
+# worker that has not joined the cluster yet is bound by _bind_cores_after_init, once init() returned.
 def _before_cluster() -> bool:
     from mindspore.communication import GlobalComm
 
@@ -144,7 +144,7 @@ def _before_cluster() -> bool:
     return info.scheme == "msrun" and not info.is_scheduler and not GlobalComm.INITED
 
 
-def bind_cores_after_init() -> None:
+def _bind_cores_after_init() -> None:
     """distributed.init_distributed, once the cluster formed: the binding detect() left for later (CPU only)."""
     if _detected is not None and _detected.kind == "cpu":
         _bind_cores()

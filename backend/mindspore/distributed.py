@@ -56,7 +56,7 @@ def init_distributed(backend: str | None = None, *, single_process_group: bool =
     # For the notice only: init() picks hccl, nccl or mccl from the device itself.
     checks.dist_backend("mindspore", device.detect().kind, backend)
     comm.init()
-    device.bind_cores_after_init()
+    device._bind_cores_after_init()
     if device.detect().kind == "cpu" and get_world_size() > 1:
         # mccl sets its collectives up on the first one, and a rank that gets there before the others polls
         # every 3 s (mindspore 2.10: waits of 0 to 6 s seen): do it here, at start-up, not in the first step.
