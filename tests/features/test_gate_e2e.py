@@ -24,6 +24,9 @@ TINY_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
             # evaluates, and a MindSpore run drops from about 130 s to 50 s on 2 cores
             "--eval-iters", "1"]
 ITERATION = re.compile(r"iteration\s+\d+\s*/\s*\d+")
+# MindSpore runs that are not about the compiled step train in PyNative: two iterations do not pay back a compile
+# (10-20 s a run); the run that carries the ms-jit entry compiles.
+PYNATIVE = ["--no-ms-jit"]
 
 # Entries whose supported CPU run needs more than the flag itself to mean anything.
 EXTRA_SCRIPT_ARGS = {
@@ -116,7 +119,7 @@ def test_truly_unsupported_flag_stops_even_with_warn(tmp_path):
 @pytest.mark.slow
 def test_warn_trains_with_a_fallback_feature_off(tmp_path):
     needs_entry()
-    code, out, worker = mmrun("mindspore", ["--use-flash-attn", "--on-unsupported", "warn"], tmp_path)
+    code, out, worker = mmrun("mindspore", ["--use-flash-attn", "--on-unsupported", "warn", *PYNATIVE], tmp_path)
     assert code == 0, out[-3000:]
     # Both layers turn the flag off: one line says it, the stack's (it cites its source)
     warning = "--use-flash-attn (flash attention) is not supported with the mindspore backend on cpu; running with it off"
@@ -196,6 +199,8 @@ def test_every_supported_cpu_entry_trains(framework, run, tmp_path):
     args = [tok for entry, trig in run for tok in trig.example_tokens()]
     for name in names:
         args += EXTRA_SCRIPT_ARGS.get(name, lambda tmp: [])(tmp_path)
+    if framework == "mindspore" and "ms-jit" not in names:
+        args += PYNATIVE
     parallel = [PARALLEL[name] for name in names if name in PARALLEL and CARRIED_BY.get(name) not in names]
     if parallel:
         nproc, extra = parallel[0]
