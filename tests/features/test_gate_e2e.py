@@ -61,9 +61,10 @@ CARRIED_BY = {"tensor-parallel": "sequence-parallel", "pipeline-parallel": "virt
               # MindSpore's distributed optimizer is its data-parallel engine's: it joins the 2-process mccl run
               "distributed-optimizer": "backend-mccl"}
 
-# A parallel entry whose run a capability's own end-to-end test already makes through this entry and mmrun, with
-# the same flag on the processes it needs (a MindSpore launch costs tens of seconds of CI's time): not started
-# twice. (framework, entry) -> that test, file::name (test_covering_tests_exist checks it).
+# An entry whose flag a capability's own end-to-end test already trains through this entry and mmrun (a MindSpore
+# launch costs tens of seconds of CI's time): not started twice. test_mindspore_parallel_e2e trains
+# --pipeline-model-parallel-size 2 alone, and --use-mcore-models in all its runs (on 2 processes, with a split).
+# (framework, entry) -> that test, file::name (test_covering_tests_exist checks it).
 COVERED_BY = {
     ("mindspore", "pipeline-parallel"):
         "tests/training/test_mindspore_parallel_e2e.py::test_mindspore_trains_like_megatron_core_on_pytorch",
