@@ -16,8 +16,8 @@
 #   AI_FRAMEWORK=mindspore bash scripts/pretrain_wan.sh    # the same job on MindSpore
 #   TRAIN_ITERS=100 OUT_DIR=/tmp/wan bash scripts/pretrain_wan.sh  # every step in minutes; too few to learn the motion
 #
-# 2,000 iterations pass the check (4/4 prompts): about 6 minutes on PyTorch on a 2-core CPU, 27.5 on MindSpore
-# (0.76-0.97 s a training iteration there against PyTorch's 0.14-0.18 s); with 1,000 or fewer the DiT has
+# 2,000 iterations pass the check (4/4 prompts): about 3.5 minutes on PyTorch on a 2-core CPU, 13 on MindSpore
+# (a training iteration 0.32 s there against PyTorch's 0.09 s); with 1,000 or fewer the DiT has
 # not yet learnt which way the squares move (docs/generation.md, "The offline demo").
 #
 # With a real Wan2.1 instead: the Diffusers directory's vae/, text_encoder/, tokenizer/ in model_t2v.json and
