@@ -117,11 +117,6 @@ def _fp32(grads: Sequence[Tensor]) -> tuple[Tensor, ...]:
     return tuple([g if g.dtype == ms.float32 else F.cast(g, ms.float32) for g in grads])
 
 
-def _norm(squares: Sequence[Tensor]) -> Tensor:
-    """The global L2 norm from its parts' sums of squares (inside a graph)."""
-    return mint.sqrt(squares[0] if len(squares) == 1 else _ops.addn(squares))
-
-
 def _batch(micro_batch: Sequence[Any]) -> Any:
     # mutable: tensors inside a tuple argument are otherwise jit constants, recompiled on every new value.
     return ms.mutable(tuple(micro_batch))
@@ -196,33 +191,25 @@ class TrainStep(ms.nn.Cell):
     def _update(self, grads, loss, scalars):
         """The all-reduce (2+ ranks), clipping and AdamW on the summed gradients; returns [loss, norm].
         ops.reshape, not mint.reshape: MindSpore warns about the latter's view semantics in every graph using it."""
-        if self._all_reduce is None:
-            # One rank: no flat buckets, whose concatenation, split and reshapes cost MindSpore's CPU graph about
-            # 2 MiB per gradient tensor for the whole run (docs/memory-and-speed.md). The norm from each tensor's sum
-            # of squares, not optim.global_norm's per-tensor norms (two more graph nodes a tensor: GPT 8 x 256 peaked
-            # 1647 against 1520 MiB this way).
-            squares = [mint.sum(g * g) for g in grads]
-            clipped, norm = optim.clip_grad_norm(grads, self.clip_grad, total=_norm(squares))
-            return self._adamw(clipped, norm, loss, scalars)
         buckets = [mint.cat([_ops.reshape(grads[i], (-1,)) for i in range(a, b)]) for a, b in self._buckets]
-        # The loss rides at the end of the last bucket: one collective per bucket, none of its own.
-        last, n = buckets[-1], buckets[-1].shape[0]
-        last = self._all_reduce(mint.cat([last, _ops.reshape(loss, (1,))])) / self.world_size
-        buckets = [self._all_reduce(bucket) / self.world_size for bucket in buckets[:-1]] + [last[:n]]
-        loss = last[n:]
+        if self._all_reduce is not None:
+            # The loss rides at the end of the last bucket: one collective per bucket, none of its own.
+            last, n = buckets[-1], buckets[-1].shape[0]
+            last = self._all_reduce(mint.cat([last, _ops.reshape(loss, (1,))])) / self.world_size
+            buckets = [self._all_reduce(bucket) / self.world_size for bucket in buckets[:-1]] + [last[:n]]
+            loss = last[n:]
         squares = [mint.sum(bucket * bucket) for bucket in buckets]
-        buckets, norm = optim.clip_grad_norm(buckets, self.clip_grad, total=_norm(squares))
+        norm = mint.sqrt(squares[0] if len(squares) == 1 else _ops.addn(squares))
+        if self.clip_grad > 0:  # torch's clip_grad_norm_: scale by max_norm / (norm + 1e-6), never up
+            coef = mint.clamp(self.clip_grad / (norm + 1e-6), max=1.0)
+            buckets = [bucket * coef for bucket in buckets]
         clipped = []
         for (a, b), bucket in zip(self._buckets, buckets):
             pieces = mint.split(bucket, [math.prod(self._shapes[i]) for i in range(a, b)])
             clipped += [_ops.reshape(piece, self._shapes[i]) for piece, i in zip(pieces, range(a, b))]
-        return self._adamw(clipped, norm, loss, scalars)
-
-    def _adamw(self, grads, norm, loss, scalars):
-        """AdamW on the clipped gradients, inside `_update`'s graph; returns [loss, norm]."""
         # mutable: when this runs eagerly (PyNative on a CPU) AdamW's own jit would otherwise take the gradients as
         # constants, compile again every step and log a warning printing every gradient tensor.
-        done = self.optimizer(ms.mutable(tuple(grads)), scalars)
+        done = self.optimizer(ms.mutable(tuple(clipped)), scalars)
         # One tensor back to the host: a step reads its loss and norm together.
         return F.depend(mint.cat([_ops.reshape(loss, (1,)), _ops.reshape(norm, (1,))]), done)
 
